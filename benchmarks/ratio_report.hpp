@@ -1,0 +1,67 @@
+// ratio_report.hpp: runs the registered Google Benchmarks and prints each figure beside its baseline
+// from the same run, as a ratio against the limit (these machines are shared and noisy, so
+// only a ratio measured in one run means anything).
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+namespace pss_bench {
+
+/// One line of the closing table: `name` measured by benchmark `figure`, against benchmark `baseline`.
+struct Ratio {
+    std::string name;
+    std::string figure;
+    std::string baseline;
+    double limit;  ///< the least acceptable figure / baseline
+    const char* counter = "bytes_per_second";
+};
+
+/// Keeps every run's counters while the console reporter prints as usual.
+class RecordingReporter : public benchmark::ConsoleReporter {
+public:
+    void ReportRuns(const std::vector<Run>& runs) override {
+        for (const auto& run : runs) {
+            if (run.run_type != Run::RT_Iteration && run.aggregate_name != "median") continue;
+            auto& slot = counters_[run.run_name.str()];
+            for (const auto& [name, counter] : run.counters) slot[name] = counter.value;
+        }
+        ConsoleReporter::ReportRuns(runs);
+    }
+    [[nodiscard]] double value(const std::string& run, const std::string& counter) const {
+        auto it = counters_.find(run);
+        if (it == counters_.end()) return 0;
+        auto c = it->second.find(counter);
+        return c == it->second.end() ? 0 : c->second;
+    }
+
+private:
+    std::map<std::string, std::map<std::string, double>> counters_;
+};
+
+/// Runs the benchmarks selected by the command line and prints the ratio table. Returns 0 (figures
+/// that miss their limit are printed as MISS: a benchmark reports, it does not fail the build).
+inline int run(int argc, char** argv, const std::vector<Ratio>& ratios) {
+    benchmark::Initialize(&argc, argv);
+    RecordingReporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    std::printf("\n%-34s %14s %14s %8s %8s\n", "figure", "pss", "baseline", "ratio", "limit");
+    for (const auto& r : ratios) {
+        const double figure = reporter.value(r.figure, r.counter);
+        const double baseline = reporter.value(r.baseline, r.counter);
+        if (figure == 0 || baseline == 0) continue;  // not selected by --benchmark_filter
+        const double ratio = figure / baseline;
+        const bool bytes = std::string(r.counter) == "bytes_per_second";
+        std::printf("%-34s %11.3f %s %11.3f %s %8.2f %7s%.2f %s\n", r.name.c_str(), figure / (bytes ? 1e9 : 1e6),
+                    bytes ? "GB/s" : "M/s ", baseline / (bytes ? 1e9 : 1e6), bytes ? "GB/s" : "M/s ", ratio, ">=",
+                    r.limit, ratio >= r.limit ? "ok" : "MISS");
+    }
+    benchmark::Shutdown();
+    return 0;
+}
+
+}  // namespace pss_bench

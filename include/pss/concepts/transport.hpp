@@ -1,0 +1,65 @@
+// pss/concepts/transport.hpp: the Transport concept, how a request reaches a task and its reply comes back.
+#pragma once
+
+#include <concepts>
+#include <future>
+#include <utility>
+
+#include <pss/cluster/cluster_spec.hpp>
+#include <pss/config.hpp>
+#include <pss/message.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+template <class T>
+concept transport_is_constructible_from_cluster_spec = std::constructible_from<T, const ClusterSpec&>;
+
+template <class T>
+concept transport_has_serve = requires(T& t, const TaskId& task, RequestHandler handler) {
+    t.serve(task, std::move(handler));
+};
+
+template <class T>
+concept transport_has_send_returning_future_reply = requires(T& t, const TaskId& task, Request request) {
+    { t.send(task, std::move(request)) } -> std::same_as<std::future<Reply>>;
+};
+
+template <class T>
+concept transport_has_shutdown = requires(T& t) { t.shutdown(); };
+
+}  // namespace detail
+
+/// @brief Transport: how a request reaches a task and its reply comes back.
+///
+/// A Transport is the policy a ParameterServerStrategy sends every variable operation through. The
+/// strategy never touches another task's memory: each operation is a Request to the task that owns the
+/// shard, answered by a Reply.
+///
+/// @par Requirements
+/// `T` is a Transport when, for `t` an lvalue of `T`, `spec` a `const ClusterSpec&`, `task` a
+/// `const TaskId&`, `h` a `RequestHandler` and `r` a `Request` rvalue:
+///
+/// | expression | type | semantics |
+/// | --- | --- | --- |
+/// | `T(spec)` | | a transport for the tasks of `spec` (fragment `transport_is_constructible_from_cluster_spec`) |
+/// | `t.serve(task, h)` | | `task` answers each request that reaches it with `h(request)` (fragment `transport_has_serve`) |
+/// | `t.send(task, r)` | `std::future<Reply>` | delivers `r` to `task`; the future holds its Reply (fragment `transport_has_send_returning_future_reply`) |
+/// | `t.shutdown()` | | stops serving; idempotent (fragment `transport_has_shutdown`) |
+///
+/// @par Rules the compiler cannot check
+/// - Requests to one task are handled one at a time, in the order `send` was called from one thread:
+///   a shard is never updated by two requests at once, so an optimizer step is atomic.
+/// - `send` never throws for a remote failure: an unreachable task, or one that has shut down, gives a
+///   Reply with `ErrorCode::unavailable`; a handler's error comes back as its Reply.
+/// - Payload tensors are moved, never copied, where the transport can (in-process always).
+/// - After `shutdown()`, `send` answers with `ErrorCode::unavailable` and no handler runs again.
+///
+/// @par Models
+/// InProcessTransport (threads in one process).
+template <class T>
+concept Transport = detail::transport_is_constructible_from_cluster_spec<T> && detail::transport_has_serve<T> &&
+                    detail::transport_has_send_returning_future_reply<T> && detail::transport_has_shutdown<T>;
+
+PSS_NAMESPACE_END

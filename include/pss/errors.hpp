@@ -1,0 +1,69 @@
+// pss/errors.hpp: the exception types pss throws, mirroring TensorFlow's tf.errors.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <pss/config.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief Which kind of failure an Error reports; travels inside replies so that the caller rethrows
+/// the same type the parameter server raised.
+enum class ErrorCode : int {
+    ok = 0,
+    invalid_argument = 1,  ///< a wrong shape, dtype, id or configuration value
+    not_found = 2,         ///< a variable or task that does not exist
+    already_exists = 3,    ///< a variable name used twice on one task
+    out_of_range = 4,      ///< a row id outside the variable's first dimension
+    failed_precondition = 5,  ///< an operation that does not fit the variable (a gradient to an int variable)
+    unavailable = 6,       ///< a task that has shut down or cannot be reached
+    cancelled = 7,         ///< work cancelled before it ran
+    internal = 8,          ///< a broken invariant inside pss: a bug, please report it
+};
+
+/// @brief The base of every exception pss throws. Messages start with "pss: " and name the input.
+class Error : public std::runtime_error {
+public:
+    Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+    [[nodiscard]] ErrorCode code() const noexcept { return code_; }
+
+private:
+    ErrorCode code_;
+};
+
+#define PSS_DEFINE_ERROR(Name, code_value)                                                   \
+    class Name : public Error {                                                              \
+    public:                                                                                  \
+        explicit Name(const std::string& message) : Error(ErrorCode::code_value, message) {} \
+    };
+
+PSS_DEFINE_ERROR(InvalidArgumentError, invalid_argument)
+PSS_DEFINE_ERROR(NotFoundError, not_found)
+PSS_DEFINE_ERROR(AlreadyExistsError, already_exists)
+PSS_DEFINE_ERROR(OutOfRangeError, out_of_range)
+PSS_DEFINE_ERROR(FailedPreconditionError, failed_precondition)
+PSS_DEFINE_ERROR(UnavailableError, unavailable)
+PSS_DEFINE_ERROR(CancelledError, cancelled)
+PSS_DEFINE_ERROR(InternalError, internal)
+
+#undef PSS_DEFINE_ERROR
+
+/// @brief Throws the Error subclass that matches `code`; `message` is used as it is.
+[[noreturn]] inline void throw_error(ErrorCode code, const std::string& message) {
+    switch (code) {
+        case ErrorCode::invalid_argument: throw InvalidArgumentError(message);
+        case ErrorCode::not_found: throw NotFoundError(message);
+        case ErrorCode::already_exists: throw AlreadyExistsError(message);
+        case ErrorCode::out_of_range: throw OutOfRangeError(message);
+        case ErrorCode::failed_precondition: throw FailedPreconditionError(message);
+        case ErrorCode::unavailable: throw UnavailableError(message);
+        case ErrorCode::cancelled: throw CancelledError(message);
+        case ErrorCode::ok:
+        case ErrorCode::internal: break;
+    }
+    throw InternalError(message);
+}
+
+PSS_NAMESPACE_END

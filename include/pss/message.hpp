@@ -1,0 +1,89 @@
+// pss/message.hpp: Request and Reply, the messages every transport carries between tasks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <pss/config.hpp>
+#include <pss/errors.hpp>
+#include <pss/tensor.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief What a request asks a parameter server to do with one shard. Values are part of the wire format.
+enum class Op : std::uint8_t {
+    create = 1,          ///< store `payload` as a new shard (its first value); `name` names it in errors
+    read = 2,            ///< reply with the shard's value; a `payload` of the right shape is reused as the buffer
+    assign = 3,          ///< value = payload
+    assign_add = 4,      ///< value += payload
+    assign_sub = 5,      ///< value -= payload
+    scatter_add = 6,     ///< value[ids[i]] += payload[i]
+    scatter_sub = 7,     ///< value[ids[i]] -= payload[i]
+    scatter_update = 8,  ///< value[ids[i]] = payload[i], in order (a repeated id keeps its last row)
+    gather = 9,          ///< reply with value[ids[i]] for each i
+    apply_dense = 10,    ///< the optimizer applies the gradient `payload` to the whole shard
+    apply_sparse = 11,   ///< the optimizer applies gradient rows `payload` to rows `ids` (repeated ids summed)
+    destroy = 12,        ///< forget the shard
+};
+
+/// @brief The name of an operation as the public API spells it, for error messages.
+[[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
+    switch (op) {
+        case Op::create: return "create";
+        case Op::read: return "read";
+        case Op::assign: return "assign";
+        case Op::assign_add: return "assign_add";
+        case Op::assign_sub: return "assign_sub";
+        case Op::scatter_add: return "scatter_add";
+        case Op::scatter_sub: return "scatter_sub";
+        case Op::scatter_update: return "scatter_update";
+        case Op::gather: return "sparse_read";
+        case Op::apply_dense: return "apply_gradient";
+        case Op::apply_sparse: return "apply_sparse_gradient";
+        case Op::destroy: return "destroy";
+    }
+    return "unknown operation";
+}
+
+/// @brief Which shard a request is about: the strategy numbers variables, a variable numbers its shards.
+struct ShardKey {
+    std::uint64_t variable = 0;
+    std::uint32_t shard = 0;
+    friend bool operator==(const ShardKey&, const ShardKey&) = default;
+};
+
+/// @brief A request to one task. Moving a Request moves its tensor; nothing in it is copied in transit.
+struct Request {
+    Op op = Op::read;
+    ShardKey key;
+    std::string name;               ///< the shard's display name, sent with `create`
+    Tensor payload;                 ///< value, delta, gradient, rows, or a buffer to read into
+    std::vector<std::int64_t> ids;  ///< row ids of the scatter, gather and sparse operations
+};
+
+/// @brief A task's answer: `code` is ok, or the error the task raised with its message.
+struct Reply {
+    ErrorCode code = ErrorCode::ok;
+    std::string message;
+    Tensor payload;  ///< a read or gathered value; for updates, the spent request payload handed back
+
+    [[nodiscard]] bool ok() const noexcept { return code == ErrorCode::ok; }
+
+    /// @brief The payload when ok; otherwise throws the Error subclass of `code` with `message`.
+    Tensor take() {
+        if (!ok()) throw_error(code, message);
+        return std::move(payload);
+    }
+
+    [[nodiscard]] static Reply error(ErrorCode code, std::string message) {
+        return Reply{code, std::move(message), {}};
+    }
+};
+
+/// @brief What a serving task runs for each request that reaches it. Must not throw: errors are replies.
+using RequestHandler = std::function<Reply(Request&&)>;
+
+PSS_NAMESPACE_END

@@ -1,0 +1,37 @@
+// pss/pss.hpp: the whole library; the root of the generated single header.
+#pragma once
+
+#include <pss/config.hpp>
+#include <pss/version.hpp>
+
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
+#include <pss/message.hpp>
+#include <pss/tensor.hpp>
+
+#include <pss/concepts/cluster_resolver.hpp>
+#include <pss/concepts/optimizer.hpp>
+#include <pss/concepts/partitioner.hpp>
+#include <pss/concepts/transport.hpp>
+
+#include <pss/cluster/cluster_spec.hpp>
+#include <pss/cluster/local.hpp>
+#include <pss/cluster/simple.hpp>
+#include <pss/cluster/tf_config.hpp>
+
+#include <pss/optimizer/adagrad.hpp>
+#include <pss/optimizer/adam.hpp>
+#include <pss/optimizer/momentum.hpp>
+#include <pss/optimizer/sgd.hpp>
+
+#include <pss/partitioner/fixed_shards.hpp>
+#include <pss/partitioner/max_size.hpp>
+#include <pss/partitioner/min_size.hpp>
+#include <pss/partitioner/no_partition.hpp>
+#include <pss/partitioner/shard_rows.hpp>
+
+#include <pss/transport/in_process.hpp>
+
+#include <pss/server.hpp>
+#include <pss/strategy.hpp>
+#include <pss/variable.hpp>

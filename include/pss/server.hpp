@@ -1,0 +1,263 @@
+// pss/server.hpp: ParameterServer, the shards one ps task owns and the requests that read and change them.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xnoalias.hpp>
+
+#include <pss/concepts/optimizer.hpp>
+#include <pss/config.hpp>
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
+#include <pss/message.hpp>
+#include <pss/tensor.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// Row-major stride of axis 0: the elements of one row.
+inline std::size_t row_elements(const Shape& shape) {
+    std::size_t n = 1;
+    for (std::size_t a = 1; a < shape.size(); ++a) n *= shape[a];
+    return n;
+}
+
+/// The shape of `count` rows of a variable of `shape`.
+inline Shape rows_shape(const Shape& shape, std::size_t count) {
+    Shape out = shape;
+    out[0] = count;
+    return out;
+}
+
+/// Checks an operation's payload and ids against a shard (or variable) of `shape` and `dtype` before
+/// anything changes. `what` names the variable in the message: "scatter_add on variable 'emb'".
+inline void validate_request(Op op, const std::string& what, const Shape& shape, DType dtype, const Tensor& payload,
+                             std::span<const std::int64_t> ids) {
+    auto mismatch = [&](const Shape& expected_shape) {
+        if (!payload.has_value())
+            throw InvalidArgumentError("pss: " + what + ": expected a value of shape " + format_shape(expected_shape) +
+                                       " dtype " + std::string(dtype_name(dtype)) + ", got none");
+        if (payload.dtype() != dtype || payload.shape() != expected_shape)
+            throw InvalidArgumentError("pss: " + what + ": expected shape " + format_shape(expected_shape) + " dtype " +
+                                       std::string(dtype_name(dtype)) + ", got shape " +
+                                       format_shape(payload.shape()) + " dtype " +
+                                       std::string(dtype_name(payload.dtype())));
+    };
+    const bool sparse = op == Op::scatter_add || op == Op::scatter_sub || op == Op::scatter_update ||
+                        op == Op::gather || op == Op::apply_sparse;
+    if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
+        throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
+                                      std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
+    if (sparse) {
+        if (shape.empty())
+            throw InvalidArgumentError("pss: " + what + ": row operations need a variable of rank 1 or more, got a scalar");
+        for (std::int64_t id : ids)
+            if (id < 0 || static_cast<std::uint64_t>(id) >= shape[0])
+                throw OutOfRangeError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
+                                      format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) + ")");
+        if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
+    } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
+        mismatch(shape);
+    }
+}
+
+/// Sums the rows of repeated ids: returns the unique ids (first-seen order) and their summed rows.
+template <class T>
+std::pair<std::vector<std::int64_t>, xt::xarray<T>> sum_duplicate_rows(std::span<const std::int64_t> ids,
+                                                                        const xt::xarray<T>& rows) {
+    const Shape shape(rows.shape().begin(), rows.shape().end());
+    const std::size_t width = row_elements(shape);
+    std::unordered_map<std::int64_t, std::size_t> slot;
+    slot.reserve(ids.size());
+    std::vector<std::int64_t> unique;
+    for (std::int64_t id : ids)
+        if (slot.emplace(id, unique.size()).second) unique.push_back(id);
+    xt::xarray<T> summed = xt::zeros<T>(rows_shape(shape, unique.size()));
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        T* out = summed.data() + slot[ids[i]] * width;
+        const T* in = rows.data() + i * width;
+        for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
+    }
+    return {std::move(unique), std::move(summed)};
+}
+
+/// An optimizer's slots for element type T, or nothing for an integer type (never instantiated there).
+template <class OptimizerPolicy, class T, bool = FloatingElement<T>>
+struct OptionalSlots {
+    using type = std::monostate;
+};
+template <class OptimizerPolicy, class T>
+struct OptionalSlots<OptimizerPolicy, T, true> {
+    using type = std::optional<typename OptimizerPolicy::template Slots<T>>;
+};
+
+}  // namespace detail
+
+/// @brief The state of one parameter-server task: its shards, each with its optimizer slots.
+///
+/// A ParameterServer is driven by one thread (the transport's task), so it needs no locks: requests to
+/// one task are handled one at a time. `handle` validates every request completely before it changes
+/// anything, so a request that fails leaves the shard as it was.
+/// @tparam OptimizerPolicy applies gradients; its slots live beside each float shard.
+template <Optimizer OptimizerPolicy>
+class ParameterServer {
+public:
+    explicit ParameterServer(OptimizerPolicy optimizer = {}) : optimizer_(std::move(optimizer)) {}
+
+    /// @brief Handles one request; errors become replies (never exceptions), so a bad request cannot
+    /// take the task down.
+    Reply handle(Request&& request) noexcept {
+        try {
+            return dispatch(std::move(request));
+        } catch (const Error& e) {
+            return Reply::error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        }
+    }
+
+    /// @brief Number of shards this task holds.
+    [[nodiscard]] std::size_t num_shards() const noexcept { return shards_.size(); }
+
+private:
+    template <Element T>
+    struct State {
+        xt::xarray<T> value;
+        // Slots exist for float shards only, and only once the first gradient arrives: a variable that is
+        // never trained (or an Adam shard before its first step) costs only its value.
+        typename detail::OptionalSlots<OptimizerPolicy, T>::type slots{};
+    };
+    using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>>;
+
+    struct Shard {
+        std::string name;
+        Shape shape;
+        DType dtype;
+        AnyState state;
+    };
+
+    struct KeyHash {
+        std::size_t operator()(const ShardKey& k) const noexcept {
+            return std::hash<std::uint64_t>{}(k.variable * 1000003u ^ k.shard);
+        }
+    };
+
+    Reply dispatch(Request&& request) {
+        if (request.op == Op::create) return create(std::move(request));
+        auto it = shards_.find(request.key);
+        if (it == shards_.end())
+            throw NotFoundError("pss: " + std::string(op_name(request.op)) + ": no shard " +
+                                std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
+                                " on this task (the variable was destroyed or never created here)");
+        Shard& shard = it->second;
+        if (request.op == Op::destroy) {
+            shards_.erase(it);
+            return {};
+        }
+        const std::string what = std::string(op_name(request.op)) + " on variable '" + shard.name + "'";
+        detail::validate_request(request.op, what, shard.shape, shard.dtype, request.payload, request.ids);
+        return std::visit([&](auto& state) { return apply(shard, state, std::move(request)); }, shard.state);
+    }
+
+    Reply create(Request&& request) {
+        if (!request.payload.has_value())
+            throw InvalidArgumentError("pss: create variable '" + request.name + "': no initial value was sent");
+        if (shards_.contains(request.key))
+            throw AlreadyExistsError("pss: create variable '" + request.name + "': shard " +
+                                     std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
+                                     " exists already on this task");
+        Shard shard{request.name, request.payload.shape(), request.payload.dtype(), State<float>{}};
+        request.payload.visit_mut([&]<class T>(xt::xarray<T>& value) { shard.state = State<T>{std::move(value), {}}; });
+        shards_.emplace(request.key, std::move(shard));
+        return {};
+    }
+
+    template <class T>
+    Reply apply(const Shard& shard, State<T>& state, Request&& request) {
+        xt::xarray<T>& value = state.value;
+        Reply reply;
+        switch (request.op) {
+            case Op::read: {
+                // Reuse the caller's buffer when it has the right shape: no fresh pages to fault in.
+                if (request.payload.has_value() && request.payload.dtype() == dtype_of<T> &&
+                    request.payload.shape() == shard.shape) {
+                    auto& out = request.payload.template get<T>();
+                    std::copy(value.begin(), value.end(), out.begin());
+                    reply.payload = std::move(request.payload);
+                } else {
+                    reply.payload = xt::xarray<T>(value);
+                }
+                return reply;
+            }
+            case Op::gather: {
+                const std::size_t width = detail::row_elements(shard.shape);
+                xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shard.shape, request.ids.size()));
+                for (std::size_t i = 0; i < request.ids.size(); ++i)
+                    std::memcpy(out.data() + i * width, value.data() + static_cast<std::size_t>(request.ids[i]) * width,
+                                width * sizeof(T));
+                reply.payload = std::move(out);
+                return reply;
+            }
+            case Op::assign: std::swap(value, request.payload.template get<T>()); break;
+            case Op::assign_add: xt::noalias(value) += request.payload.template get<T>(); break;
+            case Op::assign_sub: xt::noalias(value) -= request.payload.template get<T>(); break;
+            case Op::scatter_add:
+            case Op::scatter_sub:
+            case Op::scatter_update: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
+            case Op::apply_dense:
+            case Op::apply_sparse:
+                if constexpr (FloatingElement<T>) {
+                    if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
+                    const auto& grad = request.payload.template get<T>();
+                    if (request.op == Op::apply_dense) {
+                        optimizer_.apply_dense(value, *state.slots, grad);
+                    } else {
+                        auto [rows, summed] = detail::sum_duplicate_rows<T>(request.ids, grad);
+                        optimizer_.apply_sparse(value, *state.slots, std::span<const std::int64_t>(rows),
+                                                std::as_const(summed));
+                    }
+                }
+                break;
+            case Op::create:
+            case Op::destroy: break;
+        }
+        reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
+        return reply;
+    }
+
+    template <class T>
+    static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
+        // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
+        const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
+            const T* in = rows.data() + i * width;
+            if (op == Op::scatter_add)
+                for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
+            else if (op == Op::scatter_sub)
+                for (std::size_t j = 0; j < width; ++j) out[j] -= in[j];
+            else
+                std::memcpy(out, in, width * sizeof(T));
+        }
+    }
+
+    OptimizerPolicy optimizer_;
+    std::unordered_map<ShardKey, Shard, KeyHash> shards_;
+};
+
+PSS_NAMESPACE_END

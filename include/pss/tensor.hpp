@@ -1,0 +1,221 @@
+// pss/tensor.hpp: Tensor, the dtype-erased value that crosses a transport, and its numpy-like printing.
+#pragma once
+
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xexpression.hpp>
+
+#include <pss/config.hpp>
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief A tensor's shape: one extent per axis, outermost first. `{}` is a scalar.
+using Shape = std::vector<std::size_t>;
+
+/// @brief Number of elements of a shape (1 for a scalar).
+[[nodiscard]] inline std::size_t num_elements(const Shape& shape) noexcept {
+    std::size_t n = 1;
+    for (std::size_t d : shape) n *= d;
+    return n;
+}
+
+/// @brief Python's tuple spelling of a shape, as TensorFlow prints it: `()`, `(5,)`, `(1024, 1024)`.
+[[nodiscard]] inline std::string format_shape(const Shape& shape) {
+    std::string out = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+        if (i > 0) out += ", ";
+        out += std::to_string(shape[i]);
+    }
+    if (shape.size() == 1) out += ",";
+    return out + ")";
+}
+
+/// @brief A dense value of one of the four dtypes, owning its elements in an `xt::xarray<T>`.
+///
+/// Tensors are what requests and replies carry. Moving one moves its buffer (no element is copied),
+/// which is how the in-process transport hands payloads between tasks without copying them.
+/// A default-constructed Tensor is empty (`has_value()` is false).
+class Tensor {
+public:
+    using Storage = std::variant<std::monostate, xt::xarray<float>, xt::xarray<double>, xt::xarray<std::int32_t>,
+                                 xt::xarray<std::int64_t>>;
+
+    Tensor() = default;
+
+    /// @brief Takes `array` (move it in to avoid a copy).
+    template <Element T>
+    Tensor(xt::xarray<T> array) : storage_(std::move(array)) {}  // NOLINT: implicit by design
+
+    /// @brief Evaluates any xtensor expression of an Element type into a new Tensor.
+    template <class E>
+        requires(!std::same_as<std::remove_cvref_t<E>, xt::xarray<typename std::remove_cvref_t<E>::value_type>> &&
+                 Element<typename std::remove_cvref_t<E>::value_type>)
+    Tensor(const xt::xexpression<E>& expression)  // NOLINT: implicit by design
+        : storage_(xt::xarray<typename E::value_type>(expression)) {}
+
+    /// @brief A tensor of `shape` filled with zeros.
+    [[nodiscard]] static Tensor zeros(DType dtype, const Shape& shape) {
+        return visit_dtype(dtype, [&]<class T>(std::type_identity<T>) {
+            return Tensor(xt::xarray<T>(xt::zeros<T>(shape)));
+        });
+    }
+
+    /// @brief A tensor of `shape` whose elements are not initialised (to be overwritten).
+    [[nodiscard]] static Tensor uninitialized(DType dtype, const Shape& shape) {
+        return visit_dtype(dtype, [&]<class T>(std::type_identity<T>) {
+            return Tensor(xt::xarray<T>::from_shape(shape));
+        });
+    }
+
+    [[nodiscard]] bool has_value() const noexcept { return storage_.index() != 0; }
+
+    /// @pre has_value()
+    [[nodiscard]] DType dtype() const noexcept {
+        switch (storage_.index()) {
+            case 2: return DType::float64;
+            case 3: return DType::int32;
+            case 4: return DType::int64;
+            default: return DType::float32;
+        }
+    }
+
+    [[nodiscard]] Shape shape() const {
+        return visit([](const auto& a) { return Shape(a.shape().begin(), a.shape().end()); }, Shape{});
+    }
+    [[nodiscard]] std::size_t rank() const {
+        return visit([](const auto& a) { return a.dimension(); }, std::size_t{0});
+    }
+    [[nodiscard]] std::size_t size() const {
+        return visit([](const auto& a) { return a.size(); }, std::size_t{0});
+    }
+    [[nodiscard]] std::size_t nbytes() const { return has_value() ? size() * dtype_size(dtype()) : 0; }
+
+    /// @brief The elements as `xt::xarray<T>`.
+    /// @throws InvalidArgumentError "pss: tensor holds dtype float32, not int32" when T is not the dtype.
+    template <Element T>
+    [[nodiscard]] xt::xarray<T>& get() {
+        if (auto* p = std::get_if<xt::xarray<T>>(&storage_)) return *p;
+        throw_wrong_dtype(dtype_of<T>);
+    }
+    template <Element T>
+    [[nodiscard]] const xt::xarray<T>& get() const {
+        if (const auto* p = std::get_if<xt::xarray<T>>(&storage_)) return *p;
+        throw_wrong_dtype(dtype_of<T>);
+    }
+
+    /// @brief Raw bytes of the elements, contiguous in row-major order (what the wire sends).
+    [[nodiscard]] const std::byte* bytes() const {
+        return visit([](const auto& a) { return reinterpret_cast<const std::byte*>(a.data()); },
+                     static_cast<const std::byte*>(nullptr));
+    }
+    [[nodiscard]] std::byte* bytes() {
+        return const_cast<std::byte*>(std::as_const(*this).bytes());
+    }
+
+    /// @brief Calls `f(xt::xarray<T>&)` with the held array; returns `empty` when there is none.
+    template <class F, class R>
+    R visit(F&& f, R empty) const {
+        return std::visit(
+            [&](const auto& a) -> R {
+                if constexpr (std::is_same_v<std::decay_t<decltype(a)>, std::monostate>)
+                    return empty;
+                else
+                    return f(a);
+            },
+            storage_);
+    }
+    /// @brief Calls `f(xt::xarray<T>&)` with the held array.
+    /// @throws InternalError when the tensor is empty.
+    template <class F>
+    decltype(auto) visit_mut(F&& f) {
+        if (!has_value()) throw InternalError("pss: an empty tensor was used where a value was needed");
+        return visit_dtype(dtype(), [&]<class T>(std::type_identity<T>) -> decltype(auto) {
+            return f(std::get<xt::xarray<T>>(storage_));
+        });
+    }
+
+private:
+    [[noreturn]] void throw_wrong_dtype(DType wanted) const {
+        throw InvalidArgumentError("pss: tensor holds dtype " +
+                                   std::string(has_value() ? dtype_name(dtype()) : "none (empty tensor)") +
+                                   ", not " + std::string(dtype_name(wanted)));
+    }
+
+    Storage storage_;
+};
+
+namespace detail {
+
+template <class T>
+void format_element(std::string& out, T value) {
+    char buffer[32];
+    auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+    (void)ec;
+    std::string text(buffer, end);
+    if constexpr (std::is_floating_point_v<T>) {
+        // numpy prints integral floats as "1." and keeps "nan", "inf" and exponents as they are.
+        if (std::isfinite(value) && text.find_first_of(".e") == std::string::npos) text += '.';
+    }
+    out += text;
+}
+
+template <class T>
+void format_block(std::string& out, const T* data, const Shape& shape, std::size_t axis, std::size_t& offset) {
+    // Like numpy, an axis longer than 1000 elements in total is summarised with its first and last 3.
+    constexpr std::size_t edge = 3;
+    const bool summarise = num_elements(shape) > 1000 && shape[axis] > 2 * edge;
+    const std::size_t inner = [&] {
+        std::size_t n = 1;
+        for (std::size_t a = axis + 1; a < shape.size(); ++a) n *= shape[a];
+        return n;
+    }();
+    out += '[';
+    for (std::size_t i = 0; i < shape[axis]; ++i) {
+        if (summarise && i == edge) {
+            out += "..., ";
+            offset += (shape[axis] - 2 * edge) * inner;
+            i = shape[axis] - edge - 1;
+            continue;
+        }
+        if (axis + 1 == shape.size())
+            format_element(out, data[offset++]);
+        else
+            format_block(out, data, shape, axis + 1, offset);
+        if (i + 1 < shape[axis]) out += ", ";
+    }
+    out += ']';
+}
+
+}  // namespace detail
+
+/// @brief numpy-like text of a tensor's values: `[1, 2, 3]`, `[[1., 2.5], [3., 4.]]`, `7` for a scalar.
+[[nodiscard]] inline std::string format_values(const Tensor& tensor) {
+    return tensor.visit(
+        [](const auto& a) {
+            std::string out;
+            const Shape shape(a.shape().begin(), a.shape().end());
+            if (shape.empty()) {
+                detail::format_element(out, a.data()[0]);
+                return out;
+            }
+            std::size_t offset = 0;
+            detail::format_block(out, a.data(), shape, 0, offset);
+            return out;
+        },
+        std::string("<empty>"));
+}
+
+PSS_NAMESPACE_END

@@ -1,0 +1,132 @@
+// pss/transport/in_process.hpp: InProcessTransport, every task a thread of one process, payloads moved.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <pss/cluster/cluster_spec.hpp>
+#include <pss/config.hpp>
+#include <pss/message.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief The embedded transport: each served task is its own thread, owning its state, with a mailbox.
+///
+/// `send` moves the Request (and so its tensor buffer) into the task's mailbox; the task's thread runs
+/// the handler and moves the Reply into the future. No element is copied and no task reads another
+/// task's memory. Models the Transport concept.
+class InProcessTransport {
+public:
+    explicit InProcessTransport(const ClusterSpec& spec) : spec_(spec) {}
+    InProcessTransport(const InProcessTransport&) = delete;
+    InProcessTransport& operator=(const InProcessTransport&) = delete;
+    ~InProcessTransport() { shutdown(); }
+
+    /// @brief Starts `task`'s thread, which answers every request with `handler`.
+    /// @throws InvalidArgumentError when `task` is not in the cluster spec or is served already.
+    void serve(const TaskId& task, RequestHandler handler) {
+        if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
+            throw InvalidArgumentError("pss: InProcessTransport: task " + task.to_string() +
+                                       " is not in the cluster spec");
+        std::lock_guard lock(tasks_mutex_);
+        auto& slot = tasks_[key(task)];
+        if (slot) throw InvalidArgumentError("pss: InProcessTransport: task " + task.to_string() + " is served twice");
+        slot = std::make_shared<Mailbox>(std::move(handler));
+    }
+
+    /// @brief Moves `request` to `task`; the future becomes ready when the task has handled it.
+    std::future<Reply> send(const TaskId& task, Request request) {
+        std::shared_ptr<Mailbox> box;
+        {
+            std::lock_guard lock(tasks_mutex_);
+            if (auto it = tasks_.find(key(task)); it != tasks_.end()) box = it->second;
+        }
+        if (box == nullptr) return unavailable(task);
+        auto future = box->post(std::move(request));
+        return future ? std::move(*future) : unavailable(task);
+    }
+
+    /// @brief Finishes the requests already queued, then stops every task's thread. Idempotent.
+    void shutdown() {
+        std::map<std::string, std::shared_ptr<Mailbox>> tasks;
+        {
+            std::lock_guard lock(tasks_mutex_);
+            tasks.swap(tasks_);
+        }
+        for (auto& [name, box] : tasks) box->close();
+    }
+
+private:
+    class Mailbox {
+    public:
+        explicit Mailbox(RequestHandler handler) : handler_(std::move(handler)), thread_([this] { run(); }) {}
+        ~Mailbox() { close(); }
+
+        /// Empty when the mailbox is closed: the request was not taken.
+        std::optional<std::future<Reply>> post(Request request) {
+            std::promise<Reply> promise;
+            auto future = promise.get_future();
+            {
+                std::lock_guard lock(mutex_);
+                if (closed_) return std::nullopt;
+                queue_.emplace_back(std::move(request), std::move(promise));
+            }
+            ready_.notify_one();
+            return future;
+        }
+
+        void close() {
+            {
+                std::lock_guard lock(mutex_);
+                closed_ = true;
+            }
+            ready_.notify_all();
+            std::lock_guard join_lock(join_mutex_);
+            if (thread_.joinable()) thread_.join();
+        }
+
+    private:
+        void run() {
+            for (;;) {
+                std::unique_lock lock(mutex_);
+                ready_.wait(lock, [&] { return !queue_.empty() || closed_; });
+                if (queue_.empty()) return;  // closed, and everything queued has been answered
+                auto [request, promise] = std::move(queue_.front());
+                queue_.pop_front();
+                lock.unlock();
+                promise.set_value(handler_(std::move(request)));
+            }
+        }
+
+        RequestHandler handler_;
+        std::mutex mutex_;
+        std::condition_variable ready_;
+        std::deque<std::pair<Request, std::promise<Reply>>> queue_;
+        bool closed_ = false;
+        std::mutex join_mutex_;
+        std::thread thread_;  // last: it starts after everything it uses exists
+    };
+
+    static std::string key(const TaskId& task) { return task.type + ":" + std::to_string(task.index); }
+
+    static std::future<Reply> unavailable(const TaskId& task) {
+        std::promise<Reply> p;
+        p.set_value(Reply::error(ErrorCode::unavailable,
+                                 "pss: task " + task.to_string() + " is not serving (never started, or shut down)"));
+        return p.get_future();
+    }
+
+    ClusterSpec spec_;
+    std::mutex tasks_mutex_;
+    std::map<std::string, std::shared_ptr<Mailbox>> tasks_;
+};
+
+PSS_NAMESPACE_END

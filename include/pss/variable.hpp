@@ -1,0 +1,500 @@
+// pss/variable.hpp: Variable (sharded or not), the Strategy interface, scopes and get_strategy().
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+#include <pss/config.hpp>
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
+#include <pss/message.hpp>
+#include <pss/optimizer/sgd.hpp>
+#include <pss/server.hpp>
+#include <pss/tensor.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+class Variable;
+
+namespace detail {
+
+/// How a Variable reaches the tasks that hold its shards. A strategy implements it over its transport;
+/// the one virtual call per request is the price of a Variable type that does not depend on the
+/// strategy's policies (so that layers, functions and containers can hold any strategy's variables).
+class Channel {
+public:
+    virtual ~Channel() = default;
+    /// Sends `request` to ps task `task` (or to the coordinator's own store when `task` is -1).
+    virtual std::future<Reply> send(int task, Request request) = 0;
+    /// TensorFlow's device string of a task: "/job:ps/replica:0/task:1/device:CPU:0".
+    [[nodiscard]] virtual std::string device(int task) const = 0;
+};
+
+/// Where one shard lives and which rows of the whole variable it holds.
+struct ShardInfo {
+    std::uint32_t index = 0;
+    int task = -1;
+    Shape shape;
+    std::size_t row_offset = 0;
+};
+
+/// What every handle of one variable shares. The last handle of a whole variable destroys its shards.
+struct VariableInfo {
+    std::string name;  // without ":0"
+    Shape shape;
+    DType dtype = DType::float32;
+    std::uint64_t id = 0;
+    std::vector<ShardInfo> shards;
+    std::shared_ptr<Channel> channel;
+    std::shared_ptr<const VariableInfo> owner;  // set on a handle to one shard of a sharded variable
+
+    VariableInfo() = default;
+    VariableInfo(const VariableInfo&) = delete;
+    VariableInfo& operator=(const VariableInfo&) = delete;
+    ~VariableInfo() {
+        if (owner || !channel) return;
+        for (const auto& shard : shards) {
+            Request request;
+            request.op = Op::destroy;
+            request.key = {id, shard.index};
+            (void)channel->send(shard.task, std::move(request));  // best effort: the task may be gone
+        }
+    }
+};
+
+/// Copies rows [begin, begin + count) of `value` into a new tensor.
+inline Tensor slice_rows(const Tensor& value, std::size_t begin, std::size_t count) {
+    return value.visit(
+        [&](const auto& a) {
+            using T = typename std::decay_t<decltype(a)>::value_type;
+            const Shape shape(a.shape().begin(), a.shape().end());
+            const std::size_t width = row_elements(shape);
+            xt::xarray<T> out = xt::xarray<T>::from_shape(rows_shape(shape, count));
+            std::memcpy(out.data(), a.data() + begin * width, count * width * sizeof(T));
+            return Tensor(std::move(out));
+        },
+        Tensor{});
+}
+
+}  // namespace detail
+
+/// @brief A handle to a variable held by parameter-server tasks (or by the coordinator), as tf.Variable.
+///
+/// A variable the strategy's partitioner splits along axis 0 has several shards, each on its own ps
+/// task and named `name/part_i` (TensorFlow's ShardedVariable); `ShardedVariable` names this same type.
+/// Every operation crosses the transport as requests, one per shard touched, issued in parallel. Each is
+/// validated completely before any request is sent, so an operation that fails changes no shard.
+/// Handles are cheap to copy and share one variable; the last handle destroys the shards.
+///
+/// @par Example
+/// @code
+/// auto scope = strategy.scope();
+/// pss::Variable w(xt::xarray<std::int32_t>{1, 2, 3, 4, 5}, "weights");
+/// std::cout << w;  // <pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>
+/// @endcode
+class Variable {
+public:
+    /// @brief An empty handle; every operation on it throws FailedPreconditionError.
+    Variable() = default;
+
+    /// @brief Creates a variable with `initial_value` through `get_strategy()`: on the ps tasks of the
+    /// strategy whose scope is active, else on the coordinator. Moves the value: no element is copied.
+    explicit Variable(Tensor initial_value, std::string name = "Variable");
+
+    /// @brief Used by strategies: a handle over already created shards.
+    explicit Variable(std::shared_ptr<const detail::VariableInfo> info) : info_(std::move(info)) {}
+
+    /// @brief TensorFlow's name of the variable's value: `weights:0`.
+    [[nodiscard]] std::string name() const { return info().name + ":0"; }
+    [[nodiscard]] const Shape& shape() const { return info().shape; }
+    [[nodiscard]] DType dtype() const { return info().dtype; }
+    /// @brief The device of the first shard: `/job:ps/replica:0/task:0/device:CPU:0`.
+    [[nodiscard]] std::string device() const { return info().channel->device(info().shards.front().task); }
+    [[nodiscard]] std::size_t num_shards() const { return info().shards.size(); }
+    [[nodiscard]] bool is_sharded() const { return num_shards() > 1; }
+    /// @brief The ps task index of each shard (-1 for the coordinator).
+    [[nodiscard]] std::vector<int> shard_tasks() const {
+        std::vector<int> tasks;
+        for (const auto& s : info().shards) tasks.push_back(s.task);
+        return tasks;
+    }
+    /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`).
+    [[nodiscard]] std::vector<Variable> shards() const;
+
+    /// @brief The whole value, gathered from every shard.
+    [[nodiscard]] Tensor read_value() const;
+    /// @brief The whole value as an xarray of the variable's element type.
+    /// @throws InvalidArgumentError when T is not the variable's dtype.
+    template <Element T>
+    [[nodiscard]] xt::xarray<T> read() const {
+        check_dtype<T>("read");
+        return std::move(read_value().get<T>());
+    }
+    /// @brief Reads the whole value into `out`, reusing its memory when its shape already matches
+    /// (a training loop pulling the same variable each step touches no fresh page).
+    template <Element T>
+    void read_into(xt::xarray<T>& out) const;
+
+    // Updates. Each takes its payload by value (move it in: nothing is copied for an unsharded variable)
+    // and hands the spent buffer back, so that a loop can reuse its memory for the next step.
+
+    /// @brief value = `value`. @throws InvalidArgumentError on a shape or dtype mismatch.
+    Tensor assign(Tensor value) { return update(Op::assign, std::move(value)); }
+    /// @brief value += `delta`.
+    Tensor assign_add(Tensor delta) { return update(Op::assign_add, std::move(delta)); }
+    /// @brief value -= `delta`.
+    Tensor assign_sub(Tensor delta) { return update(Op::assign_sub, std::move(delta)); }
+    /// @brief The strategy's optimizer applies `gradient` (same shape) to every shard.
+    /// @throws FailedPreconditionError for an integer variable.
+    Tensor apply_gradient(Tensor gradient) { return update(Op::apply_dense, std::move(gradient)); }
+
+    /// @brief value[ids[i]] += rows[i]; a repeated id adds each of its rows.
+    Tensor scatter_add(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_add, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] -= rows[i].
+    Tensor scatter_sub(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_sub, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] = rows[i]; for a repeated id the last row stays.
+    Tensor scatter_update(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_update, ids, std::move(rows));
+    }
+    /// @brief The optimizer applies gradient `rows` to rows `ids`; rows of a repeated id are summed first.
+    Tensor apply_sparse_gradient(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::apply_sparse, ids, std::move(rows));
+    }
+
+    /// @brief Rows `ids` of the value, in the order asked for (tf.nn.embedding_lookup): one request per
+    /// shard touched, issued in parallel.
+    /// @throws OutOfRangeError naming the id and the shape when an id is outside [0, shape[0]).
+    [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids) const;
+
+    /// @brief `<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>`
+    [[nodiscard]] std::string to_string() const {
+        return "<pss::Variable '" + name() + "' shape=" + format_shape(shape()) + " dtype=" +
+               std::string(dtype_name(dtype())) + ", value=" + format_values(read_value()) + ">";
+    }
+    friend std::ostream& operator<<(std::ostream& os, const Variable& v) { return os << v.to_string(); }
+
+    [[nodiscard]] explicit operator bool() const noexcept { return info_ != nullptr; }
+
+private:
+    const detail::VariableInfo& info() const {
+        if (!info_) throw FailedPreconditionError("pss: this Variable handle is empty (default-constructed or moved from)");
+        return *info_;
+    }
+
+    template <Element T>
+    void check_dtype(const char* what) const {
+        if (dtype_of<T> != dtype())
+            throw InvalidArgumentError("pss: " + std::string(what) + " of variable '" + name() + "' as " +
+                                       std::string(dtype_name(dtype_of<T>)) + ": the variable's dtype is " +
+                                       std::string(dtype_name(dtype())));
+    }
+
+    std::string describe(Op op) const { return std::string(op_name(op)) + " on variable '" + name() + "'"; }
+
+    Request request(Op op, std::uint32_t shard) const {
+        Request r;
+        r.op = op;
+        r.key = {info().id, shard};
+        return r;
+    }
+
+    /// Waits for every reply; throws the first error after all have arrived (so none is left running).
+    static std::vector<Tensor> collect(std::vector<std::future<Reply>>& futures) {
+        std::vector<Reply> replies;
+        replies.reserve(futures.size());
+        for (auto& f : futures) replies.push_back(f.get());
+        std::vector<Tensor> out;
+        out.reserve(replies.size());
+        for (auto& r : replies) out.push_back(r.take());
+        return out;
+    }
+
+    /// The shard holding row `row`: shards hold consecutive row ranges in order.
+    std::size_t shard_of_row(std::size_t row) const {
+        const auto& shards = info().shards;
+        auto it = std::upper_bound(shards.begin(), shards.end(), row,
+                                   [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
+        return static_cast<std::size_t>(it - shards.begin()) - 1;
+    }
+
+    Tensor update(Op op, Tensor payload);
+    Tensor update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows);
+
+    std::shared_ptr<const detail::VariableInfo> info_;
+};
+
+/// @brief TensorFlow's ShardedVariable: in pss one Variable type covers one shard or many.
+using ShardedVariable = Variable;
+
+/// @brief Rows `ids` of `params` (tf.nn.embedding_lookup).
+[[nodiscard]] inline Tensor embedding_lookup(const Variable& params, std::span<const std::int64_t> ids) {
+    return params.sparse_read(ids);
+}
+
+/// @brief The distribution strategy interface (tf.distribute.Strategy): places the variables created
+/// while its scope is active.
+class Strategy {
+public:
+    Strategy() = default;
+    Strategy(const Strategy&) = delete;
+    Strategy& operator=(const Strategy&) = delete;
+    virtual ~Strategy() = default;
+
+    /// @brief Replicas that compute one step in lockstep: 1 for parameter-server training on CPU workers.
+    [[nodiscard]] virtual int num_replicas_in_sync() const = 0;
+
+    /// @brief Creates a variable from `initial_value` (moved) and places its shards.
+    virtual Variable create_variable(Tensor initial_value, std::string name) = 0;
+
+    /// @brief RAII guard of a strategy's scope (Python's `with strategy.scope():`).
+    class [[nodiscard]] Scope {
+    public:
+        explicit Scope(Strategy& strategy) : previous_(current()) { current() = &strategy; }
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+        ~Scope() { current() = previous_; }
+
+    private:
+        Strategy* previous_;
+    };
+
+    /// @brief Makes this strategy current on this thread until the returned guard is destroyed.
+    [[nodiscard]] Scope scope() { return Scope(*this); }
+
+    /// @brief The strategy whose scope is active on this thread, or nullptr.
+    [[nodiscard]] static Strategy*& current() noexcept {
+        thread_local Strategy* strategy = nullptr;
+        return strategy;
+    }
+};
+
+namespace detail {
+
+/// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
+class LocalChannel final : public Channel {
+public:
+    std::future<Reply> send(int, Request request) override {
+        std::promise<Reply> p;
+        {
+            std::lock_guard lock(mutex_);
+            p.set_value(server_.handle(std::move(request)));
+        }
+        return p.get_future();
+    }
+    [[nodiscard]] std::string device(int) const override { return "/job:localhost/replica:0/task:0/device:CPU:0"; }
+
+private:
+    std::mutex mutex_;
+    ParameterServer<SGD> server_;
+};
+
+/// Creates a variable's shards through `channel`: shard i holds rows_of[i] rows and lives on task tasks[i].
+inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name,
+                               Tensor initial_value, const std::vector<std::size_t>& rows_of,
+                               const std::vector<int>& tasks) {
+    if (!initial_value.has_value())
+        throw InvalidArgumentError("pss: variable '" + name + "': the initial value is empty");
+    auto info = std::make_shared<VariableInfo>();
+    info->name = std::move(name);
+    info->shape = initial_value.shape();
+    info->dtype = initial_value.dtype();
+    info->id = id;
+    info->channel = channel;
+    std::vector<std::future<Reply>> futures;
+    std::size_t offset = 0;
+    for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
+        ShardInfo shard{i, tasks[i], info->shape, offset};
+        Request request;
+        request.op = Op::create;
+        request.key = {id, i};
+        if (rows_of.size() == 1) {
+            request.name = info->name;
+            request.payload = std::move(initial_value);
+        } else {
+            shard.shape[0] = rows_of[i];
+            request.name = info->name + "/part_" + std::to_string(i);
+            request.payload = slice_rows(initial_value, offset, rows_of[i]);
+        }
+        offset += rows_of[i];
+        info->shards.push_back(std::move(shard));
+        futures.push_back(channel->send(tasks[i], std::move(request)));
+    }
+    std::vector<Reply> replies;
+    for (auto& f : futures) replies.push_back(f.get());
+    for (auto& r : replies) r.take();
+    return Variable(std::move(info));
+}
+
+}  // namespace detail
+
+/// @brief The strategy used outside any scope (TensorFlow's default strategy): variables live on the
+/// coordinator, in this process.
+class DefaultStrategy final : public Strategy {
+public:
+    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
+    Variable create_variable(Tensor initial_value, std::string name) override {
+        const std::uint64_t id = next_id_.fetch_add(1);
+        return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {1}, {-1});
+    }
+
+private:
+    std::shared_ptr<detail::Channel> channel_ = std::make_shared<detail::LocalChannel>();
+    std::atomic<std::uint64_t> next_id_{1};
+};
+
+/// @brief The strategy whose scope is active on this thread; outside any scope, the process's
+/// DefaultStrategy (variables on the coordinator), as tf.distribute.get_strategy().
+[[nodiscard]] inline Strategy& get_strategy() {
+    if (Strategy* s = Strategy::current()) return *s;
+    static DefaultStrategy default_strategy;
+    return default_strategy;
+}
+
+/// @brief True when a strategy's scope is active on this thread (tf.distribute.has_strategy()).
+[[nodiscard]] inline bool has_strategy() noexcept { return Strategy::current() != nullptr; }
+
+// ---------------------------------------------------------------------------------------------------
+// Implementation
+// ---------------------------------------------------------------------------------------------------
+
+inline Variable::Variable(Tensor initial_value, std::string name)
+    : Variable(get_strategy().create_variable(std::move(initial_value), std::move(name))) {}
+
+inline std::vector<Variable> Variable::shards() const {
+    if (!is_sharded()) return {*this};
+    std::vector<Variable> out;
+    for (const auto& shard : info().shards) {
+        auto part = std::make_shared<detail::VariableInfo>();
+        part->name = info().name + "/part_" + std::to_string(shard.index);
+        part->shape = shard.shape;
+        part->dtype = info().dtype;
+        part->id = info().id;
+        part->shards = {detail::ShardInfo{shard.index, shard.task, shard.shape, 0}};
+        part->channel = info().channel;
+        part->owner = info_;
+        out.emplace_back(std::move(part));
+    }
+    return out;
+}
+
+inline Tensor Variable::read_value() const {
+    const auto& shards = info().shards;
+    std::vector<std::future<Reply>> futures;
+    for (const auto& s : shards) futures.push_back(info().channel->send(s.task, request(Op::read, s.index)));
+    auto parts = collect(futures);
+    if (parts.size() == 1) return std::move(parts.front());
+    Tensor whole = Tensor::uninitialized(dtype(), shape());
+    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
+    for (std::size_t i = 0; i < parts.size(); ++i)
+        std::memcpy(whole.bytes() + shards[i].row_offset * row_bytes, parts[i].bytes(), parts[i].nbytes());
+    return whole;
+}
+
+template <Element T>
+void Variable::read_into(xt::xarray<T>& out) const {
+    check_dtype<T>("read_into");
+    if (num_shards() == 1) {
+        Request r = request(Op::read, info().shards.front().index);
+        r.payload = std::move(out);
+        out = std::move(info().channel->send(info().shards.front().task, std::move(r)).get().take().template get<T>());
+        return;
+    }
+    if (Shape(out.shape().begin(), out.shape().end()) != shape()) out.resize(shape());
+    auto whole = read_value();
+    out = std::move(whole.get<T>());
+}
+
+inline Tensor Variable::update(Op op, Tensor payload) {
+    detail::validate_request(op, describe(op), shape(), dtype(), payload, {});
+    const auto& shards = info().shards;
+    if (shards.size() == 1) {
+        std::vector<std::future<Reply>> futures;
+        Request r = request(op, shards.front().index);
+        r.payload = std::move(payload);
+        futures.push_back(info().channel->send(shards.front().task, std::move(r)));
+        return std::move(collect(futures).front());
+    }
+    std::vector<std::future<Reply>> futures;
+    for (const auto& s : shards) {
+        Request r = request(op, s.index);
+        r.payload = detail::slice_rows(payload, s.row_offset, s.shape[0]);
+        futures.push_back(info().channel->send(s.task, std::move(r)));
+    }
+    collect(futures);
+    return payload;
+}
+
+inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows) {
+    detail::validate_request(op, describe(op), shape(), dtype(), rows, ids);
+    const auto& shards = info().shards;
+    std::vector<std::future<Reply>> futures;
+    if (shards.size() == 1) {
+        Request r = request(op, shards.front().index);
+        r.payload = std::move(rows);
+        r.ids.assign(ids.begin(), ids.end());
+        futures.push_back(info().channel->send(shards.front().task, std::move(r)));
+        return std::move(collect(futures).front());
+    }
+    // Group the rows by shard, keeping their order within each shard (scatter_update's last row wins).
+    std::vector<std::vector<std::size_t>> picked(shards.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i]))].push_back(i);
+    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+        if (picked[s].empty()) continue;
+        Request r = request(op, shards[s].index);
+        r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
+        for (std::size_t j = 0; j < picked[s].size(); ++j) {
+            const std::size_t i = picked[s][j];
+            r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
+            std::memcpy(r.payload.bytes() + j * row_bytes, rows.bytes() + i * row_bytes, row_bytes);
+        }
+        futures.push_back(info().channel->send(shards[s].task, std::move(r)));
+    }
+    collect(futures);
+    return rows;
+}
+
+inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids) const {
+    detail::validate_request(Op::gather, describe(Op::gather), shape(), dtype(), {}, ids);
+    const auto& shards = info().shards;
+    std::vector<std::vector<std::size_t>> picked(shards.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i]))].push_back(i);
+    std::vector<std::future<Reply>> futures;
+    std::vector<std::size_t> asked;
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+        if (picked[s].empty()) continue;
+        Request r = request(Op::gather, shards[s].index);
+        for (std::size_t i : picked[s]) r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
+        futures.push_back(info().channel->send(shards[s].task, std::move(r)));
+        asked.push_back(s);
+    }
+    auto parts = collect(futures);
+    if (parts.size() == 1 && asked.front() == 0 && shards.size() == 1) return std::move(parts.front());
+    Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
+    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+        const auto& rows_of_shard = picked[asked[p]];
+        for (std::size_t j = 0; j < rows_of_shard.size(); ++j)
+            std::memcpy(out.bytes() + rows_of_shard[j] * row_bytes, parts[p].bytes() + j * row_bytes, row_bytes);
+    }
+    return out;
+}
+
+PSS_NAMESPACE_END

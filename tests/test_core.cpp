@@ -1,0 +1,426 @@
+// Tests of tensors, the in-process transport, parameter servers, variables and the strategy.
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xview.hpp>
+
+#include <archetypes/cluster_resolver.hpp>
+#include <archetypes/optimizer.hpp>
+#include <archetypes/partitioner.hpp>
+#include <archetypes/transport.hpp>
+#include <pss/pss.hpp>
+
+namespace {
+
+using Ids = std::vector<std::int64_t>;
+using Fixed = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner>;
+
+// A sharded [10, 2] float variable 0..19 over 3 ps: shards hold rows 0-3, 4-6 and 7-9.
+struct ShardedFixture {
+    pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                 pss::LocalClusterResolver<3, 1>>
+        strategy{{}, pss::FixedShardsPartitioner(3), pss::SGD(0.5)};
+    pss::Variable v = [&] {
+        auto scope = strategy.scope();
+        return pss::Variable(xt::xarray<float>(xt::reshape_view(xt::arange<float>(20), {10, 2})), "table");
+    }();
+};
+
+/// A partitioner that answers whatever it is told to, for the strategy's validation.
+struct AnswerPartitioner {
+    std::size_t answer = 1;
+    std::size_t operator()(std::span<const std::size_t>, pss::DType) const { return answer; }
+};
+
+}  // namespace
+
+TEST_SUITE("Tensor") {
+    TEST_CASE("Tensor: int32 [1, 2, 3] has shape (3,), 12 bytes and prints [1, 2, 3]") {
+        pss::Tensor t(xt::xarray<std::int32_t>{1, 2, 3});
+        CHECK(t.dtype() == pss::DType::int32);
+        CHECK(t.shape() == pss::Shape{3});
+        CHECK(t.nbytes() == 12);
+        CHECK(pss::format_values(t) == "[1, 2, 3]");
+        CHECK(pss::format_shape(t.shape()) == "(3,)");
+    }
+    TEST_CASE("Tensor: float64 [[1, 2.5], [3, 4]] prints [[1., 2.5], [3., 4.]]; a scalar prints bare") {
+        CHECK(pss::format_values(pss::Tensor(xt::xarray<double>{{1, 2.5}, {3, 4}})) == "[[1., 2.5], [3., 4.]]");
+        CHECK(pss::format_values(pss::Tensor(xt::xarray<std::int64_t>(7))) == "7");
+        CHECK(pss::format_shape({}) == "()");
+        CHECK(pss::format_shape({1024, 1024}) == "(1024, 1024)");
+    }
+    TEST_CASE("Tensor: more than 1000 elements print as numpy summarises them") {
+        xt::xarray<std::int32_t> a = xt::arange<std::int32_t>(2000);
+        CHECK(pss::format_values(pss::Tensor(a)) == "[0, 1, 2, ..., 1997, 1998, 1999]");
+    }
+    TEST_CASE("Tensor: get<T> of the wrong dtype throws naming both dtypes") {
+        pss::Tensor t(xt::xarray<float>{1.0f});
+        CHECK_THROWS_WITH_AS((void)t.get<std::int32_t>(), "pss: tensor holds dtype float32, not int32",
+                             pss::InvalidArgumentError);
+    }
+    TEST_CASE("Tensor: moving a tensor moves its buffer") {
+        xt::xarray<float> a = xt::ones<float>({1000});
+        const float* data = a.data();
+        pss::Tensor t(std::move(a));
+        pss::Tensor u(std::move(t));
+        CHECK(u.get<float>().data() == data);
+    }
+}
+
+TEST_SUITE("InProcessTransport") {
+    TEST_CASE("InProcessTransport: a request's payload reaches the task without a copy, and its reply comes back") {
+        pss::ClusterSpec spec{{"ps", {"inproc:ps:0"}}, {"worker", {"inproc:worker:0"}}};
+        pss::InProcessTransport transport(spec);
+        std::atomic<const void*> seen{nullptr};
+        std::thread::id handler_thread;
+        transport.serve({"ps", 0}, [&](pss::Request&& r) {
+            seen = r.payload.bytes();
+            handler_thread = std::this_thread::get_id();
+            pss::Reply reply;
+            reply.payload = std::move(r.payload);
+            return reply;
+        });
+        xt::xarray<float> value = xt::ones<float>({4096});
+        const void* data = value.data();
+        pss::Request request;
+        request.payload = std::move(value);
+        pss::Reply reply = transport.send({"ps", 0}, std::move(request)).get();
+        CHECK(reply.ok());
+        CHECK(seen.load() == data);
+        CHECK(reply.payload.bytes() == data);
+        CHECK(handler_thread != std::this_thread::get_id());
+    }
+    TEST_CASE("InProcessTransport: a task never served and a task after shutdown answer unavailable") {
+        pss::ClusterSpec spec{{"ps", {"a:1", "b:1"}}, {"worker", {"c:1"}}};
+        pss::InProcessTransport transport(spec);
+        transport.serve({"ps", 0}, [](pss::Request&&) { return pss::Reply{}; });
+        auto r1 = transport.send({"ps", 1}, {}).get();
+        CHECK(r1.code == pss::ErrorCode::unavailable);
+        CHECK(r1.message == "pss: task /job:ps/replica:0/task:1 is not serving (never started, or shut down)");
+        CHECK(transport.send({"ps", 0}, {}).get().ok());
+        transport.shutdown();
+        CHECK(transport.send({"ps", 0}, {}).get().code == pss::ErrorCode::unavailable);
+        CHECK_THROWS_AS(transport.serve({"ps", 5}, [](pss::Request&&) { return pss::Reply{}; }),
+                        pss::InvalidArgumentError);
+    }
+    TEST_CASE("InProcessTransport: requests to one task run one at a time, in order") {
+        pss::ClusterSpec spec{{"ps", {"a:1"}}, {"worker", {"c:1"}}};
+        pss::InProcessTransport transport(spec);
+        std::vector<std::uint64_t> order;
+        transport.serve({"ps", 0}, [&](pss::Request&& r) {
+            order.push_back(r.key.variable);
+            return pss::Reply{};
+        });
+        std::vector<std::future<pss::Reply>> futures;
+        for (std::uint64_t i = 0; i < 100; ++i) {
+            pss::Request r;
+            r.key.variable = i;
+            futures.push_back(transport.send({"ps", 0}, std::move(r)));
+        }
+        for (auto& f : futures) f.get();
+        REQUIRE(order.size() == 100);
+        for (std::uint64_t i = 0; i < 100; ++i) CHECK(order[i] == i);
+    }
+}
+
+TEST_SUITE("ParameterServer") {
+    TEST_CASE("ParameterServer: a request that fails validation is an error reply and changes nothing") {
+        pss::ParameterServer<pss::SGD> server;
+        pss::Request create;
+        create.op = pss::Op::create;
+        create.key = {1, 0};
+        create.name = "w";
+        create.payload = xt::xarray<float>{1, 2, 3};
+        REQUIRE(server.handle(std::move(create)).ok());
+
+        pss::Request bad;
+        bad.op = pss::Op::scatter_add;
+        bad.key = {1, 0};
+        bad.ids = {0, 3};
+        bad.payload = xt::xarray<float>{10, 20};
+        pss::Reply reply = server.handle(std::move(bad));
+        CHECK(reply.code == pss::ErrorCode::out_of_range);
+        CHECK(reply.message ==
+              "pss: scatter_add on variable 'w': id 3 is out of range for shape (3,); ids must be in [0, 3)");
+
+        pss::Request wrong_dtype;
+        wrong_dtype.op = pss::Op::assign;
+        wrong_dtype.key = {1, 0};
+        wrong_dtype.payload = xt::xarray<double>{1, 2, 3};
+        reply = server.handle(std::move(wrong_dtype));
+        CHECK(reply.code == pss::ErrorCode::invalid_argument);
+        CHECK(reply.message == "pss: assign on variable 'w': expected shape (3,) dtype float32, got shape (3,) dtype float64");
+
+        pss::Request missing;
+        missing.op = pss::Op::read;
+        missing.key = {9, 0};
+        CHECK(server.handle(std::move(missing)).code == pss::ErrorCode::not_found);
+
+        pss::Request read;
+        read.op = pss::Op::read;
+        read.key = {1, 0};
+        pss::Tensor value = server.handle(std::move(read)).take();
+        CHECK(value.get<float>() == xt::xarray<float>{1, 2, 3});
+    }
+    TEST_CASE("ParameterServer: creating the same shard twice is AlreadyExistsError") {
+        pss::ParameterServer<pss::SGD> server;
+        for (int i = 0; i < 2; ++i) {
+            pss::Request create;
+            create.op = pss::Op::create;
+            create.key = {1, 0};
+            create.name = "w";
+            create.payload = xt::xarray<float>{1};
+            pss::Reply r = server.handle(std::move(create));
+            CHECK(r.code == (i == 0 ? pss::ErrorCode::ok : pss::ErrorCode::already_exists));
+        }
+    }
+}
+
+TEST_SUITE("ParameterServerStrategy") {
+    TEST_CASE("ParameterServerStrategy: num_replicas_in_sync is 1 and the default cluster is 2 ps, 2 workers") {
+        pss::ParameterServerStrategy<> strategy;
+        CHECK(strategy.num_replicas_in_sync() == 1);
+        CHECK(strategy.num_ps() == 2);
+        CHECK(strategy.num_workers() == 2);
+    }
+    TEST_CASE("ParameterServerStrategy: get_strategy is the scoped strategy inside scope(), the default outside") {
+        pss::ParameterServerStrategy<> strategy;
+        pss::Strategy& outside = pss::get_strategy();
+        CHECK_FALSE(pss::has_strategy());
+        CHECK(&outside != &strategy);
+        {
+            auto scope = strategy.scope();
+            CHECK(&pss::get_strategy() == &strategy);
+            CHECK(pss::has_strategy());
+            pss::ParameterServerStrategy<> inner;
+            {
+                auto inner_scope = inner.scope();
+                CHECK(&pss::get_strategy() == &inner);
+            }
+            CHECK(&pss::get_strategy() == &strategy);
+        }
+        CHECK(&pss::get_strategy() == &outside);
+        CHECK(outside.num_replicas_in_sync() == 1);
+    }
+    TEST_CASE("ParameterServerStrategy: with 3 ps, four variables land on ps 0, 1, 2, 0") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy;
+        auto scope = strategy.scope();
+        std::vector<int> tasks;
+        for (int i = 0; i < 4; ++i) tasks.push_back(pss::Variable(xt::xarray<float>{1.0f}).shard_tasks().front());
+        CHECK(tasks == std::vector<int>{0, 1, 2, 0});
+        static_assert(decltype(strategy)::shard_placement<4>() == std::array{0, 1, 2, 0});
+    }
+    TEST_CASE("ParameterServerStrategy: 4 shards on 2 ps land on 0, 1, 0, 1 and are named name/part_i") {
+        Fixed strategy({}, pss::FixedShardsPartitioner(4));
+        auto scope = strategy.scope();
+        pss::Variable v(xt::xarray<float>(xt::zeros<float>({10, 3})), "emb");
+        CHECK(v.is_sharded());
+        CHECK(v.shard_tasks() == std::vector<int>{0, 1, 0, 1});
+        static_assert(Fixed::shard_placement<4>() == std::array{0, 1, 0, 1});
+        auto shards = v.shards();
+        REQUIRE(shards.size() == 4);
+        CHECK(shards[0].name() == "emb/part_0:0");
+        CHECK(shards[3].name() == "emb/part_3:0");
+        // 10 rows over 4 shards: the first 10 % 4 = 2 shards get one extra row.
+        CHECK(shards[0].shape() == pss::Shape{3, 3});
+        CHECK(shards[1].shape() == pss::Shape{3, 3});
+        CHECK(shards[2].shape() == pss::Shape{2, 3});
+        CHECK(shards[3].shape() == pss::Shape{2, 3});
+        CHECK(shards[1].device() == "/job:ps/replica:0/task:1/device:CPU:0");
+        // The next variable continues the round-robin where the shards stopped.
+        CHECK(pss::Variable(xt::xarray<float>{1.0f}).shard_tasks() == std::vector<int>{0});
+    }
+    TEST_CASE("ParameterServerStrategy: a partitioner answering 0, or more shards than rows, is refused") {
+        using S = pss::ParameterServerStrategy<pss::InProcessTransport, AnswerPartitioner>;
+        S zero({}, AnswerPartitioner{0});
+        auto scope = zero.scope();
+        CHECK_THROWS_WITH_AS(pss::Variable(xt::xarray<float>{1, 2, 3}, "w"),
+                             "pss: variable 'w' of shape (3,): the partitioner answered 0 shards; it must answer "
+                             "between 1 and shape[0] = 3",
+                             pss::InvalidArgumentError);
+        S four({}, AnswerPartitioner{4});
+        auto scope4 = four.scope();
+        CHECK_THROWS_AS(pss::Variable(xt::xarray<float>{1, 2, 3}, "w"), pss::InvalidArgumentError);
+        // A scalar is never partitioned: the partitioner is not asked.
+        CHECK(pss::Variable(xt::xarray<float>(2.0f), "s").num_shards() == 1);
+    }
+    TEST_CASE("ParameterServerStrategy: a cluster without ps or without workers is refused") {
+        using S = pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                               pss::SimpleClusterResolver>;
+        CHECK_THROWS_WITH_AS(S(pss::SimpleClusterResolver(pss::ClusterSpec{{"worker", {"w:1"}}})),
+                             "pss: ParameterServerStrategy: the cluster has no \"ps\" job; ParameterServerStrategy "
+                             "needs at least one ps task",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_AS(S(pss::SimpleClusterResolver(pss::ClusterSpec{{"ps", {"p:1"}}})), pss::InvalidArgumentError);
+    }
+    TEST_CASE("ParameterServerStrategy: composes from the four archetypes, using nothing undocumented") {
+        using S = pss::ParameterServerStrategy<pss::archetypes::TransportArchetype, pss::archetypes::PartitionerArchetype,
+                                               pss::archetypes::OptimizerArchetype,
+                                               pss::archetypes::ClusterResolverArchetype>;
+        static_assert(std::is_base_of_v<pss::Strategy, S>);
+        // The archetype transport runs requests on the caller's thread, so the whole path is exercised.
+        S strategy(pss::archetypes::ClusterResolverArchetype{}, pss::archetypes::PartitionerArchetype(0),
+                   pss::archetypes::OptimizerArchetype(0));
+        auto scope = strategy.scope();
+        pss::Variable v(xt::xarray<float>{1, 2}, "a");
+        v.assign_add(xt::xarray<float>{1, 1});
+        CHECK(v.read<float>() == xt::xarray<float>{2, 3});
+    }
+}
+
+TEST_SUITE("Variable") {
+    TEST_CASE("Variable: weights int32 [1, 2, 3, 4, 5] prints as TensorFlow prints it") {
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        pss::Variable weights(xt::xarray<std::int32_t>{1, 2, 3, 4, 5}, "weights");
+        std::ostringstream os;
+        os << weights;
+        CHECK(os.str() == "<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>");
+        CHECK(weights.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+    }
+    TEST_CASE("Variable: outside any scope it lives on the coordinator") {
+        pss::Variable v(xt::xarray<double>{1.5, 2.5}, "local");
+        CHECK(v.device() == "/job:localhost/replica:0/task:0/device:CPU:0");
+        v.assign_add(xt::xarray<double>{1, 1});
+        CHECK(v.read<double>() == xt::xarray<double>{2.5, 3.5});
+        CHECK(v.to_string() == "<pss::Variable 'local:0' shape=(2,) dtype=float64, value=[2.5, 3.5]>");
+    }
+    TEST_CASE_TEMPLATE("Variable: every element type round-trips through a ps", T, float, double, std::int32_t,
+                       std::int64_t) {
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        pss::Variable v(xt::xarray<T>{{1, 2}, {3, 4}}, "v");
+        CHECK(v.dtype() == pss::dtype_of<T>);
+        CHECK(v.read<T>() == xt::xarray<T>{{1, 2}, {3, 4}});
+        v.assign(xt::xarray<T>{{5, 6}, {7, 8}});
+        v.assign_add(xt::xarray<T>{{1, 1}, {1, 1}});
+        v.assign_sub(xt::xarray<T>{{2, 2}, {2, 2}});
+        CHECK(v.read<T>() == xt::xarray<T>{{4, 5}, {6, 7}});
+    }
+    TEST_CASE("Variable: sharded read, assign and assign_add see the whole value") {
+        ShardedFixture f;
+        CHECK(f.v.num_shards() == 3);
+        CHECK(f.v.shards()[0].shape() == pss::Shape{4, 2});
+        CHECK(f.v.read<float>() == xt::reshape_view(xt::arange<float>(20), {10, 2}));
+        f.v.assign_add(xt::xarray<float>(xt::ones<float>({10, 2})));
+        CHECK(f.v.read<float>() == xt::reshape_view(xt::arange<float>(1, 21), {10, 2}));
+        f.v.assign(xt::xarray<float>(xt::zeros<float>({10, 2})));
+        CHECK(f.v.read<float>() == xt::xarray<float>(xt::zeros<float>({10, 2})));
+    }
+    TEST_CASE("Variable: sparse_read gives rows in the order asked, across shards, repeats included") {
+        ShardedFixture f;
+        Ids ids{9, 0, 5, 0, 4};
+        CHECK(f.v.sparse_read(ids).get<float>() == xt::xarray<float>{{18, 19}, {0, 1}, {10, 11}, {0, 1}, {8, 9}});
+        CHECK(pss::embedding_lookup(f.v, Ids{3}).get<float>() == xt::xarray<float>{{6, 7}});
+        CHECK(f.v.sparse_read(Ids{}).shape() == pss::Shape{0, 2});
+    }
+    TEST_CASE("Variable: scatter_add with a repeated id adds each row; scatter_update keeps the last") {
+        ShardedFixture f;
+        f.v.scatter_add(Ids{1, 8, 1}, xt::xarray<float>{{1, 1}, {2, 2}, {10, 10}});
+        auto v = f.v.read<float>();
+        CHECK(xt::view(v, 1) == xt::xarray<float>{13, 14});
+        CHECK(xt::view(v, 8) == xt::xarray<float>{18, 19});
+        f.v.scatter_sub(Ids{8}, xt::xarray<float>{{18, 19}});
+        f.v.scatter_update(Ids{0, 0, 9}, xt::xarray<float>{{-1, -1}, {-2, -2}, {-3, -3}});
+        v = f.v.read<float>();
+        CHECK(xt::view(v, 0) == xt::xarray<float>{-2, -2});
+        CHECK(xt::view(v, 8) == xt::xarray<float>{0, 0});
+        CHECK(xt::view(v, 9) == xt::xarray<float>{-3, -3});
+        CHECK(xt::view(v, 5) == xt::xarray<float>{10, 11});
+    }
+    TEST_CASE("Variable: apply_gradient and apply_sparse_gradient run the optimizer on the ps, summing repeated ids") {
+        ShardedFixture f;  // SGD with learning rate 0.5
+        f.v.apply_gradient(xt::xarray<float>(xt::ones<float>({10, 2}) * 2.0f));
+        CHECK(f.v.read<float>() == xt::reshape_view(xt::arange<float>(20) - 1.0f, {10, 2}));
+        f.v.apply_sparse_gradient(Ids{2, 7, 2}, xt::xarray<float>{{1, 1}, {4, 4}, {3, 3}});
+        auto v = f.v.read<float>();
+        CHECK(xt::view(v, 2) == xt::xarray<float>{1, 2});    // 3, 4 minus 0.5 * (1 + 3)
+        CHECK(xt::view(v, 7) == xt::xarray<float>{11, 12});  // 13, 14 minus 0.5 * 4
+        CHECK(xt::view(v, 3) == xt::xarray<float>{5, 6});
+    }
+    TEST_CASE("Variable: a wrong shape or dtype is refused with the variable's name, the expected and the given") {
+        ShardedFixture f;
+        CHECK_THROWS_WITH_AS(f.v.assign(xt::xarray<float>(xt::zeros<float>({9, 2}))),
+                             "pss: assign on variable 'table:0': expected shape (10, 2) dtype float32, got shape (9, 2) "
+                             "dtype float32",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(f.v.assign_add(xt::xarray<double>(xt::zeros<double>({10, 2}))),
+                             "pss: assign_add on variable 'table:0': expected shape (10, 2) dtype float32, got shape "
+                             "(10, 2) dtype float64",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(f.v.scatter_add(Ids{1, 2}, xt::xarray<float>{{1, 1}}),
+                             "pss: scatter_add on variable 'table:0': expected shape (2, 2) dtype float32, got shape "
+                             "(1, 2) dtype float32",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)f.v.read<double>(),
+                             "pss: read of variable 'table:0' as float64: the variable's dtype is float32",
+                             pss::InvalidArgumentError);
+        CHECK(f.v.read<float>() == xt::reshape_view(xt::arange<float>(20), {10, 2}));
+    }
+    TEST_CASE("Variable: an id out of range on one shard changes no shard") {
+        ShardedFixture f;
+        CHECK_THROWS_WITH_AS(f.v.scatter_add(Ids{0, 5, 10}, xt::xarray<float>(xt::ones<float>({3, 2}))),
+                             "pss: scatter_add on variable 'table:0': id 10 is out of range for shape (10, 2); ids "
+                             "must be in [0, 10)",
+                             pss::OutOfRangeError);
+        CHECK_THROWS_AS(f.v.apply_sparse_gradient(Ids{-1}, xt::xarray<float>{{1, 1}}), pss::OutOfRangeError);
+        CHECK_THROWS_AS((void)f.v.sparse_read(Ids{3, 11}), pss::OutOfRangeError);
+        CHECK(f.v.read<float>() == xt::reshape_view(xt::arange<float>(20), {10, 2}));
+    }
+    TEST_CASE("Variable: a gradient to an integer variable is FailedPreconditionError") {
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        pss::Variable step(xt::xarray<std::int64_t>{0}, "step");
+        CHECK_THROWS_WITH_AS(step.apply_gradient(xt::xarray<std::int64_t>{1}),
+                             "pss: apply_gradient on variable 'step:0': a gradient cannot be applied to a variable of "
+                             "dtype int64; only float32 and float64 variables train",
+                             pss::FailedPreconditionError);
+        CHECK(step.read<std::int64_t>() == xt::xarray<std::int64_t>{0});
+    }
+    TEST_CASE("Variable: read_into reuses the caller's buffer, and updates hand the payload buffer back") {
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        pss::Variable v(xt::xarray<float>(xt::ones<float>({4096})), "v");
+        xt::xarray<float> out = xt::zeros<float>({4096});
+        const float* data = out.data();
+        v.read_into(out);
+        CHECK(out.data() == data);
+        CHECK(out(4095) == 1.0f);
+        xt::xarray<float> delta = xt::ones<float>({4096});
+        const float* delta_data = delta.data();
+        pss::Tensor spent = v.assign_add(std::move(delta));
+        CHECK(spent.get<float>().data() == delta_data);
+        CHECK(v.read<float>()(0) == 2.0f);
+    }
+    TEST_CASE("Variable: 8 threads each adding 1 to a sharded variable 100 times give exactly 800") {
+        ShardedFixture f;
+        f.v.assign(xt::xarray<float>(xt::zeros<float>({10, 2})));
+        std::vector<std::jthread> threads;
+        for (int t = 0; t < 8; ++t)
+            threads.emplace_back([&] {
+                for (int i = 0; i < 100; ++i) f.v.assign_add(xt::xarray<float>(xt::ones<float>({10, 2})));
+            });
+        threads.clear();
+        CHECK(f.v.read<float>() == xt::xarray<float>(xt::ones<float>({10, 2}) * 800.0f));
+    }
+    TEST_CASE("Variable: a variable that outlives its strategy throws UnavailableError") {
+        pss::Variable v;
+        {
+            pss::ParameterServerStrategy<> strategy;
+            auto scope = strategy.scope();
+            v = pss::Variable(xt::xarray<float>{1}, "orphan");
+        }
+        CHECK_THROWS_AS((void)v.read_value(), pss::UnavailableError);
+        CHECK_THROWS_AS((void)pss::Variable().read_value(), pss::FailedPreconditionError);
+    }
+}
