@@ -21,6 +21,7 @@ enum class ErrorCode : int {
     unavailable = 6,       ///< a task that has shut down or cannot be reached
     cancelled = 7,         ///< work cancelled before it ran
     internal = 8,          ///< a broken invariant inside pss: a bug, please report it
+    not_ready = 9,         ///< a synchronous pull asked for a step not applied yet: the caller retries
 };
 
 /// @brief The base of every exception pss throws. Messages start with "pss: " and name the input.
@@ -61,6 +62,7 @@ PSS_DEFINE_ERROR(InternalError, internal)
         case ErrorCode::unavailable: throw UnavailableError(message);
         case ErrorCode::cancelled: throw CancelledError(message);
         case ErrorCode::ok:
+        case ErrorCode::not_ready:
         case ErrorCode::internal: break;
     }
     throw InternalError(message);

@@ -62,6 +62,9 @@ struct Request {
     std::string name;               ///< the shard's display name, sent with `create`
     Tensor payload;                 ///< value, delta, gradient, rows, or a buffer to read into
     std::vector<std::int64_t> ids;  ///< row ids of the scatter, gather and sparse operations
+    /// The training step a synchronous push belongs to, or a synchronous pull is for (1, 2, ...);
+    /// 0 outside synchronous training.
+    std::uint64_t step = 0;
 };
 
 /// @brief A task's answer: `code` is ok, or the error the task raised with its message.

@@ -108,6 +108,13 @@ struct OptionalSlots<OptimizerPolicy, T, true> {
 
 }  // namespace detail
 
+/// @brief How a ParameterServer applies pushed gradients (see consistency.hpp).
+struct SyncOptions {
+    bool synchronous = false;      ///< false: apply each push when it arrives (TensorFlow's mode)
+    std::uint64_t workers = 1;     ///< synchronous: pushes that make up one step (one per worker)
+    std::uint64_t staleness = 0;   ///< synchronous: how many steps a pull may run ahead of the applied ones
+};
+
 /// @brief The state of one parameter-server task: its shards, each with its optimizer slots.
 ///
 /// A ParameterServer is driven by one thread (the transport's task), so it needs no locks: requests to
@@ -117,7 +124,13 @@ struct OptionalSlots<OptimizerPolicy, T, true> {
 template <Optimizer OptimizerPolicy>
 class ParameterServer {
 public:
-    explicit ParameterServer(OptimizerPolicy optimizer = {}) : optimizer_(std::move(optimizer)) {}
+    /// @param optimizer applies gradients to this task's shards
+    /// @param sync how pushes are applied: asynchronously (the default) or per step from all workers
+    explicit ParameterServer(OptimizerPolicy optimizer = {}, SyncOptions sync = {})
+        : optimizer_(std::move(optimizer)), sync_(sync) {
+        if (sync_.synchronous && sync_.workers == 0)
+            throw InvalidArgumentError("pss: ParameterServer: synchronous training needs at least one worker");
+    }
 
     /// @brief Handles one request; errors become replies (never exceptions), so a bad request cannot
     /// take the task down.
@@ -141,6 +154,16 @@ private:
         // Slots exist for float shards only, and only once the first gradient arrives: a variable that is
         // never trained (or an Adam shard before its first step) costs only its value.
         typename detail::OptionalSlots<OptimizerPolicy, T>::type slots{};
+        // Synchronous training: the steps applied so far, and the pushes of steps not complete yet.
+        std::uint64_t applied = 0;
+        struct Pending {
+            std::uint64_t pushes = 0;
+            bool pushes_dense = false;
+            xt::xarray<T> dense;                 // the sum of the dense gradients of the step
+            std::vector<std::int64_t> ids;       // the sparse gradients' ids and rows, in arrival order
+            std::vector<xt::xarray<T>> rows;
+        };
+        std::map<std::uint64_t, Pending> pending;
     };
     using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>>;
 
@@ -182,7 +205,11 @@ private:
                                      std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
                                      " exists already on this task");
         Shard shard{request.name, request.payload.shape(), request.payload.dtype(), State<float>{}};
-        request.payload.visit_mut([&]<class T>(xt::xarray<T>& value) { shard.state = State<T>{std::move(value), {}}; });
+        request.payload.visit_mut([&]<class T>(xt::xarray<T>& value) {
+            State<T> state;
+            state.value = std::move(value);
+            shard.state = std::move(state);
+        });
         shards_.emplace(request.key, std::move(shard));
         return {};
     }
@@ -191,6 +218,16 @@ private:
     Reply apply(const Shard& shard, State<T>& state, Request&& request) {
         xt::xarray<T>& value = state.value;
         Reply reply;
+        if (sync_.synchronous && (request.op == Op::read || request.op == Op::gather) && request.step != 0 &&
+            state.applied + 1 + sync_.staleness < request.step)
+        {
+            reply = Reply::error(ErrorCode::not_ready, "pss: " + std::string(op_name(request.op)) + " on variable '" +
+                                                           shard.name + "' for step " + std::to_string(request.step) +
+                                                           ": step " + std::to_string(state.applied + 1) +
+                                                           " is not applied yet");
+            reply.payload = std::move(request.payload);  // the caller asks again with the same buffer
+            return reply;
+        }
         switch (request.op) {
             case Op::read: {
                 // Reuse the caller's buffer when it has the right shape: no fresh pages to fault in.
@@ -223,14 +260,14 @@ private:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
                     if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
-                    const auto& grad = request.payload.template get<T>();
-                    if (request.op == Op::apply_dense) {
-                        optimizer_.apply_dense(value, *state.slots, grad);
-                    } else {
-                        auto [rows, summed] = detail::sum_duplicate_rows<T>(request.ids, grad);
-                        optimizer_.apply_sparse(value, *state.slots, std::span<const std::int64_t>(rows),
-                                                std::as_const(summed));
+                    if (sync_.synchronous) {
+                        push_step(shard, state, std::move(request));
+                        return reply;  // the gradient's buffer is kept until its step is applied
                     }
+                    if (request.op == Op::apply_dense)
+                        optimizer_.apply_dense(value, *state.slots, request.payload.template get<T>());
+                    else
+                        apply_rows(state, request.ids, request.payload.template get<T>(), T{1});
                 }
                 break;
             case Op::create:
@@ -238,6 +275,66 @@ private:
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;
+    }
+
+    /// Sums rows of repeated ids, scales them and lets the optimizer apply them.
+    template <class T>
+    void apply_rows(State<T>& state, std::span<const std::int64_t> ids, const xt::xarray<T>& rows, T scale) {
+        auto [unique, summed] = detail::sum_duplicate_rows<T>(ids, rows);
+        if (scale != T{1}) summed *= scale;
+        optimizer_.apply_sparse(state.value, *state.slots, std::span<const std::int64_t>(unique), std::as_const(summed));
+    }
+
+    /// Synchronous training: adds a push to its step, then applies every complete step in order, each
+    /// from the mean of its workers' gradients.
+    template <class T>
+    void push_step(const Shard& shard, State<T>& state, Request&& request) {
+        const std::uint64_t step = request.step;
+        const std::string what = std::string(op_name(request.op)) + " on variable '" + shard.name + "'";
+        if (step == 0)
+            throw FailedPreconditionError("pss: " + what +
+                                          ": training is synchronous, so every push must name its step (1, 2, ...)");
+        if (step <= state.applied)
+            throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) +
+                                       " is applied already; a worker pushed twice, or too late");
+        if (step > state.applied + 1 + sync_.staleness)
+            throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) + " is more than " +
+                                       std::to_string(sync_.staleness) + " steps ahead of step " +
+                                       std::to_string(state.applied + 1) + ", the oldest not applied");
+        auto& pending = state.pending[step];
+        auto& grad = request.payload.template get<T>();
+        if (request.op == Op::apply_dense) {
+            if (!pending.pushes_dense)
+                pending.dense = std::move(grad);
+            else
+                xt::noalias(pending.dense) += grad;
+            pending.pushes_dense = true;
+        } else {
+            pending.ids.insert(pending.ids.end(), request.ids.begin(), request.ids.end());
+            pending.rows.push_back(std::move(grad));
+        }
+        ++pending.pushes;
+        for (auto it = state.pending.begin();
+             it != state.pending.end() && it->first == state.applied + 1 && it->second.pushes >= sync_.workers;
+             it = state.pending.erase(it)) {
+            auto& done = it->second;
+            const T scale = T{1} / static_cast<T>(sync_.workers);
+            if (done.pushes_dense) {
+                done.dense *= scale;
+                optimizer_.apply_dense(state.value, *state.slots, std::as_const(done.dense));
+            }
+            if (!done.ids.empty()) {
+                const Shape shape(state.value.shape().begin(), state.value.shape().end());
+                xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, done.ids.size()));
+                std::size_t offset = 0;
+                for (const auto& part : done.rows) {
+                    std::copy(part.begin(), part.end(), rows.begin() + static_cast<std::ptrdiff_t>(offset));
+                    offset += part.size();
+                }
+                apply_rows(state, done.ids, rows, scale);
+            }
+            ++state.applied;
+        }
     }
 
     template <class T>
@@ -257,6 +354,7 @@ private:
     }
 
     OptimizerPolicy optimizer_;
+    SyncOptions sync_;
     std::unordered_map<ShardKey, Shard, KeyHash> shards_;
 };
 

@@ -19,6 +19,7 @@
 #include <pss/concepts/partitioner.hpp>
 #include <pss/concepts/transport.hpp>
 #include <pss/config.hpp>
+#include <pss/consistency.hpp>
 #include <pss/errors.hpp>
 #include <pss/optimizer/sgd.hpp>
 #include <pss/partitioner/no_partition.hpp>
@@ -51,11 +52,11 @@ namespace detail {
 template <Transport TransportPolicy, Optimizer OptimizerPolicy>
 class TransportChannel final : public Channel {
 public:
-    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer) : transport_(spec) {
+    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync) : transport_(spec) {
         const int num_ps = spec.num_tasks("ps");
         servers_.reserve(static_cast<std::size_t>(num_ps));
         for (int i = 0; i < num_ps; ++i) {
-            servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer));
+            servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync));
             auto* server = servers_.back().get();
             transport_.serve(TaskId{"ps", i}, [server](Request&& r) { return server->handle(std::move(r)); });
         }
@@ -89,6 +90,8 @@ private:
 /// @tparam PartitionerPolicy how many shards a variable gets (NoPartitioner: one)
 /// @tparam OptimizerPolicy how a ps applies gradients (SGD with learning rate 0.01)
 /// @tparam ClusterResolverPolicy who is in the cluster (LocalClusterResolver<2, 2>: 2 ps, 2 workers, a chief)
+/// @tparam ConsistencyPolicy when pushes are applied: Asynchronous (TensorFlow's mode), Synchronous, or
+/// BoundedStaleness<S>; in the synchronous modes every push and pull names its step
 ///
 /// @par Example
 /// @code
@@ -98,9 +101,14 @@ private:
 /// pss::Variable w(xt::xarray<float>(xt::zeros<float>({1024, 1024})), "w");  // 2 shards, on ps 0 and 1
 /// @endcode
 template <Transport TransportPolicy = InProcessTransport, Partitioner PartitionerPolicy = NoPartitioner,
-          Optimizer OptimizerPolicy = SGD, ClusterResolver ClusterResolverPolicy = LocalClusterResolver<>>
+          Optimizer OptimizerPolicy = SGD, ClusterResolver ClusterResolverPolicy = LocalClusterResolver<>,
+          Consistency ConsistencyPolicy = Asynchronous>
 class ParameterServerStrategy final : public Strategy {
 public:
+    using consistency_type = ConsistencyPolicy;
+    /// @brief True when pushes are applied per step from every worker (Synchronous, BoundedStaleness).
+    static constexpr bool synchronous = ConsistencyPolicy::synchronous;
+
     using transport_type = TransportPolicy;
     using partitioner_type = PartitionerPolicy;
     using optimizer_type = OptimizerPolicy;
@@ -114,7 +122,10 @@ public:
           partitioner_(std::move(variable_partitioner)),
           optimizer_(std::move(optimizer)),
           spec_(validated(resolver_.cluster_spec())),
-          channel_(std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_)) {}
+          channel_(std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(
+              spec_, optimizer_,
+              SyncOptions{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
+                          ConsistencyPolicy::staleness})) {}
 
     ~ParameterServerStrategy() override { channel_->shutdown(); }
 

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <exception>
+#include <thread>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -135,18 +138,20 @@ public:
     [[nodiscard]] std::vector<Variable> shards() const;
 
     /// @brief The whole value, gathered from every shard.
-    [[nodiscard]] Tensor read_value() const;
+    /// @param step in synchronous training, the step this pull is for: it waits until the steps it
+    /// must see are applied (see consistency.hpp); 0 reads whatever is there.
+    [[nodiscard]] Tensor read_value(std::uint64_t step = 0) const;
     /// @brief The whole value as an xarray of the variable's element type.
     /// @throws InvalidArgumentError when T is not the variable's dtype.
     template <Element T>
-    [[nodiscard]] xt::xarray<T> read() const {
+    [[nodiscard]] xt::xarray<T> read(std::uint64_t step = 0) const {
         check_dtype<T>("read");
-        return std::move(read_value().get<T>());
+        return std::move(read_value(step).get<T>());
     }
     /// @brief Reads the whole value into `out`, reusing its memory when its shape already matches
     /// (a training loop pulling the same variable each step touches no fresh page).
     template <Element T>
-    void read_into(xt::xarray<T>& out) const;
+    void read_into(xt::xarray<T>& out, std::uint64_t step = 0) const;
 
     // Updates. Each takes its payload by value (move it in: nothing is copied for an unsharded variable)
     // and hands the spent buffer back, so that a loop can reuse its memory for the next step.
@@ -158,8 +163,11 @@ public:
     /// @brief value -= `delta`.
     Tensor assign_sub(Tensor delta) { return update(Op::assign_sub, std::move(delta)); }
     /// @brief The strategy's optimizer applies `gradient` (same shape) to every shard.
+    /// @param step in synchronous training, the step the gradient belongs to (1, 2, ...)
     /// @throws FailedPreconditionError for an integer variable.
-    Tensor apply_gradient(Tensor gradient) { return update(Op::apply_dense, std::move(gradient)); }
+    Tensor apply_gradient(Tensor gradient, std::uint64_t step = 0) {
+        return update(Op::apply_dense, std::move(gradient), step);
+    }
 
     /// @brief value[ids[i]] += rows[i]; a repeated id adds each of its rows.
     Tensor scatter_add(std::span<const std::int64_t> ids, Tensor rows) {
@@ -174,14 +182,16 @@ public:
         return update_rows(Op::scatter_update, ids, std::move(rows));
     }
     /// @brief The optimizer applies gradient `rows` to rows `ids`; rows of a repeated id are summed first.
-    Tensor apply_sparse_gradient(std::span<const std::int64_t> ids, Tensor rows) {
-        return update_rows(Op::apply_sparse, ids, std::move(rows));
+    /// In synchronous training (`step` > 0) every shard receives a push, empty when no id falls in it,
+    /// so that each shard can count its step complete.
+    Tensor apply_sparse_gradient(std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step = 0) {
+        return update_rows(Op::apply_sparse, ids, std::move(rows), step);
     }
 
     /// @brief Rows `ids` of the value, in the order asked for (tf.nn.embedding_lookup): one request per
     /// shard touched, issued in parallel.
     /// @throws OutOfRangeError naming the id and the shape when an id is outside [0, shape[0]).
-    [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids) const;
+    [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids, std::uint64_t step = 0) const;
 
     /// @brief `<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>`
     [[nodiscard]] std::string to_string() const {
@@ -208,23 +218,18 @@ private:
 
     std::string describe(Op op) const { return std::string(op_name(op)) + " on variable '" + name() + "'"; }
 
-    Request request(Op op, std::uint32_t shard) const {
+    Request request(Op op, std::uint32_t shard, std::uint64_t step = 0) const {
         Request r;
         r.op = op;
         r.key = {info().id, shard};
+        r.step = step;
         return r;
     }
 
-    /// Waits for every reply; throws the first error after all have arrived (so none is left running).
-    static std::vector<Tensor> collect(std::vector<std::future<Reply>>& futures) {
-        std::vector<Reply> replies;
-        replies.reserve(futures.size());
-        for (auto& f : futures) replies.push_back(f.get());
-        std::vector<Tensor> out;
-        out.reserve(replies.size());
-        for (auto& r : replies) out.push_back(r.take());
-        return out;
-    }
+    /// Sends each request to its task (all in flight at once) and returns the replies' payloads in the
+    /// same order. A synchronous pull that is not ready yet is asked again, with a growing pause. The
+    /// first error is thrown after every reply has arrived, so no request is left running.
+    std::vector<Tensor> exchange(std::vector<std::pair<int, Request>> outgoing) const;
 
     /// The shard holding row `row`: shards hold consecutive row ranges in order.
     std::size_t shard_of_row(std::size_t row) const {
@@ -234,8 +239,8 @@ private:
         return static_cast<std::size_t>(it - shards.begin()) - 1;
     }
 
-    Tensor update(Op op, Tensor payload);
-    Tensor update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows);
+    Tensor update(Op op, Tensor payload, std::uint64_t step = 0);
+    Tensor update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step = 0);
 
     std::shared_ptr<const detail::VariableInfo> info_;
 };
@@ -394,11 +399,49 @@ inline std::vector<Variable> Variable::shards() const {
     return out;
 }
 
-inline Tensor Variable::read_value() const {
+inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request>> outgoing) const {
+    std::vector<std::future<Reply>> futures(outgoing.size());
+    std::vector<Request> again(outgoing.size());  // what to send if the reply is "not ready"
+    std::vector<Tensor> out(outgoing.size());
+    std::vector<std::size_t> waiting;
+    auto post = [&](std::size_t i, Request r) {
+        again[i] = Request{r.op, r.key, {}, {}, r.ids, r.step};
+        futures[i] = info().channel->send(outgoing[i].first, std::move(r));
+    };
+    for (std::size_t i = 0; i < outgoing.size(); ++i) {
+        post(i, std::move(outgoing[i].second));
+        waiting.push_back(i);
+    }
+    std::exception_ptr error;
+    for (auto pause = std::chrono::microseconds(20); !waiting.empty(); pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
+        std::vector<std::size_t> retry;
+        for (std::size_t i : waiting) {
+            Reply reply = futures[i].get();
+            if (reply.code == ErrorCode::not_ready && !error) {
+                retry.push_back(i);
+                again[i].payload = std::move(reply.payload);
+                continue;
+            }
+            try {
+                out[i] = reply.take();
+            } catch (...) {
+                if (!error) error = std::current_exception();
+            }
+        }
+        if (error) break;  // what is not ready is not asked again: the operation has failed
+        if (!retry.empty()) std::this_thread::sleep_for(pause);
+        for (std::size_t i : retry) post(i, std::move(again[i]));
+        waiting = std::move(retry);
+    }
+    if (error) std::rethrow_exception(error);
+    return out;
+}
+
+inline Tensor Variable::read_value(std::uint64_t step) const {
     const auto& shards = info().shards;
-    std::vector<std::future<Reply>> futures;
-    for (const auto& s : shards) futures.push_back(info().channel->send(s.task, request(Op::read, s.index)));
-    auto parts = collect(futures);
+    std::vector<std::pair<int, Request>> outgoing;
+    for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s.index, step));
+    auto parts = exchange(std::move(outgoing));
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
@@ -408,85 +451,84 @@ inline Tensor Variable::read_value() const {
 }
 
 template <Element T>
-void Variable::read_into(xt::xarray<T>& out) const {
+void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
     check_dtype<T>("read_into");
     if (num_shards() == 1) {
-        Request r = request(Op::read, info().shards.front().index);
+        Request r = request(Op::read, info().shards.front().index, step);
         r.payload = std::move(out);
-        out = std::move(info().channel->send(info().shards.front().task, std::move(r)).get().take().template get<T>());
+        std::vector<std::pair<int, Request>> outgoing;
+        outgoing.emplace_back(info().shards.front().task, std::move(r));
+        out = std::move(exchange(std::move(outgoing)).front().template get<T>());
         return;
     }
-    if (Shape(out.shape().begin(), out.shape().end()) != shape()) out.resize(shape());
-    auto whole = read_value();
-    out = std::move(whole.get<T>());
+    out = std::move(read_value(step).get<T>());
 }
 
-inline Tensor Variable::update(Op op, Tensor payload) {
+inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
     detail::validate_request(op, describe(op), shape(), dtype(), payload, {});
     const auto& shards = info().shards;
+    std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
-        std::vector<std::future<Reply>> futures;
-        Request r = request(op, shards.front().index);
+        Request r = request(op, shards.front().index, step);
         r.payload = std::move(payload);
-        futures.push_back(info().channel->send(shards.front().task, std::move(r)));
-        return std::move(collect(futures).front());
+        outgoing.emplace_back(shards.front().task, std::move(r));
+        return std::move(exchange(std::move(outgoing)).front());
     }
-    std::vector<std::future<Reply>> futures;
     for (const auto& s : shards) {
-        Request r = request(op, s.index);
+        Request r = request(op, s.index, step);
         r.payload = detail::slice_rows(payload, s.row_offset, s.shape[0]);
-        futures.push_back(info().channel->send(s.task, std::move(r)));
+        outgoing.emplace_back(s.task, std::move(r));
     }
-    collect(futures);
+    exchange(std::move(outgoing));
     return payload;
 }
 
-inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows) {
+inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step) {
     detail::validate_request(op, describe(op), shape(), dtype(), rows, ids);
     const auto& shards = info().shards;
-    std::vector<std::future<Reply>> futures;
+    std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
-        Request r = request(op, shards.front().index);
+        Request r = request(op, shards.front().index, step);
         r.payload = std::move(rows);
         r.ids.assign(ids.begin(), ids.end());
-        futures.push_back(info().channel->send(shards.front().task, std::move(r)));
-        return std::move(collect(futures).front());
+        outgoing.emplace_back(shards.front().task, std::move(r));
+        return std::move(exchange(std::move(outgoing)).front());
     }
     // Group the rows by shard, keeping their order within each shard (scatter_update's last row wins).
     std::vector<std::vector<std::size_t>> picked(shards.size());
     for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i]))].push_back(i);
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        if (picked[s].empty()) continue;
-        Request r = request(op, shards[s].index);
+        if (picked[s].empty() && step == 0) continue;
+        Request r = request(op, shards[s].index, step);
         r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
         for (std::size_t j = 0; j < picked[s].size(); ++j) {
             const std::size_t i = picked[s][j];
             r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
             std::memcpy(r.payload.bytes() + j * row_bytes, rows.bytes() + i * row_bytes, row_bytes);
         }
-        futures.push_back(info().channel->send(shards[s].task, std::move(r)));
+        outgoing.emplace_back(shards[s].task, std::move(r));
     }
-    collect(futures);
+    exchange(std::move(outgoing));
     return rows;
 }
 
-inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids) const {
+inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {
     detail::validate_request(Op::gather, describe(Op::gather), shape(), dtype(), {}, ids);
     const auto& shards = info().shards;
     std::vector<std::vector<std::size_t>> picked(shards.size());
     for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i]))].push_back(i);
-    std::vector<std::future<Reply>> futures;
+    std::vector<std::pair<int, Request>> outgoing;
     std::vector<std::size_t> asked;
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty()) continue;
-        Request r = request(Op::gather, shards[s].index);
+        Request r = request(Op::gather, shards[s].index, step);
         for (std::size_t i : picked[s]) r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
-        futures.push_back(info().channel->send(shards[s].task, std::move(r)));
+        outgoing.emplace_back(shards[s].task, std::move(r));
         asked.push_back(s);
     }
-    auto parts = collect(futures);
-    if (parts.size() == 1 && asked.front() == 0 && shards.size() == 1) return std::move(parts.front());
+    auto parts = exchange(std::move(outgoing));
+    if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
     Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t p = 0; p < parts.size(); ++p) {

@@ -1,0 +1,103 @@
+// pss/concepts/optimizer.hpp: the Optimizer concept, how a shard applies a gradient and which slots it keeps.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <utility>
+
+#include <xtensor/xarray.hpp>
+
+#include <pss/config.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// @brief Requirement 1 of Optimizer: the strategy and every ps task keep their own copy.
+template <class O>
+concept optimizer_copy_constructible = std::copy_constructible<O>;
+
+/// @brief Requirement 2 of Optimizer: `O::name()` names the algorithm, as Keras' `optimizer.name`.
+template <class O>
+concept optimizer_has_name = requires {
+    { O::name() } -> std::convertible_to<std::string_view>;
+};
+
+/// @brief Requirement 3 of Optimizer: `O::Slots<T>` is the per-shard state (for element type T).
+template <class O, class T>
+concept optimizer_has_slots = requires { typename O::template Slots<T>; };
+
+/// @brief Requirement 4 of Optimizer: a const optimizer makes the slots of a shard from its value.
+template <class O, class T>
+concept optimizer_has_make_slots = requires(const O& o, const xt::xarray<T>& value) {
+    { o.make_slots(value) } -> std::same_as<typename O::template Slots<T>>;
+};
+
+/// @brief Requirement 5 of Optimizer: a const optimizer applies a dense gradient to a whole shard.
+template <class O, class T>
+concept optimizer_has_apply_dense =
+    requires(const O& o, xt::xarray<T>& value, typename O::template Slots<T>& slots, const xt::xarray<T>& grad) {
+        o.apply_dense(value, slots, grad);
+    };
+
+/// @brief Requirement 6 of Optimizer: a const optimizer applies gradient rows to some rows of a shard.
+template <class O, class T>
+concept optimizer_has_apply_sparse =
+    requires(const O& o, xt::xarray<T>& value, typename O::template Slots<T>& slots,
+             std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows) {
+        o.apply_sparse(value, slots, rows, grad_rows);
+    };
+
+/// @brief Requirements 3 to 6 for one element type.
+template <class O, class T>
+concept optimizer_for_element = optimizer_has_slots<O, T> && optimizer_has_make_slots<O, T> &&
+                                optimizer_has_apply_dense<O, T> && optimizer_has_apply_sparse<O, T>;
+
+}  // namespace detail
+
+/// @brief Optimizer: how a parameter server applies a gradient to a shard it owns, dense or to some
+/// rows, and which per-shard state (slots: momentum, accumulators) it keeps beside the shard.
+///
+/// The counterpart of a Keras optimizer's `update_step` on a ps. An Optimizer object holds only
+/// hyperparameters; all state that changes lives in `Slots<T>`, created on the ps beside each shard,
+/// so one optimizer object serves every shard and every task.
+///
+/// @par Requirements
+/// For T in {float, double}: `o` is a `const O`, `value` an `xt::xarray<T>&` (the shard), `slots` an
+/// `O::Slots<T>&`, `grad` a `const xt::xarray<T>&`, `rows` a `std::span<const std::int64_t>`,
+/// `grad_rows` a `const xt::xarray<T>&`.
+///
+/// | expression | type | semantics |
+/// | --- | --- | --- |
+/// | `O(o)` | `O` | copies the hyperparameters |
+/// | `O::name()` | convertible to `std::string_view` | the algorithm's Keras name: "SGD", "Adam" |
+/// | `typename O::template Slots<T>` | | per-shard state; a struct of xarrays and counters |
+/// | `o.make_slots(value)` | `O::Slots<T>` | fresh slots for a shard whose value is `value`: each slot tensor has value's shape |
+/// | `o.apply_dense(value, slots, grad)` | any | applies `grad` (value's shape) to the whole shard |
+/// | `o.apply_sparse(value, slots, rows, grad_rows)` | any | applies row i of `grad_rows` to row `rows[i]` of the shard |
+///
+/// @par Rules the compiler cannot check
+/// - The caller (the ps) checks shapes before it calls: `grad` has value's shape; `value` has rank >= 1
+///   for apply_sparse and `grad_rows` has shape (rows.size(), value.shape[1:]...); every id in `rows` is
+///   in [0, value.shape[0]) and appears once (the ps sums duplicate ids first). `slots` were made by
+///   `make_slots` of the same optimizer for this shard.
+/// - An apply is atomic with respect to the shard: the ps handles one request per shard at a time, so
+///   a model needs no locks. A const optimizer keeps no mutable state, so one object may apply to
+///   different shards from different threads at once.
+/// - apply_sparse is lazy, as TF1's sparse apply ops and LazyAdam: it reads and writes only the listed
+///   rows of the value and the same rows of each slot tensor; every other row, and its slot rows, are
+///   left exactly as they were. Updating every row once with apply_sparse equals apply_dense.
+/// - Step counters (Adam's t) are per shard, in the slots, and count dense and sparse applies alike
+///   (an apply_sparse with no rows counts too).
+/// - The update is deterministic: the same value, slots and gradient give the same bits.
+///
+/// @par Models
+/// SGD, Momentum (Nesterov too), Adagrad, Adam; the least model is `pss::archetypes::OptimizerArchetype`
+/// (tests/archetypes/optimizer.hpp). `tests/test_policies.cpp` has the conformance suite every model runs.
+template <class O>
+concept Optimizer = detail::optimizer_copy_constructible<O> && detail::optimizer_has_name<O> &&
+                    detail::optimizer_for_element<O, float> && detail::optimizer_for_element<O, double>;
+
+PSS_NAMESPACE_END

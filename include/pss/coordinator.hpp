@@ -1,0 +1,318 @@
+// pss/coordinator.hpp: ClusterCoordinator, RemoteValue and per-worker values: scheduling steps on workers.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <pss/config.hpp>
+#include <pss/errors.hpp>
+#include <pss/function.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// The shared state of one RemoteValue: set once by the worker that ran the closure.
+template <class R>
+struct RemoteState {
+    std::mutex mutex;
+    std::condition_variable ready;
+    bool done = false;
+    std::conditional_t<std::is_void_v<R>, bool, std::optional<R>> value{};
+    std::exception_ptr error;
+
+    void set_error(std::exception_ptr e) {
+        {
+            std::lock_guard lock(mutex);
+            error = std::move(e);
+            done = true;
+        }
+        ready.notify_all();
+    }
+};
+
+inline thread_local int current_worker = -1;
+
+}  // namespace detail
+
+/// @brief The index of the worker running the current closure, or -1 outside a closure (on the
+/// coordinator). Use it to shard data by worker.
+[[nodiscard]] inline int worker_index() noexcept { return detail::current_worker; }
+
+/// @brief The result of a scheduled closure, kept on the coordinator once computed (tf RemoteValue).
+template <class R>
+class RemoteValue {
+public:
+    RemoteValue() = default;
+    explicit RemoteValue(std::shared_ptr<detail::RemoteState<R>> state) : state_(std::move(state)) {}
+
+    /// @brief Waits for the closure and returns its result.
+    /// @throws the closure's exception; CancelledError when it was cancelled because an earlier closure
+    /// failed ("reschedule it").
+    decltype(auto) fetch() const {
+        std::unique_lock lock(state().mutex);
+        state().ready.wait(lock, [&] { return state().done; });
+        if (state().error) std::rethrow_exception(state().error);
+        if constexpr (!std::is_void_v<R>) return static_cast<const R&>(*state().value);
+    }
+    /// @brief Same as fetch() (tf RemoteValue.get()).
+    decltype(auto) get() const { return fetch(); }
+
+    /// @brief True once the closure has run (or failed, or was cancelled).
+    [[nodiscard]] bool ready() const {
+        std::lock_guard lock(state().mutex);
+        return state().done;
+    }
+
+private:
+    detail::RemoteState<R>& state() const {
+        if (!state_) throw FailedPreconditionError("pss: this RemoteValue is empty: it was not returned by schedule()");
+        return *state_;
+    }
+    std::shared_ptr<detail::RemoteState<R>> state_;
+};
+
+/// @brief Fetches every RemoteValue of a structure (a vector, or each argument): tf coordinator.fetch().
+template <class R>
+[[nodiscard]] decltype(auto) fetch(const RemoteValue<R>& value) {
+    return value.fetch();
+}
+template <class R>
+[[nodiscard]] std::vector<R> fetch(const std::vector<RemoteValue<R>>& values) {
+    std::vector<R> out;
+    out.reserve(values.size());
+    for (const auto& v : values) out.push_back(v.fetch());
+    return out;
+}
+
+/// @brief One value per worker (tf PerWorkerValues): a closure given one as an argument receives the
+/// value of the worker that runs it.
+template <class T>
+class PerWorkerValues {
+public:
+    explicit PerWorkerValues(std::vector<std::shared_ptr<T>> values) : values_(std::move(values)) {}
+    [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
+    /// @brief The value of worker `index`.
+    [[nodiscard]] T& at(std::size_t index) const { return *values_.at(index); }
+
+private:
+    std::vector<std::shared_ptr<T>> values_;
+};
+
+/// @brief Thrown inside a closure by ClusterCoordinator::testing_lose_current_worker(): the worker is
+/// gone, and the closure is put back to run on another worker (at-least-once execution).
+class WorkerLostError : public UnavailableError {
+public:
+    using UnavailableError::UnavailableError;
+};
+
+/// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
+///
+/// Workers take closures from one queue, so faster workers take more. `schedule` returns a RemoteValue
+/// at once, and blocks only while the queue holds `max_queue` closures. The first error a closure
+/// raises is raised again by the next `schedule`, `join` or `done`; before that, the closures still
+/// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
+/// A closure whose worker is lost runs again on another worker: execution is at least once.
+///
+/// On the embedded cluster each worker task is a thread of this process.
+///
+/// @par Example
+/// @code
+/// pss::ClusterCoordinator coordinator(strategy);
+/// auto v = [&] { auto s = strategy.scope(); return pss::Variable(xt::xarray<float>{0}, "v"); }();
+/// for (int i = 0; i < 5; ++i) coordinator.schedule([&] { v.assign_add(xt::xarray<float>{2}); });
+/// coordinator.join();  // v is 10
+/// @endcode
+class ClusterCoordinator {
+public:
+    /// @param strategy any strategy with `num_workers()`; the coordinator starts one thread per worker.
+    template <class StrategyType>
+        requires requires(const StrategyType& s) {
+            { s.num_workers() } -> std::convertible_to<int>;
+        }
+    explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
+        : max_queue_(max_queue), alive_(static_cast<std::size_t>(strategy.num_workers())) {
+        if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
+        for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
+    }
+    ClusterCoordinator(const ClusterCoordinator&) = delete;
+    ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
+
+    /// @brief Finishes the queued closures, then stops the workers.
+    ~ClusterCoordinator() {
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+        }
+        work_.notify_all();
+        for (auto& w : workers_) w.join();
+    }
+
+    [[nodiscard]] int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
+
+    /// @brief Queues `fn(args...)` to run on some worker; returns its RemoteValue at once.
+    ///
+    /// An argument that is a PerWorkerValues<T> reaches `fn` as the T& of the worker that runs it.
+    /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
+    /// with arguments that can cross a wire; any callable works on the embedded cluster.
+    /// @throws the first error of an earlier closure (see the class description).
+    template <class F, class... Args>
+    auto schedule(F&& fn, Args&&... args) {
+        using R = std::invoke_result_t<std::decay_t<F>&, decltype(resolve(std::declval<std::decay_t<Args>&>(), 0))...>;
+        if constexpr (detail::is_registered_function_v<std::decay_t<F>>)
+            static_assert((Transferable<std::decay_t<Args>> && ...),
+                          "pss: schedule: every argument of a registered function must be Transferable (a number, "
+                          "string, Tensor, xt::xarray, PerWorkerValues, or a std::vector of these)");
+        auto state = std::make_shared<detail::RemoteState<R>>();
+        auto closure = [state, fn = std::forward<F>(fn),
+                        bound = std::make_tuple(std::forward<Args>(args)...)](int worker) mutable {
+            auto call = [&](auto&... a) -> decltype(auto) { return std::invoke(fn, resolve(a, worker)...); };
+            if constexpr (std::is_void_v<R>) {
+                std::apply(call, bound);
+                std::lock_guard lock(state->mutex);
+                state->done = true;
+            } else {
+                auto result = std::apply(call, bound);
+                std::lock_guard lock(state->mutex);
+                state->value.emplace(std::move(result));
+                state->done = true;
+            }
+            state->ready.notify_all();
+        };
+        std::unique_lock lock(mutex_);
+        raise_pending_error(lock);
+        space_.wait(lock, [&] { return queue_.size() < max_queue_ || error_; });
+        raise_pending_error(lock);
+        queue_.push_back(Closure{std::move(closure), [state](std::exception_ptr e) { state->set_error(std::move(e)); }});
+        ++unfinished_;
+        lock.unlock();
+        work_.notify_one();
+        return RemoteValue<R>(std::move(state));
+    }
+
+    /// @brief Waits until every scheduled closure has run.
+    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
+    void join() {
+        std::unique_lock lock(mutex_);
+        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && !queue_.empty()); });
+        raise_pending_error(lock);
+        if (unfinished_ != 0)
+            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queue_.size()) +
+                                   " closures are waiting; no worker is left to run them");
+    }
+
+    /// @brief True when every scheduled closure has run. @throws the first error of a closure.
+    [[nodiscard]] bool done() {
+        std::unique_lock lock(mutex_);
+        raise_pending_error(lock);
+        return unfinished_ == 0;
+    }
+
+    /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
+    template <class F>
+    [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
+        using T = std::decay_t<std::invoke_result_t<F&, int>>;
+        std::vector<std::shared_ptr<T>> values;
+        for (int i = 0; i < num_workers(); ++i) values.push_back(std::make_shared<T>(fn(i)));
+        return PerWorkerValues<T>(std::move(values));
+    }
+
+    /// @brief Testing hook: called inside a closure, loses the worker running it. The closure is put
+    /// back in the queue and runs again on another worker; this worker takes no more closures.
+    [[noreturn]] static void testing_lose_current_worker() {
+        throw WorkerLostError("pss: worker " + std::to_string(worker_index()) + " was lost (testing hook)");
+    }
+
+private:
+    struct Closure {
+        std::function<void(int)> run;
+        std::function<void(std::exception_ptr)> fail;
+    };
+
+    template <class T>
+    static T& resolve(PerWorkerValues<T>& values, int worker) {
+        return values.at(static_cast<std::size_t>(worker));
+    }
+    template <class T>
+    static T& resolve(T& value, int) {
+        return value;
+    }
+
+    void raise_pending_error(std::unique_lock<std::mutex>& lock) {
+        if (!error_) return;
+        // Cancel what is queued, then raise the error once; scheduling works again afterwards.
+        std::deque<Closure> cancelled;
+        cancelled.swap(queue_);
+        unfinished_ -= cancelled.size();
+        auto error = std::exchange(error_, nullptr);
+        lock.unlock();
+        space_.notify_all();
+        for (auto& c : cancelled)
+            c.fail(std::make_exception_ptr(CancelledError(
+                "pss: this closure was cancelled because an earlier closure failed; reschedule it")));
+        std::rethrow_exception(error);
+    }
+
+    void run_worker(int index) {
+        detail::current_worker = index;
+        for (;;) {
+            std::unique_lock lock(mutex_);
+            work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+            if (queue_.empty()) return;
+            Closure closure = std::move(queue_.front());
+            queue_.pop_front();
+            lock.unlock();
+            space_.notify_one();
+            try {
+                closure.run(index);
+            } catch (const WorkerLostError&) {
+                lock.lock();
+                queue_.push_front(std::move(closure));  // at least once: another worker runs it
+                --alive_;
+                lock.unlock();
+                work_.notify_all();
+                finished_.notify_all();
+                return;
+            } catch (...) {
+                auto e = std::current_exception();
+                closure.fail(e);
+                lock.lock();
+                if (!error_) error_ = e;
+                --unfinished_;
+                lock.unlock();
+                finished_.notify_all();
+                space_.notify_all();
+                continue;
+            }
+            lock.lock();
+            --unfinished_;
+            lock.unlock();
+            finished_.notify_all();
+        }
+    }
+
+    std::size_t max_queue_;
+    std::mutex mutex_;
+    std::condition_variable work_, space_, finished_;
+    std::deque<Closure> queue_;
+    std::size_t unfinished_ = 0;
+    std::size_t alive_;
+    std::exception_ptr error_;
+    bool stopping_ = false;
+    std::vector<std::thread> workers_;  // last: started after everything they use
+};
+
+PSS_NAMESPACE_END

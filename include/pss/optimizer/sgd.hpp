@@ -1,0 +1,89 @@
+// pss/optimizer/sgd.hpp: SGD, plain stochastic gradient descent (w -= lr * g).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xnoalias.hpp>
+
+#include <pss/config.hpp>
+#include <pss/detail/optimizer_support.hpp>
+#include <pss/dtype.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief An Optimizer: stochastic gradient descent without momentum, Keras' `SGD(learning_rate)`.
+///
+/// `w -= learning_rate * g`. No slots. For momentum use pss::Momentum.
+/// @par Example
+/// @code
+/// pss::SGD sgd(0.1);
+/// xt::xarray<float> w{1.0f}, g{0.5f};
+/// auto slots = sgd.make_slots(w);
+/// sgd.apply_dense(w, slots, g);  // w is {0.95}
+/// @endcode
+class SGD {
+public:
+    /// @brief No state: SGD keeps nothing beside the shard.
+    template <FloatingElement T>
+    struct Slots {
+        friend bool operator==(const Slots&, const Slots&) = default;
+    };
+
+    /// @brief Learning rate 0.01, Keras' default.
+    SGD() = default;
+
+    /// @throws InvalidArgumentError when `learning_rate` is negative or not finite:
+    /// `pss: SGD: learning_rate is -1, but it must be a finite number >= 0 ...`
+    explicit SGD(double learning_rate) : learning_rate_(learning_rate) {
+        detail::check_hyperparameter(learning_rate >= 0, name(), "learning_rate", learning_rate,
+                                     "a finite number >= 0 (the step size; Keras' default is 0.01)");
+    }
+
+    [[nodiscard]] static constexpr std::string_view name() noexcept { return "SGD"; }
+    [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
+
+    template <FloatingElement T>
+    [[nodiscard]] Slots<T> make_slots(const xt::xarray<T>& /*value*/) const {
+        return {};
+    }
+
+    /// @throws InvalidArgumentError when `grad` does not have value's shape (the ps checks first).
+    template <FloatingElement T>
+    void apply_dense(xt::xarray<T>& value, Slots<T>& /*slots*/, const xt::xarray<T>& grad) const {
+        detail::check_dense(name(), value, grad);
+        const T lr = static_cast<T>(learning_rate_);
+        detail::for_each_dense_block<T>(value.size(), [&](std::size_t at, std::size_t n) {
+            update(value.data() + at, grad.data() + at, n, lr);
+        });
+    }
+
+    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...)
+    template <FloatingElement T>
+    void apply_sparse(xt::xarray<T>& value, Slots<T>& /*slots*/, std::span<const std::int64_t> rows,
+                      const xt::xarray<T>& grad_rows) const {
+        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
+        const T lr = static_cast<T>(learning_rate_);
+        detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
+            update(value.data() + at, grad_rows.data() + g_at, n, lr);
+        }, value.data());
+    }
+
+    friend bool operator==(const SGD&, const SGD&) = default;
+
+private:
+    /// The update of one block, for dense and sparse applies alike.
+    template <class T>
+    PSS_DETAIL_FLATTEN static void update(T* w_data, const T* g_data, std::size_t n, T lr) {
+        auto w = detail::adapt_block(w_data, n);
+        const auto g = detail::adapt_block(g_data, n);
+        xt::noalias(w) -= lr * g;
+    }
+
+    double learning_rate_ = 0.01;
+};
+
+PSS_NAMESPACE_END

@@ -1,0 +1,57 @@
+// pss/partitioner/shard_rows.hpp: how the rows of axis 0 are divided among k shards (TensorFlow's rule).
+#pragma once
+
+#include <cstddef>
+#include <ranges>
+
+#include <pss/config.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief Where a row of the whole variable lives: which shard, and which row inside that shard.
+struct ShardRow {
+    std::size_t shard = 0;      ///< index of the shard, 0 <= shard < k
+    std::size_t local_row = 0;  ///< row inside that shard
+    friend constexpr bool operator==(const ShardRow&, const ShardRow&) = default;
+};
+
+/// @brief Rows of shard `shard` when `dim0` rows are split into `num_shards` shards.
+///
+/// TensorFlow's rule (ShardedVariable, create_partitioned_variables): every shard gets
+/// `dim0 / num_shards` rows and the first `dim0 % num_shards` shards one more, so 10 rows over 3 shards
+/// are 4, 3, 3.
+/// @pre 1 <= num_shards and shard < num_shards (0 is answered otherwise, never undefined behaviour)
+[[nodiscard]] constexpr std::size_t shard_rows(std::size_t dim0, std::size_t num_shards, std::size_t shard) noexcept {
+    if (num_shards == 0 || shard >= num_shards) return 0;
+    return dim0 / num_shards + (shard < dim0 % num_shards ? 1 : 0);
+}
+
+/// @brief First row (in the whole variable) of shard `shard`; `shard_row_offset(dim0, k, k)` is dim0.
+/// @pre 1 <= num_shards and shard <= num_shards (dim0 is answered for a larger shard)
+[[nodiscard]] constexpr std::size_t shard_row_offset(std::size_t dim0, std::size_t num_shards,
+                                                     std::size_t shard) noexcept {
+    if (num_shards == 0 || shard >= num_shards) return dim0;
+    const std::size_t extra = dim0 % num_shards;
+    return shard * (dim0 / num_shards) + (shard < extra ? shard : extra);
+}
+
+/// @brief The row counts of all `num_shards` shards, as a random-access view (no allocation):
+/// `shard_row_counts(10, 3)` is [4, 3, 3].
+[[nodiscard]] constexpr auto shard_row_counts(std::size_t dim0, std::size_t num_shards) noexcept {
+    return std::views::iota(std::size_t{0}, num_shards) |
+           std::views::transform([dim0, num_shards](std::size_t i) { return shard_rows(dim0, num_shards, i); });
+}
+
+/// @brief The shard holding row `row` of the whole variable, and the row's index inside it.
+/// @pre 1 <= num_shards <= max(dim0, 1) and row < dim0
+[[nodiscard]] constexpr ShardRow shard_of_row(std::size_t dim0, std::size_t num_shards, std::size_t row) noexcept {
+    if (num_shards == 0) return {};
+    const std::size_t base = dim0 / num_shards;
+    const std::size_t extra = dim0 % num_shards;
+    const std::size_t boundary = extra * (base + 1);  // rows held by the shards with one row more
+    if (row < boundary) return {row / (base + 1), row % (base + 1)};
+    if (base == 0) return {num_shards, 0};  // row >= dim0: outside every shard
+    return {extra + (row - boundary) / base, (row - boundary) % base};
+}
+
+PSS_NAMESPACE_END

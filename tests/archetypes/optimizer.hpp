@@ -1,0 +1,57 @@
+// archetypes/optimizer.hpp: OptimizerArchetype, the least type that meets pss::Optimizer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <xtensor/xarray.hpp>
+
+#include <pss/config.hpp>
+#include <pss/concepts/optimizer.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace archetypes {
+
+/// @brief Only what the Optimizer concept asks: copyable, a static name(), Slots<T>, and const
+/// make_slots / apply_dense / apply_sparse for float and double. Not default constructible, not
+/// assignable, not comparable; applies return void. Its update is `w -= g` written as a plain loop, so
+/// the conformance suite's semantic rules have something to check.
+class OptimizerArchetype {
+public:
+    template <class T>
+    struct Slots {};
+
+    explicit OptimizerArchetype(int /*tag*/) {}
+    OptimizerArchetype(const OptimizerArchetype&) = default;
+    OptimizerArchetype& operator=(const OptimizerArchetype&) = delete;
+
+    static std::string_view name() { return "OptimizerArchetype"; }
+
+    template <class T>
+    Slots<T> make_slots(const xt::xarray<T>& /*value*/) const {
+        return {};
+    }
+
+    template <class T>
+    void apply_dense(xt::xarray<T>& value, Slots<T>& /*slots*/, const xt::xarray<T>& grad) const {
+        for (std::size_t i = 0; i < value.size(); ++i) value.data()[i] -= grad.data()[i];
+    }
+
+    template <class T>
+    void apply_sparse(xt::xarray<T>& value, Slots<T>& /*slots*/, std::span<const std::int64_t> rows,
+                      const xt::xarray<T>& grad_rows) const {
+        const std::size_t width = rows.empty() ? 0 : grad_rows.size() / rows.size();
+        for (std::size_t i = 0; i < rows.size(); ++i)
+            for (std::size_t j = 0; j < width; ++j)
+                value.data()[static_cast<std::size_t>(rows[i]) * width + j] -= grad_rows.data()[i * width + j];
+    }
+};
+
+static_assert(Optimizer<OptimizerArchetype>);
+
+}  // namespace archetypes
+
+PSS_NAMESPACE_END
