@@ -17,7 +17,7 @@ struct Ratio {
     std::string name;
     std::string figure;
     std::string baseline;
-    double limit;  ///< the least acceptable figure / baseline
+    double limit;  ///< the least acceptable figure / baseline; 0 when the issue sets none
     const char* counter = "bytes_per_second";
 };
 
@@ -56,9 +56,14 @@ inline int run(int argc, char** argv, const std::vector<Ratio>& ratios) {
         if (figure == 0 || baseline == 0) continue;  // not selected by --benchmark_filter
         const double ratio = figure / baseline;
         const bool bytes = std::string(r.counter) == "bytes_per_second";
-        std::printf("%-34s %11.3f %s %11.3f %s %8.2f %7s%.2f %s\n", r.name.c_str(), figure / (bytes ? 1e9 : 1e6),
-                    bytes ? "GB/s" : "M/s ", baseline / (bytes ? 1e9 : 1e6), bytes ? "GB/s" : "M/s ", ratio, ">=",
-                    r.limit, ratio >= r.limit ? "ok" : "MISS");
+        const double scale = bytes ? 1e9 : 1e6;
+        const char* unit = bytes ? "GB/s" : "M/s ";
+        std::printf("%-34s %11.3f %s %11.3f %s %8.2f ", r.name.c_str(), figure / scale, unit, baseline / scale, unit,
+                    ratio);
+        if (r.limit > 0)
+            std::printf("  >=%.2f %s\n", r.limit, ratio >= r.limit ? "ok" : "MISS");
+        else
+            std::printf("  (no limit set)\n");
     }
     benchmark::Shutdown();
     return 0;

@@ -271,6 +271,29 @@ TEST_SUITE("Consistency") {
                              "or too late",
                              pss::InvalidArgumentError);
     }
+    TEST_CASE("Synchronous: when one worker's step fails, another worker's wait for that step is abandoned") {
+        LinearStrategy<pss::Synchronous, 2> strategy({}, {}, pss::SGD(1.0));
+        pss::Variable w = [&] {
+            auto scope = strategy.scope();
+            return pss::Variable(xt::xarray<float>{0}, "w");
+        }();
+        pss::ClusterCoordinator coordinator(strategy);
+        std::latch both_running(2);  // so that the two closures run on the two workers at once
+        auto waiting = coordinator.schedule([&] {
+            both_running.arrive_and_wait();
+            w.apply_gradient(xt::xarray<float>{1}, 1);
+            return w.read<float>(2)(0);  // step 1 never completes: the other worker fails before its push
+        });
+        auto failing = coordinator.schedule([&]() -> float {
+            both_running.arrive_and_wait();
+            throw pss::InvalidArgumentError("pss: worker step failed");
+        });
+        CHECK_THROWS_WITH_AS(coordinator.join(), "pss: worker step failed", pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)waiting.fetch(),
+                             "pss: read on variable 'w:0' for step 2 was abandoned: another closure failed, so the "
+                             "step may never complete",
+                             pss::CancelledError);
+    }
     TEST_CASE("Synchronous: a push without its step is refused") {
         LinearStrategy<pss::Synchronous, 2> strategy;
         auto scope = strategy.scope();

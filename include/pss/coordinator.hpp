@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <deque>
 #include <exception>
@@ -20,6 +21,7 @@
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
+#include <pss/variable.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -276,6 +278,8 @@ private:
             queue_.pop_front();
             lock.unlock();
             space_.notify_one();
+            detail::cancel_counter = &failures_;
+            detail::cancel_seen = failures_.load();
             try {
                 closure.run(index);
             } catch (const WorkerLostError&) {
@@ -291,6 +295,7 @@ private:
                 closure.fail(e);
                 lock.lock();
                 if (!error_) error_ = e;
+                ++failures_;  // closures waiting for a synchronous step that will not complete give up
                 --unfinished_;
                 lock.unlock();
                 finished_.notify_all();
@@ -311,6 +316,7 @@ private:
     std::size_t unfinished_ = 0;
     std::size_t alive_;
     std::exception_ptr error_;
+    std::atomic<std::uint64_t> failures_{0};
     bool stopping_ = false;
     std::vector<std::thread> workers_;  // last: started after everything they use
 };

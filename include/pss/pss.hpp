@@ -14,9 +14,12 @@
 #include <pss/concepts/partitioner.hpp>
 #include <pss/concepts/transport.hpp>
 
+#include <pss/cluster/auto.hpp>
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/cluster/local.hpp>
+#include <pss/cluster/mpi.hpp>
 #include <pss/cluster/simple.hpp>
+#include <pss/cluster/slurm.hpp>
 #include <pss/cluster/tf_config.hpp>
 
 #include <pss/optimizer/adagrad.hpp>
@@ -31,7 +34,16 @@
 #include <pss/partitioner/shard_rows.hpp>
 
 #include <pss/transport/in_process.hpp>
+#include <pss/transport/tcp.hpp>
 
+#include <pss/consistency.hpp>
+#include <pss/coordinator.hpp>
+#include <pss/function.hpp>
 #include <pss/server.hpp>
 #include <pss/strategy.hpp>
 #include <pss/variable.hpp>
+#include <pss/wire.hpp>
+
+#include <pss/keras/layers.hpp>
+#include <pss/keras/losses.hpp>
+#include <pss/keras/model.hpp>

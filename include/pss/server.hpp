@@ -160,8 +160,11 @@ private:
             std::uint64_t pushes = 0;
             bool pushes_dense = false;
             xt::xarray<T> dense;                 // the sum of the dense gradients of the step
-            std::vector<std::int64_t> ids;       // the sparse gradients' ids and rows, in arrival order
-            std::vector<xt::xarray<T>> rows;
+            struct Rows {
+                std::vector<std::int64_t> ids;
+                xt::xarray<T> rows;
+            };
+            std::vector<Rows> sparse;            // the sparse gradients of the step, in arrival order
         };
         std::map<std::uint64_t, Pending> pending;
     };
@@ -286,7 +289,8 @@ private:
     }
 
     /// Synchronous training: adds a push to its step, then applies every complete step in order, each
-    /// from the mean of its workers' gradients.
+    /// from the mean of its workers' gradients. Dense gradients are summed as they arrive (exact for
+    /// two workers, since addition commutes; with more, the last bits may follow the arrival order).
     template <class T>
     void push_step(const Shard& shard, State<T>& state, Request&& request) {
         const std::uint64_t step = request.step;
@@ -297,10 +301,8 @@ private:
         if (step <= state.applied)
             throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) +
                                        " is applied already; a worker pushed twice, or too late");
-        if (step > state.applied + 1 + sync_.staleness)
-            throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) + " is more than " +
-                                       std::to_string(sync_.staleness) + " steps ahead of step " +
-                                       std::to_string(state.applied + 1) + ", the oldest not applied");
+        // A push may be ahead of this shard by more than the staleness bound: its worker's pulls were
+        // checked against other shards. It waits in `pending` until the steps before it are applied.
         auto& pending = state.pending[step];
         auto& grad = request.payload.template get<T>();
         if (request.op == Op::apply_dense) {
@@ -310,8 +312,7 @@ private:
                 xt::noalias(pending.dense) += grad;
             pending.pushes_dense = true;
         } else {
-            pending.ids.insert(pending.ids.end(), request.ids.begin(), request.ids.end());
-            pending.rows.push_back(std::move(grad));
+            pending.sparse.push_back({std::move(request.ids), std::move(grad)});
         }
         ++pending.pushes;
         for (auto it = state.pending.begin();
@@ -323,15 +324,20 @@ private:
                 done.dense *= scale;
                 optimizer_.apply_dense(state.value, *state.slots, std::as_const(done.dense));
             }
-            if (!done.ids.empty()) {
+            if (!done.sparse.empty()) {
+                // Sum the workers' rows in an order that does not depend on their arrival, so that a
+                // synchronous run gives the same bits every time.
+                std::sort(done.sparse.begin(), done.sparse.end(), [](const auto& a, const auto& b) {
+                    if (a.ids != b.ids) return a.ids < b.ids;
+                    return std::lexicographical_compare(a.rows.begin(), a.rows.end(), b.rows.begin(), b.rows.end());
+                });
+                std::vector<std::int64_t> ids;
+                for (const auto& part : done.sparse) ids.insert(ids.end(), part.ids.begin(), part.ids.end());
                 const Shape shape(state.value.shape().begin(), state.value.shape().end());
-                xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, done.ids.size()));
-                std::size_t offset = 0;
-                for (const auto& part : done.rows) {
-                    std::copy(part.begin(), part.end(), rows.begin() + static_cast<std::ptrdiff_t>(offset));
-                    offset += part.size();
-                }
-                apply_rows(state, done.ids, rows, scale);
+                xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, ids.size()));
+                auto out = rows.begin();
+                for (const auto& part : done.sparse) out = std::copy(part.rows.begin(), part.rows.end(), out);
+                if (!ids.empty()) apply_rows(state, ids, rows, scale);
             }
             ++state.applied;
         }

@@ -46,6 +46,11 @@ public:
     [[nodiscard]] virtual std::string device(int task) const = 0;
 };
 
+/// Set by a ClusterCoordinator on its worker threads: a synchronous pull that waits for a step gives up
+/// when the counter moves past the value seen when the closure started (another closure failed).
+inline thread_local const std::atomic<std::uint64_t>* cancel_counter = nullptr;
+inline thread_local std::uint64_t cancel_seen = 0;
+
 /// Where one shard lives and which rows of the whole variable it holds.
 struct ShardInfo {
     std::uint32_t index = 0;
@@ -428,6 +433,11 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                 if (!error) error = std::current_exception();
             }
         }
+        if (!error && !retry.empty() && detail::cancel_counter != nullptr &&
+            detail::cancel_counter->load() != detail::cancel_seen)
+            error = std::make_exception_ptr(CancelledError(
+                "pss: " + describe(again[retry.front()].op) + " for step " + std::to_string(again[retry.front()].step) +
+                " was abandoned: another closure failed, so the step may never complete"));
         if (error) break;  // what is not ready is not asked again: the operation has failed
         if (!retry.empty()) std::this_thread::sleep_for(pause);
         for (std::size_t i : retry) post(i, std::move(again[i]));

@@ -1,0 +1,78 @@
+# cmake/check_readme_example.cmake: the README's examples are example files, verbatim.
+#
+#   cmake -DREADME=<README.md> -DSOURCE_DIR=<repo root> -P check_readme_example.cmake
+#
+# For each line of README.md containing `<!-- example: examples/NAME.cpp -->`, the first ```cpp
+# fenced block after it must equal examples/NAME.cpp (the file's final newline aside).
+# Fails when the README has no such marker: then nothing would be checked.
+cmake_minimum_required(VERSION 3.21)
+
+if(NOT EXISTS "${README}")
+  message(FATAL_ERROR "${README} does not exist")
+endif()
+file(READ "${README}" text)
+# Work on lines without letting CMake's list handling eat ; [ ]
+string(REPLACE ";" "<pss_sc>" text "${text}")
+string(REPLACE "[" "<pss_lb>" text "${text}")
+string(REPLACE "]" "<pss_rb>" text "${text}")
+string(REPLACE "\n" ";" lines "${text}")
+
+set(checked 0)
+set(state "search")   # search -> marker (seen marker, looking for ```cpp) -> block
+set(errors "")
+foreach(line IN LISTS lines)
+  if(state STREQUAL "search" OR state STREQUAL "marker")
+    if(line MATCHES "<!-- *example: *([^ ]+) *-->")
+      if(state STREQUAL "marker")
+        string(APPEND errors "README: marker for ${file} is not followed by a ```cpp block\n")
+      endif()
+      set(file "${CMAKE_MATCH_1}")
+      set(state "marker")
+    elseif(state STREQUAL "marker" AND line MATCHES "^```(cpp|c\\+\\+)[ \t]*$")
+      set(state "block")
+      set(block "")
+    endif()
+  elseif(state STREQUAL "block")
+    if(line MATCHES "^```[ \t]*$")
+      string(REPLACE "<pss_sc>" ";" block "${block}")
+      string(REPLACE "<pss_lb>" "[" block "${block}")
+      string(REPLACE "<pss_rb>" "]" block "${block}")
+      if(NOT EXISTS "${SOURCE_DIR}/${file}")
+        string(APPEND errors "README shows ${file}, which does not exist\n")
+      else()
+        file(READ "${SOURCE_DIR}/${file}" expected)
+        string(REGEX REPLACE "\n+$" "\n" expected "${expected}")
+        if(NOT block STREQUAL expected)
+          file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/readme_block.cpp" "${block}")
+          set(diff_text "")
+          find_program(PSS_DIFF diff)
+          if(PSS_DIFF)
+            execute_process(COMMAND "${PSS_DIFF}" -u "${SOURCE_DIR}/${file}" "${CMAKE_CURRENT_BINARY_DIR}/readme_block.cpp"
+                            OUTPUT_VARIABLE diff_text)
+          endif()
+          message("README's block after the marker differs from ${file}:\n${diff_text}")
+          string(APPEND errors "README's block after the marker differs from ${file} (diff above)\n")
+        else()
+          message(STATUS "README block is ${file}, verbatim")
+        endif()
+      endif()
+      math(EXPR checked "${checked} + 1")
+      set(state "search")
+    else()
+      string(APPEND block "${line}\n")
+    endif()
+  endif()
+endforeach()
+
+if(state STREQUAL "marker")
+  string(APPEND errors "README: marker for ${file} is not followed by a ```cpp block\n")
+elseif(state STREQUAL "block")
+  string(APPEND errors "README: the ```cpp block showing ${file} is never closed\n")
+endif()
+if(checked EQUAL 0 AND errors STREQUAL "")
+  string(APPEND errors "README.md has no `<!-- example: examples/NAME.cpp -->` line before its example block, "
+                       "so nothing ties it to an example file: add one\n")
+endif()
+if(NOT errors STREQUAL "")
+  message(FATAL_ERROR "${errors}")
+endif()

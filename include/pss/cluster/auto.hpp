@@ -1,0 +1,124 @@
+// pss/cluster/auto.hpp: AutoClusterResolver, which picks TF_CONFIG, Slurm, MPI or the in-process cluster.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <pss/cluster/cluster_spec.hpp>
+#include <pss/cluster/local.hpp>
+#include <pss/cluster/mpi.hpp>
+#include <pss/cluster/slurm.hpp>
+#include <pss/cluster/tf_config.hpp>
+#include <pss/config.hpp>
+#include <pss/detail/environment.hpp>
+#include <pss/errors.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief The ClusterResolver that finds out how this program was started and asks the matching
+/// resolver: one binary that runs under Kubeflow, Slurm, mpirun, pss-launch, or alone.
+///
+/// | checked | when                                                     | resolver                                                                  | `source()`  |
+/// | ------- | -------------------------------------------------------- | ------------------------------------------------------------------------- | ----------- |
+/// | 1       | `TF_CONFIG` is set and not blank                         | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
+/// | 2       | `SLURM_PROCID` is set                                    | `SlurmClusterResolver` with jobs chief 1, ps `num_ps`, worker the rest    | "slurm"     |
+/// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps)`                                              | "mpi"       |
+/// | 4       | none of these                                            | the embedded cluster of `LocalClusterResolver<2, 2>`                      | "local"     |
+///
+/// Under Slurm and MPI the layout is the same: rank 0 is the chief, ranks 1 to `num_ps` the ps tasks,
+/// the rest workers. Slurm comes before MPI because `srun --mpi=...` sets the PMI variables too. The
+/// chosen resolver's errors are thrown as they are: a program started by srun with a bad Slurm
+/// environment fails rather than running alone. The answers are copied from the chosen resolver when
+/// the AutoClusterResolver is made.
+///
+/// @par Example
+/// @code
+/// pss::AutoClusterResolver resolver;
+/// std::cout << "cluster from " << resolver.source() << ", I am " << resolver.task() << '\n';
+/// @endcode
+/// @see ClusterResolver, TFConfigClusterResolver, SlurmClusterResolver, MpiClusterResolver, LocalClusterResolver
+class AutoClusterResolver {
+public:
+    /// @brief Looks up one environment variable; nullopt when unset.
+    using EnvironmentLookup = detail::EnvironmentLookup;
+    /// @brief The embedded cluster used when no launcher is found.
+    using LocalResolver = LocalClusterResolver<2, 2>;
+
+    /// @brief Looks at the process environment and resolves the cluster with the first match of the table.
+    /// @param num_ps the ps tasks of the Slurm and MPI layouts, at least 1 (TF_CONFIG says its own; the local
+    ///        cluster has 2)
+    /// @throws Error whatever the chosen resolver throws, and InvalidArgumentError
+    ///         `pss: AutoClusterResolver: the Slurm step has 2 tasks but 1 chief, 1 ps and at least 1 worker need 3;
+    ///         run srun -n 3 or more, or give fewer ps tasks`
+    explicit AutoClusterResolver(int num_ps = 1)
+        : AutoClusterResolver(EnvironmentLookup(detail::process_environment), num_ps) {}
+
+    /// @brief The same, reading the variables through `environment` instead of the process environment.
+    /// An empty function reads the process environment.
+    explicit AutoClusterResolver(EnvironmentLookup environment, int num_ps = 1) {
+        if (!environment) environment = detail::process_environment;
+        if (num_ps < 1) {
+            throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(num_ps) +
+                                       " but a ParameterServerStrategy needs at least 1 ps task");
+        }
+        if (const auto tf_config = environment("TF_CONFIG");
+            tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
+            take("tf_config", TFConfigClusterResolver(*tf_config));
+        } else if (environment("SLURM_PROCID")) {
+            take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps)));
+        } else if (MpiClusterResolver::launched_by_mpi(environment)) {
+            take("mpi", MpiClusterResolver(environment, num_ps));
+        } else {
+            take("local", LocalResolver{});
+        }
+    }
+
+    /// @brief The chosen resolver's cluster.
+    [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return cluster_spec_; }
+    /// @brief The chosen resolver's task type ("chief" for the local cluster).
+    [[nodiscard]] const std::string& task_type() const noexcept { return task_type_; }
+    /// @brief The chosen resolver's task index.
+    [[nodiscard]] int task_id() const noexcept { return task_id_; }
+    /// @brief The chosen resolver's protocol: TF_CONFIG's "rpc_layer" (or ""), "grpc" for Slurm and MPI,
+    /// "inproc" for the local cluster.
+    [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
+    /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
+    [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
+    /// @brief Which resolver answered: "tf_config", "slurm", "mpi" or "local".
+    [[nodiscard]] const std::string& source() const noexcept { return source_; }
+
+private:
+    template <class Resolver>
+    void take(std::string source, const Resolver& resolver) {
+        source_ = std::move(source);
+        cluster_spec_ = resolver.cluster_spec();
+        task_type_ = resolver.task_type();
+        task_id_ = resolver.task_id();
+        rpc_layer_ = resolver.rpc_layer();
+    }
+
+    /// Chief 1, ps num_ps, worker the rest of the step; empty (so that SlurmClusterResolver reports the
+    /// problem) when SLURM_STEP_NUM_TASKS is missing or not a number.
+    static SlurmClusterResolver::Jobs slurm_jobs(const EnvironmentLookup& environment, int num_ps) {
+        const auto text = environment("SLURM_STEP_NUM_TASKS");
+        const auto tasks = text ? detail::parse_int(*text) : std::nullopt;
+        if (!tasks || *tasks < 1) return {};
+        if (static_cast<long long>(*tasks) < static_cast<long long>(num_ps) + 2) {
+            const std::string need = std::to_string(static_cast<long long>(num_ps) + 2);
+            throw InvalidArgumentError("pss: AutoClusterResolver: the Slurm step has " + std::to_string(*tasks) +
+                                       " tasks but 1 chief, " + std::to_string(num_ps) + " ps and at least 1 worker need " +
+                                       need + "; run srun -n " + need + " or more, or give fewer ps tasks");
+        }
+        return {{"chief", 1}, {"ps", num_ps}, {"worker", *tasks - 1 - num_ps}};
+    }
+
+    std::string source_;
+    ClusterSpec cluster_spec_;
+    std::string task_type_;
+    int task_id_ = 0;
+    std::string rpc_layer_;
+};
+
+PSS_NAMESPACE_END

@@ -1,0 +1,736 @@
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+#include <pss/config.hpp>
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
+#include <pss/tensor.hpp>
+#include <pss/variable.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief The activation a Dense layer applies to `inputs · kernel + bias` (Keras' `activation=`).
+enum class Activation {
+    linear,   ///< y = z (Keras' default, `None`)
+    relu,     ///< y = max(z, 0); its derivative at 0 is taken as 0, as TensorFlow does
+    sigmoid,  ///< y = 1 / (1 + exp(-z))
+    tanh,     ///< y = tanh(z)
+    softmax,  ///< y = exp(z) / sum(exp(z)) over the last axis
+};
+
+/// @brief Keras' name of an activation: "linear", "relu", "sigmoid", "tanh", "softmax".
+[[nodiscard]] constexpr std::string_view activation_name(Activation activation) noexcept {
+    switch (activation) {
+        case Activation::relu: return "relu";
+        case Activation::sigmoid: return "sigmoid";
+        case Activation::tanh: return "tanh";
+        case Activation::softmax: return "softmax";
+        case Activation::linear: break;
+    }
+    return "linear";
+}
+
+/// @brief The activation named `name` (Keras' names; "" means linear, as Keras' `None`).
+/// @throws InvalidArgumentError `pss: activation "gelu" is not known; use "linear", "relu", "sigmoid",
+/// "tanh" or "softmax"`
+[[nodiscard]] inline Activation activation_from_name(std::string_view name) {
+    for (Activation a : {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::softmax})
+        if (name == activation_name(a)) return a;
+    if (name.empty()) return Activation::linear;
+    throw InvalidArgumentError("pss: activation \"" + std::string(name) +
+                               "\" is not known; use \"linear\", \"relu\", \"sigmoid\", \"tanh\" or \"softmax\"");
+}
+
+namespace detail {
+
+/// A uniform double in [lo, hi) from one draw of a std::mt19937, whose output sequence the standard
+/// fixes; std::uniform_real_distribution is not portable across standard libraries, this mapping is.
+inline double uniform(std::mt19937& rng, double lo, double hi) {
+    return lo + (hi - lo) * (static_cast<double>(rng()) / 4294967296.0);
+}
+
+/// A tensor of dtype float32 or float64 holding `values`.
+inline Tensor from_double(const xt::xarray<double>& values, DType dtype) {
+    if (dtype == DType::float64) return Tensor(xt::xarray<double>(values));
+    xt::xarray<float> out = xt::xarray<float>::from_shape(values.shape());
+    std::transform(values.begin(), values.end(), out.begin(), [](double v) { return static_cast<float>(v); });
+    return Tensor(std::move(out));
+}
+
+/// The elements of any tensor as doubles.
+inline xt::xarray<double> to_double(const Tensor& tensor) {
+    if (!tensor.has_value()) throw InvalidArgumentError("pss: an empty tensor was given where an array was expected");
+    return tensor.visit(
+        [](const auto& a) {
+            xt::xarray<double> out = xt::xarray<double>::from_shape(a.shape());
+            std::transform(a.begin(), a.end(), out.begin(), [](auto v) { return static_cast<double>(v); });
+            return out;
+        },
+        xt::xarray<double>());
+}
+
+/// Pulls a whole float variable into `out` as doubles; `staging` is the float32 buffer reused across
+/// steps (read_into then touches no fresh page).
+inline void pull_as_double(const Variable& variable, std::uint64_t step, xt::xarray<float>& staging,
+                           xt::xarray<double>& out) {
+    if (variable.dtype() == DType::float64) {
+        variable.read_into(out, step);
+        return;
+    }
+    variable.read_into(staging, step);
+    if (out.shape() != staging.shape()) out = xt::xarray<double>::from_shape(staging.shape());
+    std::transform(staging.begin(), staging.end(), out.begin(), [](float v) { return static_cast<double>(v); });
+}
+
+/// `value` converted to `dtype` (float32 or float64), as Keras' set_weights converts numpy arrays.
+inline Tensor convert_tensor(const Tensor& value, DType dtype) {
+    if (value.has_value() && value.dtype() == dtype) return value;
+    return from_double(to_double(value), dtype);
+}
+
+/// Keras' snake_case of a class name: "Dense" gives "dense", "GlobalAveragePooling1D" gives
+/// "global_average_pooling1d".
+inline std::string snake_case(std::string_view name) {
+    std::string out;
+    for (std::size_t i = 0; i < name.size(); ++i) {
+        const char c = name[i];
+        auto lower = [](char ch) { return ch >= 'a' && ch <= 'z'; };
+        if (c >= 'A' && c <= 'Z') {
+            // As Keras' to_snake_case: a word starts at a capital after a lowercase letter, or at a
+            // capital followed by a lowercase one ("Pooling1D" gives "pooling1d").
+            if (i > 0 && (lower(name[i - 1]) || (i + 1 < name.size() && lower(name[i + 1])))) out += '_';
+            out += static_cast<char>(c - 'A' + 'a');
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+/// Checks that a layer's variable dtype is one that trains.
+inline void check_float_dtype(DType dtype, std::string_view layer) {
+    if (dtype != DType::float32 && dtype != DType::float64)
+        throw InvalidArgumentError("pss: " + std::string(layer) + ": dtype " + std::string(dtype_name(dtype)) +
+                                   " cannot train; a layer's weights are float32 (the default) or float64");
+}
+
+}  // namespace detail
+
+/// @brief The gradient of a loss with respect to one variable, as backward() computes it on a worker.
+///
+/// Dense (`ids` empty, `sparse` false): `values` has the variable's shape; the model pushes it with
+/// Variable::apply_gradient. Sparse (tf.IndexedSlices): `values` holds one row per entry of `ids`
+/// (repeated ids allowed: the parameter server sums their rows); the model pushes it with
+/// Variable::apply_sparse_gradient, which reaches only the shards holding those rows.
+struct VariableGradient {
+    Variable variable;
+    xt::xarray<double> values;
+    std::vector<std::int64_t> ids;
+    bool sparse = false;
+};
+
+/// @brief What a layer's backward pass returns: the gradient with respect to its inputs, and one
+/// VariableGradient per weight, in the order of Layer::weights().
+struct LayerGradients {
+    xt::xarray<double> inputs;
+    std::vector<VariableGradient> variables;
+};
+
+/// @brief The interface of a layer of a pss::Sequential model (tf.keras.layers.Layer).
+///
+/// A layer's weights are pss::Variables: `build` creates them through get_strategy(), so built inside
+/// `strategy.scope()` they live on the parameter-server tasks (sharded as the strategy's partitioner
+/// decides). Computation is in double precision on the worker whatever the variables' dtype: a step
+/// pulls the weights (converting float32 to double), and gradients are converted back to the
+/// variables' dtype when pushed.
+///
+/// Shapes exclude the batch axis, as Keras' `input_shape`: a Dense layer built for `{3}` takes inputs
+/// of shape (batch, 3). `forward(inputs, step)` pulls the weights (naming `step` in synchronous
+/// training, 0 otherwise) and keeps what backward needs; `backward(grad_out)` uses it. One layer object
+/// runs one step at a time: a model gives each worker its own `clone()` (clones share the variables).
+///
+/// To write a layer: derive, implement `clone`, `class_name`, `do_build`, `forward`, `backward`, and
+/// `weights` when it has any; override `check_input_values` to reject inputs before training starts.
+class Layer {
+public:
+    virtual ~Layer() = default;
+
+    /// @brief A copy sharing the variables (Variable handles), with its own per-step state.
+    [[nodiscard]] virtual std::unique_ptr<Layer> clone() const = 0;
+    /// @brief Keras' class name: "Dense", "Embedding".
+    [[nodiscard]] virtual std::string_view class_name() const noexcept = 0;
+
+    /// @brief The layer's name, the prefix of its variables' names ("dense_1" gives "dense_1/kernel").
+    /// A Sequential model names unnamed layers as Keras does: "dense", "dense_1", ...
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
+    /// @throws FailedPreconditionError once built: the variables carry the name already.
+    void set_name(std::string name) {
+        if (built_)
+            throw FailedPreconditionError("pss: " + std::string(class_name()) + " '" + name_ +
+                                          "': set_name after build; its variables are named already, so name a "
+                                          "layer before it is built");
+        name_ = std::move(name);
+    }
+
+    [[nodiscard]] bool built() const noexcept { return built_; }
+
+    /// @brief Creates the weights for inputs of `input_shape` (batch axis excluded), drawing initial
+    /// values from `rng`; returns the output shape (batch axis excluded).
+    /// @pre the strategy that should hold the variables has its scope active on this thread.
+    /// @throws FailedPreconditionError when built already; InvalidArgumentError when the layer cannot
+    /// take inputs of that shape.
+    Shape build(const Shape& input_shape, std::mt19937& rng) {
+        if (built_)
+            throw FailedPreconditionError("pss: " + describe() +
+                                          ": build called twice; a layer's variables are created once");
+        if (name_.empty()) name_ = default_name();
+        output_shape_ = do_build(input_shape, rng);
+        input_shape_ = input_shape;
+        built_ = true;
+        return output_shape_;
+    }
+    /// @pre built()
+    [[nodiscard]] const Shape& input_shape() const {
+        require_built("input_shape");
+        return input_shape_;
+    }
+    /// @pre built()
+    [[nodiscard]] const Shape& output_shape() const {
+        require_built("output_shape");
+        return output_shape_;
+    }
+
+    /// @brief Checks a whole data set before any step runs (shapes, then check_input_values), so that a
+    /// bad input fails on the coordinator, not in a closure on a worker.
+    /// @throws InvalidArgumentError naming the layer, the shape expected and the shape given.
+    void check_inputs(const xt::xarray<double>& inputs) const {
+        require_built("check_inputs");
+        const Shape got(inputs.shape().begin(), inputs.shape().end());
+        const bool fits = got.size() == input_shape_.size() + 1 && std::equal(input_shape_.begin(), input_shape_.end(), got.begin() + 1);
+        if (!fits) {
+            Shape expected = input_shape_;
+            expected.insert(expected.begin(), got.empty() ? 0 : got.front());
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(got) +
+                                       ", but the layer was built for inputs of shape (batch, ...) = " +
+                                       format_shape(expected));
+        }
+        check_input_values(inputs);
+    }
+
+    /// @brief Computes the outputs of a batch, pulling the weights; keeps what backward needs.
+    /// @param step in synchronous training the step of this pull (1, 2, ...), else 0
+    [[nodiscard]] virtual xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) = 0;
+    /// @brief The gradients of the batch last given to forward, from the gradient of its outputs.
+    [[nodiscard]] virtual LayerGradients backward(const xt::xarray<double>& grad_outputs) = 0;
+
+    /// @brief The layer's variables (Keras' `layer.weights`): Dense gives {kernel, bias}.
+    [[nodiscard]] virtual std::vector<Variable> weights() const { return {}; }
+
+    /// @brief The weights' current values (Keras' `get_weights()`), in the order of weights().
+    [[nodiscard]] std::vector<Tensor> get_weights() const {
+        std::vector<Tensor> out;
+        for (const auto& v : weights()) out.push_back(v.read_value());
+        return out;
+    }
+
+    /// @brief Assigns every weight (Keras' `set_weights()`), converting each array to its variable's dtype.
+    /// @throws InvalidArgumentError when the count or a shape differs:
+    /// `pss: Dense 'dense': set_weights: weight 0 ('dense/kernel:0') has shape (1, 1), got (2, 1)`
+    void set_weights(const std::vector<Tensor>& values) {
+        const auto vars = weights();
+        if (values.size() != vars.size())
+            throw InvalidArgumentError("pss: " + describe() + ": set_weights got " + std::to_string(values.size()) +
+                                       " arrays, but the layer has " + std::to_string(vars.size()) +
+                                       " weights (see weights(); build the layer first)");
+        for (std::size_t i = 0; i < vars.size(); ++i)
+            if (values[i].shape() != vars[i].shape())
+                throw InvalidArgumentError("pss: " + describe() + ": set_weights: weight " + std::to_string(i) + " ('" +
+                                           vars[i].name() + "') has shape " + format_shape(vars[i].shape()) + ", got " +
+                                           format_shape(values[i].shape()));
+        for (std::size_t i = 0; i < vars.size(); ++i) {
+            Variable v = vars[i];
+            (void)v.assign(detail::convert_tensor(values[i], v.dtype()));
+        }
+    }
+
+protected:
+    Layer() = default;
+    Layer(const Layer&) = default;
+    Layer& operator=(const Layer&) = default;
+
+    /// @brief Creates the variables; returns the output shape. Called once, with name() set.
+    virtual Shape do_build(const Shape& input_shape, std::mt19937& rng) = 0;
+    /// @brief Rejects input values the layer cannot take (Embedding: ids that are not row numbers).
+    virtual void check_input_values(const xt::xarray<double>& /*inputs*/) const {}
+
+    /// "Dense 'dense_1'", for messages.
+    [[nodiscard]] std::string describe() const {
+        return std::string(class_name()) + (name_.empty() ? std::string() : " '" + name_ + "'");
+    }
+    void require_built(const char* what) const {
+        if (!built_)
+            throw FailedPreconditionError("pss: " + describe() + ": " + what +
+                                          " before build; a layer is built by its model's build, fit, evaluate "
+                                          "or predict, or by build(input_shape, rng)");
+    }
+    /// Keras' default name of the layer: its class name in snake_case.
+    [[nodiscard]] std::string default_name() const { return detail::snake_case(class_name()); }
+
+private:
+    std::string name_;
+    Shape input_shape_;
+    Shape output_shape_;
+    bool built_ = false;
+};
+
+namespace detail {
+
+/// Applies `activation` in place to `z`, rows of `units` values (softmax works per row).
+inline void activate(Activation activation, xt::xarray<double>& z, std::size_t units) {
+    double* p = z.data();
+    const std::size_t n = z.size();
+    switch (activation) {
+        case Activation::linear: return;
+        case Activation::relu:
+            for (std::size_t i = 0; i < n; ++i) p[i] = p[i] > 0 ? p[i] : 0.0;
+            return;
+        case Activation::sigmoid:
+            for (std::size_t i = 0; i < n; ++i) p[i] = 1.0 / (1.0 + std::exp(-p[i]));
+            return;
+        case Activation::tanh:
+            for (std::size_t i = 0; i < n; ++i) p[i] = std::tanh(p[i]);
+            return;
+        case Activation::softmax:
+            for (std::size_t r = 0; r < n; r += units) {
+                double top = p[r];
+                for (std::size_t j = 1; j < units; ++j) top = std::max(top, p[r + j]);
+                double sum = 0;
+                for (std::size_t j = 0; j < units; ++j) sum += (p[r + j] = std::exp(p[r + j] - top));
+                for (std::size_t j = 0; j < units; ++j) p[r + j] /= sum;
+            }
+            return;
+    }
+}
+
+/// The gradient with respect to the pre-activation z, from the activation's output `y` and the gradient
+/// `g` of y (same shape, rows of `units`).
+inline xt::xarray<double> activation_gradient(Activation activation, const xt::xarray<double>& y,
+                                              const xt::xarray<double>& g, std::size_t units) {
+    xt::xarray<double> out = xt::xarray<double>::from_shape(g.shape());
+    const double* py = y.data();
+    const double* pg = g.data();
+    double* po = out.data();
+    const std::size_t n = g.size();
+    switch (activation) {
+        case Activation::linear: std::copy(pg, pg + n, po); break;
+        case Activation::relu:
+            for (std::size_t i = 0; i < n; ++i) po[i] = py[i] > 0 ? pg[i] : 0.0;
+            break;
+        case Activation::sigmoid:
+            for (std::size_t i = 0; i < n; ++i) po[i] = pg[i] * py[i] * (1.0 - py[i]);
+            break;
+        case Activation::tanh:
+            for (std::size_t i = 0; i < n; ++i) po[i] = pg[i] * (1.0 - py[i] * py[i]);
+            break;
+        case Activation::softmax:
+            for (std::size_t r = 0; r < n; r += units) {
+                double dot = 0;
+                for (std::size_t j = 0; j < units; ++j) dot += pg[r + j] * py[r + j];
+                for (std::size_t j = 0; j < units; ++j) po[r + j] = py[r + j] * (pg[r + j] - dot);
+            }
+            break;
+    }
+    return out;
+}
+
+inline void check_grad_shape(const xt::xarray<double>& grad, const Shape& expected, const std::string& layer) {
+    const Shape got(grad.shape().begin(), grad.shape().end());
+    if (got != expected)
+        throw InvalidArgumentError("pss: " + layer + ": backward got a gradient of shape " + format_shape(got) +
+                                   ", but the last forward returned shape " + format_shape(expected));
+}
+
+}  // namespace detail
+
+/// @brief A densely connected layer, Keras' `Dense(units, activation, use_bias)`:
+/// `outputs = activation(inputs · kernel + bias)` over the last axis of the inputs.
+///
+/// The kernel, shape (input features, units), starts Glorot-uniform: U(-l, l) with l = sqrt(6 / (fan_in
+/// + units)), drawn row by row from the model's generator (see detail::uniform); the bias, shape
+/// (units,), starts at zero. Its variables are `<name>/kernel` and `<name>/bias`.
+///
+/// @par Example
+/// @code
+/// pss::Sequential model(strategy, {pss::Dense(16, "relu"), pss::Dense(1)});
+/// @endcode
+class Dense final : public Layer {
+public:
+    /// @param units output features, at least 1
+    /// @param activation Keras' name: "linear" (the default), "relu", "sigmoid", "tanh" or "softmax"
+    /// @param use_bias whether to add a bias vector
+    /// @param dtype the variables' dtype: float32 (the default, Keras') or float64
+    /// @throws InvalidArgumentError for 0 units, an unknown activation or an integer dtype.
+    explicit Dense(std::size_t units, std::string_view activation = "linear", bool use_bias = true,
+                   DType dtype = DType::float32)
+        : Dense(units, activation_from_name(activation), use_bias, dtype) {}
+    Dense(std::size_t units, Activation activation, bool use_bias = true, DType dtype = DType::float32)
+        : units_(units), activation_(activation), use_bias_(use_bias), dtype_(dtype) {
+        if (units == 0) throw InvalidArgumentError("pss: Dense: units is 0; a Dense layer needs at least 1 output unit");
+        detail::check_float_dtype(dtype, "Dense");
+    }
+
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Dense>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "Dense"; }
+
+    [[nodiscard]] std::size_t units() const noexcept { return units_; }
+    [[nodiscard]] Activation activation() const noexcept { return activation_; }
+    [[nodiscard]] bool use_bias() const noexcept { return use_bias_; }
+    [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+    /// @pre built()
+    [[nodiscard]] const Variable& kernel() const {
+        require_built("kernel");
+        return kernel_;
+    }
+    /// @pre built() and use_bias()
+    [[nodiscard]] const Variable& bias() const {
+        require_built("bias");
+        return bias_;
+    }
+
+    [[nodiscard]] std::vector<Variable> weights() const override {
+        if (!built()) return {};
+        if (use_bias_) return {kernel_, bias_};
+        return {kernel_};
+    }
+
+    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) override {
+        require_built("forward");
+        const std::size_t in = inputs_features();
+        if (inputs.dimension() < 2 || inputs.shape().back() != in)
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " +
+                                       format_shape(Shape(inputs.shape().begin(), inputs.shape().end())) +
+                                       ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
+        detail::pull_as_double(kernel_, step, staging_, w_);
+        if (use_bias_) detail::pull_as_double(bias_, step, staging_, b_);
+        const std::size_t rows = inputs.size() / in;
+        Shape out_shape(inputs.shape().begin(), inputs.shape().end());
+        out_shape.back() = units_;
+        xt::xarray<double> out = xt::xarray<double>::from_shape(out_shape);
+        const double* x = inputs.data();
+        const double* w = w_.data();
+        double* y = out.data();
+        for (std::size_t r = 0; r < rows; ++r) {
+            double* yr = y + r * units_;
+            for (std::size_t j = 0; j < units_; ++j) yr[j] = use_bias_ ? b_.data()[j] : 0.0;
+            for (std::size_t i = 0; i < in; ++i) {
+                const double xi = x[r * in + i];
+                const double* wi = w + i * units_;
+                for (std::size_t j = 0; j < units_; ++j) yr[j] += xi * wi[j];
+            }
+        }
+        detail::activate(activation_, out, units_);
+        inputs_ = inputs;
+        outputs_ = out;
+        return out;
+    }
+
+    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+        require_built("backward");
+        detail::check_grad_shape(grad_outputs, Shape(outputs_.shape().begin(), outputs_.shape().end()), describe());
+        const std::size_t in = inputs_features();
+        const std::size_t rows = inputs_.size() / in;
+        const xt::xarray<double> gz = detail::activation_gradient(activation_, outputs_, grad_outputs, units_);
+        LayerGradients out;
+        out.inputs = xt::xarray<double>::from_shape(inputs_.shape());
+        xt::xarray<double> gw = xt::zeros<double>({in, units_});
+        xt::xarray<double> gb = xt::zeros<double>({units_});
+        const double* x = inputs_.data();
+        const double* w = w_.data();
+        const double* g = gz.data();
+        double* gx = out.inputs.data();
+        for (std::size_t r = 0; r < rows; ++r) {
+            const double* gr = g + r * units_;
+            for (std::size_t i = 0; i < in; ++i) {
+                const double xi = x[r * in + i];
+                const double* wi = w + i * units_;
+                double* gwi = gw.data() + i * units_;
+                double sum = 0;
+                for (std::size_t j = 0; j < units_; ++j) {
+                    gwi[j] += xi * gr[j];
+                    sum += gr[j] * wi[j];
+                }
+                gx[r * in + i] = sum;
+            }
+            for (std::size_t j = 0; j < units_; ++j) gb.data()[j] += gr[j];
+        }
+        out.variables.push_back({kernel_, std::move(gw), {}, false});
+        if (use_bias_) out.variables.push_back({bias_, std::move(gb), {}, false});
+        return out;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
+        if (input_shape.empty() || input_shape.back() == 0)
+            throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
+                                       "; a Dense layer needs inputs with a last axis of at least 1 feature");
+        const std::size_t in = input_shape.back();
+        const double limit = std::sqrt(6.0 / static_cast<double>(in + units_));
+        xt::xarray<double> kernel = xt::xarray<double>::from_shape({in, units_});
+        for (double& v : kernel) v = detail::uniform(rng, -limit, limit);
+        kernel_ = Variable(detail::from_double(kernel, dtype_), name() + "/kernel");
+        if (use_bias_) bias_ = Variable(detail::from_double(xt::zeros<double>({units_}), dtype_), name() + "/bias");
+        Shape out = input_shape;
+        out.back() = units_;
+        return out;
+    }
+
+private:
+    std::size_t inputs_features() const { return input_shape().back(); }
+
+    std::size_t units_;
+    Activation activation_;
+    bool use_bias_;
+    DType dtype_;
+    Variable kernel_, bias_;
+    // Per step: the pulled weights, the float32 staging buffer, and what backward needs.
+    xt::xarray<float> staging_;
+    xt::xarray<double> w_, b_, inputs_, outputs_;
+};
+
+/// @brief A lookup table of `input_dim` rows of `output_dim` values (Keras' `Embedding(input_dim,
+/// output_dim)`): each input id becomes its row.
+///
+/// The table, `<name>/embeddings` of shape (input_dim, output_dim), is split into shards as the
+/// strategy's partitioner decides, and starts U(-0.05, 0.05) (Keras' "uniform" initializer). A step
+/// pulls only the rows of the ids in its batch (Variable::sparse_read, each distinct id once) and pushes
+/// a sparse gradient (Variable::apply_sparse_gradient: one row per input id, repeated ids included; the
+/// parameter server sums them), so a worker never moves the whole table.
+///
+/// Inputs: ids stored as floats (the model's data is `xt::xarray<float>`, exact for ids below 2^24),
+/// any shape (batch, ...); outputs have shape (batch, ..., output_dim). A value that is not an integer
+/// in [0, input_dim) is rejected before training starts. The ids are not differentiable: backward's
+/// input gradient is zero. Follow it with GlobalAveragePooling1D (mean over the ids of an example) or
+/// Flatten (concatenation) before a Dense layer.
+///
+/// In synchronous training every push must follow a pull of the same step on each shard (the
+/// parameter server rejects a push for a step whose predecessor is not applied), so a synchronous
+/// step also pulls the first row of each shard its batch does not touch.
+class Embedding final : public Layer {
+public:
+    /// @throws InvalidArgumentError when input_dim or output_dim is 0, or dtype is an integer dtype.
+    Embedding(std::size_t input_dim, std::size_t output_dim, DType dtype = DType::float32)
+        : input_dim_(input_dim), output_dim_(output_dim), dtype_(dtype) {
+        if (input_dim == 0 || output_dim == 0)
+            throw InvalidArgumentError("pss: Embedding: input_dim is " + std::to_string(input_dim) +
+                                       " and output_dim is " + std::to_string(output_dim) +
+                                       "; both must be at least 1 (input_dim: the number of ids, output_dim: the "
+                                       "length of each row)");
+        detail::check_float_dtype(dtype, "Embedding");
+    }
+
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Embedding>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "Embedding"; }
+
+    [[nodiscard]] std::size_t input_dim() const noexcept { return input_dim_; }
+    [[nodiscard]] std::size_t output_dim() const noexcept { return output_dim_; }
+    /// @pre built()
+    [[nodiscard]] const Variable& embeddings() const {
+        require_built("embeddings");
+        return embeddings_;
+    }
+    [[nodiscard]] std::vector<Variable> weights() const override {
+        if (!built()) return {};
+        return {embeddings_};
+    }
+
+    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) override {
+        require_built("forward");
+        check_input_values(inputs);
+        ids_.resize(inputs.size());
+        std::transform(inputs.begin(), inputs.end(), ids_.begin(), [](double v) { return static_cast<std::int64_t>(v); });
+        // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
+        std::vector<std::int64_t> unique;
+        std::vector<std::size_t> slot_of(ids_.size());
+        std::unordered_map<std::int64_t, std::size_t> slot;
+        for (std::size_t i = 0; i < ids_.size(); ++i) {
+            auto [it, fresh] = slot.emplace(ids_[i], unique.size());
+            if (fresh) unique.push_back(ids_[i]);
+            slot_of[i] = it->second;
+        }
+        if (step != 0) {  // synchronous: touch every shard (see the class description)
+            std::vector<bool> touched(shard_first_rows_.size(), false);
+            for (std::int64_t id : unique) touched[shard_of(id)] = true;
+            for (std::size_t s = 0; s < touched.size(); ++s)
+                if (!touched[s]) unique.push_back(shard_first_rows_[s]);
+        }
+        const xt::xarray<double> rows =
+            unique.empty() ? xt::xarray<double>(xt::zeros<double>({std::size_t{0}, output_dim_}))
+                           : detail::to_double(embeddings_.sparse_read(std::span<const std::int64_t>(unique), step));
+        Shape out_shape(inputs.shape().begin(), inputs.shape().end());
+        out_shape.push_back(output_dim_);
+        xt::xarray<double> out = xt::xarray<double>::from_shape(out_shape);
+        for (std::size_t i = 0; i < ids_.size(); ++i)
+            std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
+        input_shape_seen_.assign(inputs.shape().begin(), inputs.shape().end());
+        return out;
+    }
+
+    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+        require_built("backward");
+        Shape expected = input_shape_seen_;
+        expected.push_back(output_dim_);
+        detail::check_grad_shape(grad_outputs, expected, describe());
+        LayerGradients out;
+        out.inputs = xt::zeros<double>(input_shape_seen_);
+        xt::xarray<double> rows = xt::xarray<double>::from_shape({ids_.size(), output_dim_});
+        std::copy(grad_outputs.begin(), grad_outputs.end(), rows.begin());
+        out.variables.push_back({embeddings_, std::move(rows), ids_, true});
+        return out;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
+        xt::xarray<double> table = xt::xarray<double>::from_shape({input_dim_, output_dim_});
+        for (double& v : table) v = detail::uniform(rng, -0.05, 0.05);
+        embeddings_ = Variable(detail::from_double(table, dtype_), name() + "/embeddings");
+        shard_first_rows_.clear();
+        std::int64_t row = 0;
+        for (const auto& shard : embeddings_.shards()) {
+            shard_first_rows_.push_back(row);
+            row += static_cast<std::int64_t>(shard.shape()[0]);
+        }
+        Shape out = input_shape;
+        out.push_back(output_dim_);
+        return out;
+    }
+
+    void check_input_values(const xt::xarray<double>& inputs) const override {
+        const double* p = inputs.data();
+        for (std::size_t i = 0; i < inputs.size(); ++i)
+            if (!(p[i] >= 0 && p[i] < static_cast<double>(input_dim_)) || p[i] != std::floor(p[i]))
+                throw InvalidArgumentError("pss: " + describe() + ": input " + std::to_string(i) + " (in row-major order) is " +
+                                           std::to_string(p[i]) + ", not an id; an Embedding takes integer ids in [0, " +
+                                           std::to_string(input_dim_) + ") stored as floats");
+    }
+
+private:
+    std::size_t shard_of(std::int64_t id) const {
+        auto it = std::upper_bound(shard_first_rows_.begin(), shard_first_rows_.end(), id);
+        return static_cast<std::size_t>(it - shard_first_rows_.begin()) - 1;
+    }
+
+    std::size_t input_dim_;
+    std::size_t output_dim_;
+    DType dtype_;
+    Variable embeddings_;
+    std::vector<std::int64_t> shard_first_rows_;
+    // Per step: the ids of the batch and its input shape.
+    std::vector<std::int64_t> ids_;
+    Shape input_shape_seen_;
+};
+
+/// @brief The mean over axis 1 (Keras' `GlobalAveragePooling1D`): (batch, steps, features) to
+/// (batch, features). After an Embedding it averages the rows of an example's ids.
+class GlobalAveragePooling1D final : public Layer {
+public:
+    GlobalAveragePooling1D() = default;
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<GlobalAveragePooling1D>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "GlobalAveragePooling1D"; }
+
+    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t /*step*/ = 0) override {
+        require_built("forward");
+        if (inputs.dimension() != 3)
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " +
+                                       format_shape(Shape(inputs.shape().begin(), inputs.shape().end())) +
+                                       "; it takes (batch, steps, features)");
+        batch_ = inputs.shape()[0];
+        steps_ = inputs.shape()[1];
+        features_ = inputs.shape()[2];
+        xt::xarray<double> out = xt::zeros<double>({batch_, features_});
+        const double scale = steps_ == 0 ? 0.0 : 1.0 / static_cast<double>(steps_);
+        for (std::size_t b = 0; b < batch_; ++b)
+            for (std::size_t s = 0; s < steps_; ++s)
+                for (std::size_t f = 0; f < features_; ++f)
+                    out.data()[b * features_ + f] += inputs.data()[(b * steps_ + s) * features_ + f] * scale;
+        return out;
+    }
+
+    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+        require_built("backward");
+        detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
+        LayerGradients out;
+        out.inputs = xt::xarray<double>::from_shape({batch_, steps_, features_});
+        const double scale = steps_ == 0 ? 0.0 : 1.0 / static_cast<double>(steps_);
+        for (std::size_t b = 0; b < batch_; ++b)
+            for (std::size_t s = 0; s < steps_; ++s)
+                for (std::size_t f = 0; f < features_; ++f)
+                    out.inputs.data()[(b * steps_ + s) * features_ + f] = grad_outputs.data()[b * features_ + f] * scale;
+        return out;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override {
+        if (input_shape.size() != 2)
+            throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
+                                       "; it takes inputs of shape (batch, steps, features), so an input shape of "
+                                       "rank 2 (steps, features)");
+        return {input_shape[1]};
+    }
+
+private:
+    std::size_t batch_ = 0, steps_ = 0, features_ = 0;
+};
+
+/// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
+class Flatten final : public Layer {
+public:
+    Flatten() = default;
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "Flatten"; }
+
+    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t /*step*/ = 0) override {
+        require_built("forward");
+        if (inputs.dimension() == 0)
+            throw InvalidArgumentError("pss: " + describe() + ": a scalar input; it takes (batch, ...)");
+        seen_.assign(inputs.shape().begin(), inputs.shape().end());
+        const std::size_t batch = seen_.front();
+        xt::xarray<double> out = xt::xarray<double>::from_shape({batch, batch == 0 ? num_elements(output_shape()) : inputs.size() / batch});
+        std::copy(inputs.begin(), inputs.end(), out.begin());
+        return out;
+    }
+
+    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+        require_built("backward");
+        if (grad_outputs.size() != num_elements(seen_))
+            throw InvalidArgumentError("pss: " + describe() + ": backward got a gradient of " +
+                                       std::to_string(grad_outputs.size()) + " values for inputs of shape " +
+                                       format_shape(seen_));
+        LayerGradients out;
+        out.inputs = xt::xarray<double>::from_shape(seen_);
+        std::copy(grad_outputs.begin(), grad_outputs.end(), out.inputs.begin());
+        return out;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return {num_elements(input_shape)}; }
+
+private:
+    Shape seen_;
+};
+
+PSS_NAMESPACE_END

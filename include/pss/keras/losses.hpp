@@ -1,0 +1,240 @@
+// pss/keras/losses.hpp: Keras-style losses (MeanSquaredError, BinaryCrossentropy, SparseCategoricalCrossentropy), each with its gradient.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <xtensor/xarray.hpp>
+
+#include <pss/config.hpp>
+#include <pss/errors.hpp>
+#include <pss/tensor.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief A loss of a pss::Sequential model (tf.keras.losses.Loss), reduced as Keras' default
+/// (SUM_OVER_BATCH_SIZE): the mean over the batch of each example's loss.
+///
+/// Predictions have shape (batch, ...); targets are checked against them by check_targets. A loss
+/// also gives its gradient with respect to the predictions: backward passes are written out, there is
+/// no automatic differentiation. Losses are stateless, so one object serves every worker at once.
+class Loss {
+public:
+    virtual ~Loss() = default;
+
+    /// @brief Keras' function name: "mean_squared_error", "binary_crossentropy", ...
+    [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+
+    /// @brief The loss of a batch (the mean over its examples).
+    /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
+    [[nodiscard]] virtual double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const = 0;
+    /// @brief d value / d y_pred, of y_pred's shape.
+    [[nodiscard]] virtual xt::xarray<double> gradient(const xt::xarray<double>& y_true,
+                                                      const xt::xarray<double>& y_pred) const = 0;
+    /// @brief The same as value(), as Keras' `loss(y_true, y_pred)`.
+    [[nodiscard]] double operator()(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
+        return value(y_true, y_pred);
+    }
+
+    /// @brief Checks targets for predictions of shape (batch, `output_shape`...) before training.
+    /// @throws InvalidArgumentError naming the loss, what it expects and what it got.
+    virtual void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const = 0;
+
+protected:
+    Loss() = default;
+    Loss(const Loss&) = default;
+    Loss& operator=(const Loss&) = default;
+
+    /// Elementwise losses take targets with one value per prediction: (batch, output_shape...), or the
+    /// same values in any shape with the batch axis first ((batch,) for outputs (batch, 1), as Keras
+    /// squeezes).
+    void check_same_size(const xt::xarray<double>& y_true, const Shape& output_shape) const {
+        const Shape got(y_true.shape().begin(), y_true.shape().end());
+        const std::size_t batch = got.empty() ? 0 : got.front();
+        if (got.empty() || y_true.size() != batch * num_elements(output_shape)) {
+            Shape expected = output_shape;
+            expected.insert(expected.begin(), batch);
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": targets of shape " + format_shape(got) +
+                                       " for predictions of shape " + format_shape(expected) +
+                                       "; give one target per prediction, batch axis first");
+        }
+    }
+    static void check_value_count(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred, std::string_view loss) {
+        if (y_true.size() != y_pred.size() || y_pred.size() == 0)
+            throw InvalidArgumentError("pss: " + std::string(loss) + ": " + std::to_string(y_true.size()) +
+                                       " targets for " + std::to_string(y_pred.size()) +
+                                       " predictions; give one target per prediction (and at least one)");
+    }
+};
+
+/// @brief Keras' `MeanSquaredError`: mean((y_pred - y_true)^2) over every prediction of the batch.
+class MeanSquaredError final : public Loss {
+public:
+    [[nodiscard]] std::string_view name() const noexcept override { return "mean_squared_error"; }
+
+    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
+        check_value_count(y_true, y_pred, name());
+        double sum = 0;
+        for (std::size_t i = 0; i < y_pred.size(); ++i) {
+            const double d = y_pred.data()[i] - y_true.data()[i];
+            sum += d * d;
+        }
+        return sum / static_cast<double>(y_pred.size());
+    }
+    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
+                                              const xt::xarray<double>& y_pred) const override {
+        check_value_count(y_true, y_pred, name());
+        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
+        const double scale = 2.0 / static_cast<double>(y_pred.size());
+        for (std::size_t i = 0; i < y_pred.size(); ++i) out.data()[i] = scale * (y_pred.data()[i] - y_true.data()[i]);
+        return out;
+    }
+    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+        check_same_size(y_true, output_shape);
+    }
+};
+
+/// @brief Keras' `BinaryCrossentropy()` from probabilities (`from_logits=False`):
+/// mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred, e, 1 - e) and e = 1e-7, Keras'
+/// `epsilon()`, exactly as tf.keras.backend.binary_crossentropy computes it. Where y_pred is outside
+/// [e, 1 - e] the gradient is 0 (the clip's). Predictions come from a sigmoid; targets are in [0, 1].
+class BinaryCrossentropy final : public Loss {
+public:
+    /// @brief Keras' `backend.epsilon()`.
+    static constexpr double epsilon = 1e-7;
+
+    [[nodiscard]] std::string_view name() const noexcept override { return "binary_crossentropy"; }
+
+    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
+        check_value_count(y_true, y_pred, name());
+        double sum = 0;
+        for (std::size_t i = 0; i < y_pred.size(); ++i) {
+            const double p = std::clamp(y_pred.data()[i], epsilon, 1.0 - epsilon);
+            const double y = y_true.data()[i];
+            sum -= y * std::log(p + epsilon) + (1.0 - y) * std::log(1.0 - p + epsilon);
+        }
+        return sum / static_cast<double>(y_pred.size());
+    }
+    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
+                                              const xt::xarray<double>& y_pred) const override {
+        check_value_count(y_true, y_pred, name());
+        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
+        const double scale = 1.0 / static_cast<double>(y_pred.size());
+        for (std::size_t i = 0; i < y_pred.size(); ++i) {
+            const double p = y_pred.data()[i];
+            const double y = y_true.data()[i];
+            out.data()[i] = (p < epsilon || p > 1.0 - epsilon)
+                                ? 0.0
+                                : -scale * (y / (p + epsilon) - (1.0 - y) / (1.0 - p + epsilon));
+        }
+        return out;
+    }
+    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+        check_same_size(y_true, output_shape);
+        for (double y : y_true)
+            if (!(y >= 0.0 && y <= 1.0))
+                throw InvalidArgumentError("pss: binary_crossentropy: a target is " + std::to_string(y) +
+                                           "; targets are probabilities in [0, 1] (labels 0 and 1)");
+    }
+};
+
+/// @brief Keras' `SparseCategoricalCrossentropy()` from probabilities (`from_logits=False`): targets
+/// are class ids, predictions a distribution over the last axis (a softmax's output).
+///
+/// As tf.keras.backend.sparse_categorical_crossentropy: c = clip(y_pred, e, 1 - e) with e = 1e-7, and the
+/// example's loss is the softmax cross-entropy of the logits log(c), i.e. -log(c[t]) + log(sum_j c[j])
+/// (which is -log(y_pred[t]) for a softmax output no clip touched). The gradient is 0 where the clip
+/// applies. Targets: class ids stored as floats (the model's data is `xt::xarray<float>`), shape (batch,)
+/// or (batch, 1) for predictions (batch, classes); generally one id per row of classes.
+class SparseCategoricalCrossentropy final : public Loss {
+public:
+    /// @brief Keras' `backend.epsilon()`.
+    static constexpr double epsilon = 1e-7;
+
+    [[nodiscard]] std::string_view name() const noexcept override { return "sparse_categorical_crossentropy"; }
+
+    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
+        const std::size_t classes = check_counts(y_true, y_pred);
+        const std::size_t rows = y_pred.size() / classes;
+        double sum = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+            const double* p = y_pred.data() + r * classes;
+            double total = 0;
+            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
+            const auto t = static_cast<std::size_t>(y_true.data()[r]);
+            sum += -std::log(std::clamp(p[t], epsilon, 1.0 - epsilon)) + std::log(total);
+        }
+        return sum / static_cast<double>(rows);
+    }
+    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
+                                              const xt::xarray<double>& y_pred) const override {
+        const std::size_t classes = check_counts(y_true, y_pred);
+        const std::size_t rows = y_pred.size() / classes;
+        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
+        const double scale = 1.0 / static_cast<double>(rows);
+        for (std::size_t r = 0; r < rows; ++r) {
+            const double* p = y_pred.data() + r * classes;
+            double* g = out.data() + r * classes;
+            double total = 0;
+            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
+            const auto t = static_cast<std::size_t>(y_true.data()[r]);
+            for (std::size_t j = 0; j < classes; ++j) {
+                if (p[j] < epsilon || p[j] > 1.0 - epsilon) {
+                    g[j] = 0.0;
+                    continue;
+                }
+                g[j] = scale * (1.0 / total - (j == t ? 1.0 / p[j] : 0.0));
+            }
+        }
+        return out;
+    }
+    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+        const Shape got(y_true.shape().begin(), y_true.shape().end());
+        if (output_shape.empty() || got.empty() ||
+            y_true.size() * output_shape.back() != got.front() * num_elements(output_shape)) {
+            Shape expected = output_shape;
+            expected.insert(expected.begin(), got.empty() ? 0 : got.front());
+            throw InvalidArgumentError("pss: sparse_categorical_crossentropy: targets of shape " + format_shape(got) +
+                                       " for predictions of shape " + format_shape(expected) +
+                                       "; give one class id per row of class probabilities: (batch,) or (batch, 1) "
+                                       "for predictions (batch, classes)");
+        }
+        const double classes = static_cast<double>(output_shape.back());
+        for (double y : y_true)
+            if (!(y >= 0 && y < classes) || y != std::floor(y))
+                throw InvalidArgumentError("pss: sparse_categorical_crossentropy: a target is " + std::to_string(y) +
+                                           ", not a class id; targets are integers in [0, " +
+                                           std::to_string(output_shape.back()) + ") stored as floats");
+    }
+
+private:
+    std::size_t check_counts(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
+        if (y_pred.dimension() == 0 || y_pred.size() == 0 || y_pred.shape().back() == 0 ||
+            y_true.size() * y_pred.shape().back() != y_pred.size())
+            throw InvalidArgumentError("pss: sparse_categorical_crossentropy: " + std::to_string(y_true.size()) +
+                                       " targets for predictions of shape " +
+                                       format_shape(Shape(y_pred.shape().begin(), y_pred.shape().end())) +
+                                       "; give one class id per row of class probabilities");
+        return y_pred.shape().back();
+    }
+};
+
+/// @brief The loss Keras names `name`: "mean_squared_error" (or "mse"), "binary_crossentropy",
+/// "sparse_categorical_crossentropy".
+/// @throws InvalidArgumentError `pss: loss "hinge" is not known; use ...`
+[[nodiscard]] inline std::shared_ptr<const Loss> make_loss(std::string_view name) {
+    if (name == "mean_squared_error" || name == "mse" || name == "MeanSquaredError")
+        return std::make_shared<MeanSquaredError>();
+    if (name == "binary_crossentropy" || name == "BinaryCrossentropy") return std::make_shared<BinaryCrossentropy>();
+    if (name == "sparse_categorical_crossentropy" || name == "SparseCategoricalCrossentropy")
+        return std::make_shared<SparseCategoricalCrossentropy>();
+    throw InvalidArgumentError("pss: loss \"" + std::string(name) +
+                               "\" is not known; use \"mean_squared_error\" (or \"mse\"), \"binary_crossentropy\" or "
+                               "\"sparse_categorical_crossentropy\", or pass a pss::Loss object");
+}
+
+PSS_NAMESPACE_END

@@ -1,0 +1,556 @@
+// pss/wire.hpp: the frame format the Tcp transport speaks, its encoder and its validating decoder.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <asio/buffer.hpp>
+
+#include <pss/config.hpp>
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
+#include <pss/message.hpp>
+#include <pss/tensor.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+static_assert(std::endian::native == std::endian::little,
+              "pss: the wire sends tensor payloads and row ids as little-endian bytes straight from memory (no "
+              "serialisation copy); big-endian hosts are not supported");
+
+/// @brief The wire format of the Tcp transport: one frame per Request or Reply.
+///
+/// A frame is a fixed 76-byte little-endian header, then variable sections, then the payload:
+///
+/// | offset | size | field | rule |
+/// | --- | --- | --- | --- |
+/// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
+/// | 4 | 2 | version | `wire_version` (1) |
+/// | 6 | 1 | kind | an `Op` (1 to 12) for a request, `frame_kind_reply` (128) for a reply |
+/// | 7 | 1 | flags | `frame_flag_payload` (a tensor is described), `frame_flag_payload_elided` (its bytes are not sent) |
+/// | 8 | 4 | error code | an `ErrorCode` (0 to 8); 0 in requests |
+/// | 12 | 8 | request id | chosen by the client, echoed by the reply |
+/// | 20 | 4 | task | request: the index of the task addressed; reply: the index of the answering task |
+/// | 24 | 8 | variable id | `ShardKey::variable` |
+/// | 32 | 4 | shard id | `ShardKey::shard` |
+/// | 36 | 1 | dtype | a `DType` (1 to 4) with a payload, 0 without |
+/// | 37 | 1 | rank | the payload's rank, at most `max_wire_rank` (8); 0 without a payload |
+/// | 38 | 2 | reserved | 0 |
+/// | 40 | 4 | name length | bytes of the shard name |
+/// | 44 | 4 | message length | bytes of the error message |
+/// | 48 | 8 | ids count | number of row ids |
+/// | 56 | 8 | payload length | bytes of the payload: `num_elements(shape) * dtype_size(dtype)`, or 0 when elided |
+/// | 64 | 8 | step | `Request::step`: the synchronous training step; 0 in replies |
+/// | 72 | 4 | checksum | CRC-32C of bytes 0 to 71 and of the sections below, but not of the payload |
+///
+/// Then: the shape (rank x u64), the name, the message, the ids (count x i64), the payload (row-major
+/// elements). All integers are little-endian.
+///
+/// The checksum covers what a corrupted byte could turn into a wrong decision: the header and the small
+/// sections (a shard name, an error text, the row ids a scatter writes to). It leaves out the bulk
+/// payload on purpose: CRC-32C in software runs at a few GB/s, about the speed of loopback TCP itself,
+/// so checksumming a 64 MB gradient would halve the transport's throughput, and TCP already checksums
+/// every segment.
+///
+/// An elided payload is described (dtype, shape) but its bytes stay where they are: a `read` request's
+/// payload is the buffer the client wants the value in (it stays with the client and the reply lands in
+/// it); an update's reply payload is the spent request payload handed back (the client hands its own
+/// tensor back, so the gradient does not travel twice).
+///
+/// Every frame read from the network is untrusted: `decode_header` and `decode_body` check every field
+/// and every length against `WireLimits` before a byte is allocated for it.
+inline constexpr std::uint32_t wire_magic = 0x31535350u;  // "PSS1"
+inline constexpr std::uint16_t wire_version = 1;
+inline constexpr std::size_t frame_header_size = 76;
+inline constexpr std::size_t max_wire_rank = 8;
+inline constexpr std::uint8_t frame_kind_reply = 128;
+inline constexpr std::uint8_t frame_flag_payload = 1;
+inline constexpr std::uint8_t frame_flag_payload_elided = 2;
+
+/// @brief Bounds on what a peer may ask this process to allocate. A length above one is a WireError.
+struct WireLimits {
+    std::uint64_t max_payload_bytes = std::uint64_t{1} << 30;  ///< 1 GiB
+    std::uint64_t max_ids = std::uint64_t{1} << 24;            ///< 16 Mi ids (128 MiB)
+    std::uint32_t max_name = 4096;                             ///< bytes of a shard name
+    std::uint32_t max_message = 1u << 16;                      ///< bytes of an error message
+};
+
+/// @brief A frame that breaks the format. `request_id()` is set when the header was sound enough (magic
+/// and version right) for its id to be trusted, so that the receiver can answer with an error reply.
+class WireError : public InvalidArgumentError {
+public:
+    explicit WireError(const std::string& message, std::optional<std::uint64_t> request_id = std::nullopt)
+        : InvalidArgumentError(message), request_id_(request_id) {}
+    [[nodiscard]] std::optional<std::uint64_t> request_id() const noexcept { return request_id_; }
+
+private:
+    std::optional<std::uint64_t> request_id_;
+};
+
+/// @brief The fixed header of a frame, decoded. `checksum` is the value carried by the frame.
+struct FrameHeader {
+    std::uint8_t kind = static_cast<std::uint8_t>(Op::read);
+    std::uint8_t flags = 0;
+    ErrorCode code = ErrorCode::ok;
+    std::uint64_t request_id = 0;
+    std::uint32_t task = 0;
+    ShardKey key;
+    DType dtype = DType::float32;  ///< meaningful when `has_payload()`
+    std::uint8_t rank = 0;
+    std::uint32_t name_length = 0;
+    std::uint32_t message_length = 0;
+    std::uint64_t ids_count = 0;
+    std::uint64_t payload_length = 0;
+    std::uint64_t step = 0;
+    std::uint32_t checksum = 0;
+
+    [[nodiscard]] bool is_reply() const noexcept { return kind == frame_kind_reply; }
+    [[nodiscard]] Op op() const noexcept { return static_cast<Op>(kind); }
+    [[nodiscard]] bool has_payload() const noexcept { return (flags & frame_flag_payload) != 0; }
+    [[nodiscard]] bool payload_elided() const noexcept { return (flags & frame_flag_payload_elided) != 0; }
+    /// @brief Bytes of the sections between the header and the payload.
+    [[nodiscard]] std::uint64_t body_length() const noexcept {
+        return std::uint64_t{rank} * 8 + name_length + message_length + ids_count * 8;
+    }
+};
+
+/// @brief The variable sections of a received frame. Reused from frame to frame by a connection.
+struct FrameBody {
+    std::array<std::byte, 8 * max_wire_rank> shape_bytes{};
+    Shape shape;
+    std::string name;
+    std::string message;
+    std::vector<std::int64_t> ids;
+};
+
+/// @brief CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start). Slicing-by-8 tables.
+/// `crc32c(0, "123456789")` is `0xE3069283`.
+[[nodiscard]] std::uint32_t crc32c(std::uint32_t crc, std::span<const std::byte> data) noexcept;
+
+/// @brief The 76 header bytes of `header`, every integer written little-endian byte by byte.
+[[nodiscard]] std::array<std::byte, frame_header_size> encode_header(const FrameHeader& header) noexcept;
+
+/// @brief Decodes and validates a header read from the network.
+/// @throws WireError naming the field and its value, e.g.
+///   - `pss: wire: frame magic is 0x00000000, expected 0x31535350 ("PSS1"); the peer does not speak pss`
+///   - `pss: wire: frame version 2 is not supported; this build speaks version 1`
+///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12, a reply is 128`
+///   - `pss: wire: frame dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
+///   - `pss: wire: frame rank 9 exceeds the limit 8`
+///   - `pss: wire: frame payload length 2147483648 exceeds the limit 1073741824`
+///   - the same for name length, message length and ids count, unknown flags, error codes and reserved bits
+[[nodiscard]] FrameHeader decode_header(std::span<const std::byte, frame_header_size> bytes,
+                                        const WireLimits& limits = {});
+
+/// @brief Sizes `body` for `header` and returns the buffers to read the sections into (shape, name,
+/// message, ids: one scatter read). The header must have come from `decode_header`.
+[[nodiscard]] std::array<asio::mutable_buffer, 4> body_buffers(const FrameHeader& header, FrameBody& body);
+
+/// @brief Checks the sections read into `body_buffers`: the checksum over `header_bytes` and the
+/// sections, then the shape against the payload length. Fills `body.shape`.
+/// @throws WireError
+///   - `pss: wire: frame checksum 0x12345678 does not match the computed 0x9abcdef0; the frame was corrupted`
+///   - `pss: wire: frame payload length 12 does not match shape (2, 2) of float32, which needs 16 bytes`
+///   - `pss: wire: frame shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
+void decode_body(std::span<const std::byte, frame_header_size> header_bytes, const FrameHeader& header,
+                 FrameBody& body, const WireLimits& limits = {});
+
+/// @brief A tensor to receive the payload of a validated frame into: `reuse` when it has the dtype and
+/// number of elements (it is reshaped, its buffer kept), else a new uninitialised one. Empty when the
+/// frame carries no payload bytes.
+[[nodiscard]] Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse = {});
+
+/// @brief The Request a validated request frame carries. `payload` is the received tensor (or, for an
+/// elided payload, the buffer the receiver offers; it may be empty).
+[[nodiscard]] Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload);
+
+/// @brief The Reply a validated reply frame carries.
+[[nodiscard]] Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload);
+
+/// @brief A frame ready to be written by scatter-gather: the header and shape are encoded here, the
+/// name, message, ids and payload are referenced where they live (the payload is the tensor's own
+/// storage: nothing is copied). The referenced Request or Reply must outlive the write and stay unchanged.
+class OutgoingFrame {
+public:
+    OutgoingFrame() = default;
+    /// @brief The buffers to write, in order: header, shape, name, message, ids, payload. (Made on each
+    /// call, so that a copied or moved frame points at its own header.)
+    [[nodiscard]] std::array<asio::const_buffer, 6> buffers() const noexcept {
+        return {asio::buffer(header_bytes_),           asio::buffer(shape_bytes_.data(), shape_length_),
+                asio::buffer(name_.data(), name_.size()), asio::buffer(message_.data(), message_.size()),
+                asio::buffer(ids_.data(), ids_.size()),   asio::buffer(payload_, payload_length_)};
+    }
+    [[nodiscard]] std::size_t size() const noexcept {
+        return frame_header_size + shape_length_ + name_.size() + message_.size() + ids_.size() + payload_length_;
+    }
+    [[nodiscard]] const FrameHeader& header() const noexcept { return header_; }
+
+    /// @brief A request frame. With `elide_payload` the payload is described but not sent.
+    [[nodiscard]] static OutgoingFrame request(const Request& request, std::uint64_t id, std::uint32_t task,
+                                               bool elide_payload);
+    /// @brief A reply frame. With `elide_payload` the payload is described but not sent.
+    [[nodiscard]] static OutgoingFrame reply(const Reply& reply, std::uint64_t id, std::uint32_t task,
+                                             bool elide_payload);
+
+private:
+    void build(const Tensor& payload, bool elide, std::span<const std::byte> name, std::span<const std::byte> message,
+               std::span<const std::int64_t> ids);
+
+    FrameHeader header_;
+    std::array<std::byte, frame_header_size> header_bytes_{};
+    std::array<std::byte, 8 * max_wire_rank> shape_bytes_{};
+    std::size_t shape_length_ = 0;
+    std::span<const std::byte> name_, message_, ids_;
+    const std::byte* payload_ = nullptr;
+    std::size_t payload_length_ = 0;
+};
+
+/// @brief A whole frame decoded from contiguous bytes, through the same checks a server applies.
+struct DecodedFrame {
+    FrameHeader header;
+    FrameBody body;
+    Tensor payload;
+    std::size_t size = 0;  ///< bytes of `bytes` the frame took
+};
+
+/// @brief Decodes the frame at the start of `bytes` (what the fuzz target drives).
+/// @throws WireError as `decode_header` and `decode_body`, and
+///   `pss: wire: frame is truncated: 40 bytes, the header needs 76` (or the sections, or the payload).
+[[nodiscard]] DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLimits& limits = {});
+
+// ---- implementation ---------------------------------------------------------------------------------
+
+namespace detail {
+
+struct Crc32cTables {
+    std::uint32_t t[8][256];
+};
+
+constexpr Crc32cTables make_crc32c_tables() noexcept {
+    Crc32cTables tables{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        tables.t[0][i] = c;
+    }
+    for (std::uint32_t i = 0; i < 256; ++i)
+        for (int k = 1; k < 8; ++k)
+            tables.t[k][i] = (tables.t[k - 1][i] >> 8) ^ tables.t[0][tables.t[k - 1][i] & 0xFFu];
+    return tables;
+}
+
+inline constexpr Crc32cTables crc32c_tables = make_crc32c_tables();
+
+template <std::size_t N>
+inline void put_le(std::byte* out, std::uint64_t value) noexcept {
+    for (std::size_t i = 0; i < N; ++i) out[i] = static_cast<std::byte>((value >> (8 * i)) & 0xFFu);
+}
+
+template <std::size_t N>
+[[nodiscard]] inline std::uint64_t get_le(const std::byte* in) noexcept {
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < N; ++i) value |= std::uint64_t{std::to_integer<std::uint8_t>(in[i])} << (8 * i);
+    return value;
+}
+
+[[nodiscard]] inline std::string hex32(std::uint32_t value) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out = "0x";
+    for (int shift = 28; shift >= 0; shift -= 4) out += digits[(value >> shift) & 0xFu];
+    return out;
+}
+
+[[nodiscard]] inline std::span<const std::byte> as_bytes(const std::string& s) noexcept {
+    return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+[[nodiscard]] inline std::uint32_t frame_checksum(std::span<const std::byte> header_bytes,
+                                                  std::span<const std::byte> shape, std::span<const std::byte> name,
+                                                  std::span<const std::byte> message,
+                                                  std::span<const std::byte> ids) noexcept {
+    std::uint32_t crc = crc32c(0, header_bytes.first(frame_header_size - 4));
+    crc = crc32c(crc, shape);
+    crc = crc32c(crc, name);
+    crc = crc32c(crc, message);
+    return crc32c(crc, ids);
+}
+
+}  // namespace detail
+
+inline std::uint32_t crc32c(std::uint32_t crc, std::span<const std::byte> data) noexcept {
+    const auto& t = detail::crc32c_tables.t;
+    std::uint32_t c = ~crc;
+    const std::byte* p = data.data();
+    std::size_t n = data.size();
+    while (n >= 8) {
+        const auto lo = static_cast<std::uint32_t>(detail::get_le<4>(p)) ^ c;
+        const auto hi = static_cast<std::uint32_t>(detail::get_le<4>(p + 4));
+        c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+            t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) c = t[0][(c ^ std::to_integer<std::uint8_t>(*p++)) & 0xFFu] ^ (c >> 8);
+    return ~c;
+}
+
+inline std::array<std::byte, frame_header_size> encode_header(const FrameHeader& h) noexcept {
+    using detail::put_le;
+    std::array<std::byte, frame_header_size> out{};
+    std::byte* p = out.data();
+    put_le<4>(p + 0, wire_magic);
+    put_le<2>(p + 4, wire_version);
+    put_le<1>(p + 6, h.kind);
+    put_le<1>(p + 7, h.flags);
+    put_le<4>(p + 8, static_cast<std::uint32_t>(h.code));
+    put_le<8>(p + 12, h.request_id);
+    put_le<4>(p + 20, h.task);
+    put_le<8>(p + 24, h.key.variable);
+    put_le<4>(p + 32, h.key.shard);
+    put_le<1>(p + 36, h.has_payload() ? static_cast<std::uint8_t>(h.dtype) : 0);
+    put_le<1>(p + 37, h.rank);
+    put_le<2>(p + 38, 0);
+    put_le<4>(p + 40, h.name_length);
+    put_le<4>(p + 44, h.message_length);
+    put_le<8>(p + 48, h.ids_count);
+    put_le<8>(p + 56, h.payload_length);
+    put_le<8>(p + 64, h.step);
+    put_le<4>(p + 72, h.checksum);
+    return out;
+}
+
+inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> bytes, const WireLimits& limits) {
+    using detail::get_le;
+    const std::byte* p = bytes.data();
+    const auto magic = static_cast<std::uint32_t>(get_le<4>(p));
+    if (magic != wire_magic)
+        throw WireError("pss: wire: frame magic is " + detail::hex32(magic) + ", expected " + detail::hex32(wire_magic) +
+                        " (\"PSS1\"); the peer does not speak pss");
+    const auto version = static_cast<std::uint16_t>(get_le<2>(p + 4));
+    if (version != wire_version)
+        throw WireError("pss: wire: frame version " + std::to_string(version) +
+                        " is not supported; this build speaks version " + std::to_string(wire_version));
+    FrameHeader h;
+    h.request_id = get_le<8>(p + 12);
+    // From here the request id can be trusted enough to address an error reply to it.
+    auto fail = [&](const std::string& what) -> void { throw WireError("pss: wire: frame " + what, h.request_id); };
+    auto too_big = [&](const char* field, std::uint64_t value, std::uint64_t limit) {
+        if (value > limit)
+            fail(std::string(field) + " " + std::to_string(value) + " exceeds the limit " + std::to_string(limit));
+    };
+    h.kind = static_cast<std::uint8_t>(get_le<1>(p + 6));
+    h.flags = static_cast<std::uint8_t>(get_le<1>(p + 7));
+    const auto code = static_cast<std::uint32_t>(get_le<4>(p + 8));
+    h.task = static_cast<std::uint32_t>(get_le<4>(p + 20));
+    h.key.variable = get_le<8>(p + 24);
+    h.key.shard = static_cast<std::uint32_t>(get_le<4>(p + 32));
+    const auto dtype = static_cast<std::uint8_t>(get_le<1>(p + 36));
+    h.rank = static_cast<std::uint8_t>(get_le<1>(p + 37));
+    const auto reserved = static_cast<std::uint16_t>(get_le<2>(p + 38));
+    h.name_length = static_cast<std::uint32_t>(get_le<4>(p + 40));
+    h.message_length = static_cast<std::uint32_t>(get_le<4>(p + 44));
+    h.ids_count = get_le<8>(p + 48);
+    h.payload_length = get_le<8>(p + 56);
+    h.step = get_le<8>(p + 64);
+    h.checksum = static_cast<std::uint32_t>(get_le<4>(p + 72));
+
+    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::destroy)) ||
+          h.kind == frame_kind_reply))
+        fail("kind " + std::to_string(h.kind) + " is unknown; a request is an operation 1 to 12, a reply is 128");
+    if ((h.flags & ~(frame_flag_payload | frame_flag_payload_elided)) != 0)
+        fail("flags " + std::to_string(h.flags) + " has unknown bits; only 1 (payload) and 2 (elided) are defined");
+    if (code > static_cast<std::uint32_t>(ErrorCode::internal))
+        fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 8 (internal)");
+    h.code = static_cast<ErrorCode>(code);
+    if (!h.is_reply() && h.code != ErrorCode::ok)
+        fail("error code " + std::to_string(code) + " is set on a request; only a reply carries an error");
+    if (reserved != 0) fail("reserved bytes are " + std::to_string(reserved) + "; they must be 0");
+    if (h.has_payload()) {
+        if (!is_valid_dtype(dtype))
+            fail("dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
+        h.dtype = static_cast<DType>(dtype);
+        too_big("rank", h.rank, max_wire_rank);
+    } else {
+        if (h.payload_elided()) fail("flags " + std::to_string(h.flags) + " mark a payload elided but none is described");
+        if (dtype != 0 || h.rank != 0)
+            fail("without a payload has dtype byte " + std::to_string(dtype) + " and rank " + std::to_string(h.rank) +
+                 "; both must be 0");
+    }
+    too_big("payload length", h.payload_length, limits.max_payload_bytes);
+    too_big("name length", h.name_length, limits.max_name);
+    too_big("message length", h.message_length, limits.max_message);
+    too_big("ids count", h.ids_count, limits.max_ids);
+    if ((!h.has_payload() || h.payload_elided()) && h.payload_length != 0)
+        fail("payload length " + std::to_string(h.payload_length) + " is given but " +
+             (h.has_payload() ? "the payload is elided" : "the frame has no payload") + "; it must be 0");
+    return h;
+}
+
+inline std::array<asio::mutable_buffer, 4> body_buffers(const FrameHeader& header, FrameBody& body) {
+    body.name.resize(header.name_length);
+    body.message.resize(header.message_length);
+    body.ids.resize(static_cast<std::size_t>(header.ids_count));
+    return {asio::buffer(body.shape_bytes.data(), std::size_t{header.rank} * 8),
+            asio::buffer(body.name.data(), body.name.size()), asio::buffer(body.message.data(), body.message.size()),
+            asio::buffer(body.ids.data(), body.ids.size() * sizeof(std::int64_t))};
+}
+
+inline void decode_body(std::span<const std::byte, frame_header_size> header_bytes, const FrameHeader& header,
+                        FrameBody& body, const WireLimits& limits) {
+    auto fail = [&](const std::string& what) -> void {
+        throw WireError("pss: wire: frame " + what, header.request_id);
+    };
+    const std::uint32_t computed = detail::frame_checksum(
+        header_bytes, std::span<const std::byte>(body.shape_bytes.data(), std::size_t{header.rank} * 8),
+        detail::as_bytes(body.name), detail::as_bytes(body.message), std::as_bytes(std::span(body.ids)));
+    if (computed != header.checksum)
+        fail("checksum " + detail::hex32(header.checksum) + " does not match the computed " + detail::hex32(computed) +
+             "; the frame was corrupted");
+    body.shape.resize(header.rank);
+    for (std::size_t a = 0; a < header.rank; ++a) body.shape[a] = detail::get_le<8>(body.shape_bytes.data() + 8 * a);
+    if (!header.has_payload()) return;
+    // The element count of an untrusted shape, refusing it before it can overflow.
+    const std::size_t element_size = dtype_size(header.dtype);
+    const std::uint64_t max_elements = limits.max_payload_bytes / element_size;
+    std::uint64_t elements = 1;
+    bool over = false;
+    for (std::uint64_t d : body.shape) {
+        if (d == 0) {
+            elements = 0;
+            over = false;
+            break;
+        }
+        if (over || elements > max_elements / d) over = true;
+        else elements *= d;
+    }
+    const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
+    if (over)
+        fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
+             " bytes");
+    const std::uint64_t needed = elements * element_size;
+    if (!header.payload_elided() && header.payload_length != needed)
+        fail("payload length " + std::to_string(header.payload_length) + " does not match shape " + described +
+             ", which needs " + std::to_string(needed) + " bytes");
+}
+
+inline Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse) {
+    if (!header.has_payload() || header.payload_elided()) return {};
+    if (reuse.has_value() && reuse.dtype() == header.dtype && reuse.size() == num_elements(body.shape)) {
+        reuse.visit_mut([&](auto& array) { array.resize(body.shape); });  // same size: the buffer is kept
+        return reuse;
+    }
+    return Tensor::uninitialized(header.dtype, body.shape);
+}
+
+inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload) {
+    Request request;
+    request.op = header.op();
+    request.key = header.key;
+    request.name = std::move(body.name);
+    request.ids = std::move(body.ids);
+    request.payload = std::move(payload);
+    request.step = header.step;
+    body.name.clear();
+    body.ids.clear();
+    return request;
+}
+
+inline Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload) {
+    Reply reply{header.code, std::move(body.message), std::move(payload)};
+    body.message.clear();
+    return reply;
+}
+
+inline void OutgoingFrame::build(const Tensor& payload, bool elide, std::span<const std::byte> name,
+                                 std::span<const std::byte> message, std::span<const std::int64_t> ids) {
+    FrameHeader& h = header_;
+    std::size_t& shape_length = shape_length_;
+    shape_length = 0;
+    if (payload.has_value()) {
+        const Shape shape = payload.shape();
+        if (shape.size() > max_wire_rank)
+            throw InvalidArgumentError("pss: wire: a tensor of rank " + std::to_string(shape.size()) +
+                                       " cannot be sent; the wire carries rank " + std::to_string(max_wire_rank) +
+                                       " at most");
+        h.flags = static_cast<std::uint8_t>(frame_flag_payload | (elide ? frame_flag_payload_elided : 0));
+        h.dtype = payload.dtype();
+        h.rank = static_cast<std::uint8_t>(shape.size());
+        for (std::size_t a = 0; a < shape.size(); ++a) detail::put_le<8>(shape_bytes_.data() + 8 * a, shape[a]);
+        shape_length = 8 * shape.size();
+        h.payload_length = elide ? 0 : payload.nbytes();
+    }
+    h.name_length = static_cast<std::uint32_t>(name.size());
+    h.message_length = static_cast<std::uint32_t>(message.size());
+    h.ids_count = ids.size();
+    const auto id_bytes = std::as_bytes(ids);
+    header_bytes_ = encode_header(h);
+    h.checksum = detail::frame_checksum(header_bytes_, std::span<const std::byte>(shape_bytes_.data(), shape_length),
+                                        name, message, id_bytes);
+    detail::put_le<4>(header_bytes_.data() + frame_header_size - 4, h.checksum);
+    name_ = name;
+    message_ = message;
+    ids_ = id_bytes;
+    payload_ = payload.bytes();
+    payload_length_ = static_cast<std::size_t>(h.payload_length);
+}
+
+inline OutgoingFrame OutgoingFrame::request(const Request& request, std::uint64_t id, std::uint32_t task,
+                                            bool elide_payload) {
+    OutgoingFrame frame;
+    frame.header_.kind = static_cast<std::uint8_t>(request.op);
+    frame.header_.request_id = id;
+    frame.header_.task = task;
+    frame.header_.key = request.key;
+    frame.header_.step = request.step;
+    frame.build(request.payload, elide_payload, detail::as_bytes(request.name), {}, request.ids);
+    return frame;
+}
+
+inline OutgoingFrame OutgoingFrame::reply(const Reply& reply, std::uint64_t id, std::uint32_t task,
+                                          bool elide_payload) {
+    OutgoingFrame frame;
+    frame.header_.kind = frame_kind_reply;
+    frame.header_.code = reply.code;
+    frame.header_.request_id = id;
+    frame.header_.task = task;
+    frame.build(reply.payload, elide_payload, {}, detail::as_bytes(reply.message), {});
+    return frame;
+}
+
+inline DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLimits& limits) {
+    auto truncated = [&](const char* part, std::uint64_t needed, std::optional<std::uint64_t> id) -> void {
+        throw WireError("pss: wire: frame is truncated: " + std::to_string(bytes.size()) + " bytes, the " + part +
+                            " " + std::to_string(needed),
+                        id);
+    };
+    if (bytes.size() < frame_header_size) truncated("header needs", frame_header_size, std::nullopt);
+    DecodedFrame frame;
+    const auto header_bytes = bytes.first<frame_header_size>();
+    frame.header = decode_header(header_bytes, limits);
+    const FrameHeader& h = frame.header;
+    const std::uint64_t body_end = frame_header_size + h.body_length();  // no overflow: every length is bounded
+    if (bytes.size() < body_end) truncated("header and sections need", body_end, h.request_id);
+    std::size_t offset = frame_header_size;
+    for (const auto& buffer : body_buffers(h, frame.body)) {
+        if (buffer.size() > 0) std::memcpy(buffer.data(), bytes.data() + offset, buffer.size());
+        offset += buffer.size();
+    }
+    decode_body(header_bytes, h, frame.body, limits);
+    const std::uint64_t end = body_end + h.payload_length;
+    if (bytes.size() < end) truncated("frame needs", end, h.request_id);
+    frame.payload = payload_buffer(h, frame.body);
+    if (h.payload_length > 0) std::memcpy(frame.payload.bytes(), bytes.data() + body_end, h.payload_length);
+    frame.size = static_cast<std::size_t>(end);
+    return frame;
+}
+
+PSS_NAMESPACE_END

@@ -1,0 +1,111 @@
+// tests/fuzz/fuzz_frame.cpp: libFuzzer target for the wire decoder (pss/wire.hpp): any bytes, never a crash.
+//
+// The bytes go through pss::decode_frame, which runs decode_header, body_buffers, decode_body and
+// payload_buffer: the functions a TcpTransport server and client run on what they read. A frame that
+// decodes is turned into its Request or Reply, encoded again and decoded again, and must come back equal.
+// Built and run by tools/fuzz.sh. Built with -DPSS_FUZZ_WRITE_SEEDS, it is instead a program that writes
+// the seed corpus (tests/fuzz/corpus/) from frames the library's own encoder makes.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+#include <pss/wire.hpp>
+
+namespace {
+
+std::vector<std::byte> bytes_of(const pss::OutgoingFrame& frame) {
+    std::vector<std::byte> out(frame.size());
+    asio::buffer_copy(asio::buffer(out), frame.buffers());
+    return out;
+}
+
+void require(bool condition) {
+    if (!condition) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    pss::WireLimits limits;
+    limits.max_payload_bytes = 1u << 20;  // a truncated frame never allocates; keep the fuzzer's memory small anyway
+    pss::DecodedFrame frame;
+    try {
+        frame = pss::decode_frame(std::as_bytes(std::span<const std::uint8_t>(data, size)), limits);
+    } catch (const pss::WireError&) {
+        return 0;
+    }
+    require(frame.size <= size);
+    const pss::FrameHeader header = frame.header;
+    const bool elided = header.payload_elided();
+    const pss::Shape shape = frame.body.shape;
+    std::vector<std::byte> again;
+    if (header.is_reply()) {
+        pss::Reply reply = pss::to_reply(header, frame.body, std::move(frame.payload));
+        if (elided) reply.payload = pss::Tensor::zeros(header.dtype, shape);
+        again = bytes_of(pss::OutgoingFrame::reply(reply, header.request_id, header.task, elided));
+    } else {
+        pss::Request request = pss::to_request(header, frame.body, std::move(frame.payload));
+        if (elided) request.payload = pss::Tensor::zeros(header.dtype, shape);
+        again = bytes_of(pss::OutgoingFrame::request(request, header.request_id, header.task, elided));
+    }
+    const pss::DecodedFrame back = pss::decode_frame(again, limits);  // must not throw
+    require(back.size == again.size());
+    require(back.header.kind == header.kind && back.header.request_id == header.request_id &&
+            back.header.flags == header.flags && back.header.payload_length == header.payload_length &&
+            back.body.shape == shape);
+    if (header.payload_length > 0)
+        require(std::memcmp(back.payload.bytes(), data + (frame.size - header.payload_length), header.payload_length) == 0);
+    return 0;
+}
+
+#ifdef PSS_FUZZ_WRITE_SEEDS
+#include <fstream>
+#include <iostream>
+
+int main(int argc, char** argv) {
+    const std::string dir = argc > 1 ? argv[1] : "tests/fuzz/corpus";
+    auto write = [&](const std::string& name, const pss::OutgoingFrame& frame) {
+        const auto b = bytes_of(frame);
+        std::ofstream(dir + "/" + name, std::ios::binary).write(reinterpret_cast<const char*>(b.data()),
+                                                                static_cast<std::streamsize>(b.size()));
+        std::cout << dir << "/" << name << ": " << b.size() << " bytes\n";
+    };
+    pss::Request create;
+    create.op = pss::Op::create;
+    create.key = {1, 0};
+    create.name = "dense/kernel";
+    create.payload = xt::xarray<float>{{1.5f, -2.0f}, {0.25f, 8.0f}};
+    write("request_create_float32", pss::OutgoingFrame::request(create, 1, 0, false));
+    pss::Request scatter;
+    scatter.op = pss::Op::scatter_add;
+    scatter.key = {2, 1};
+    scatter.ids = {3, 0, 3};
+    scatter.payload = xt::xarray<std::int64_t>{{1, 2}, {3, 4}, {5, 6}};
+    write("request_scatter_add_int64", pss::OutgoingFrame::request(scatter, 2, 1, false));
+    pss::Request read;
+    read.op = pss::Op::read;
+    read.key = {2, 0};
+    read.payload = xt::xarray<double>(xt::xarray<double>::from_shape({4, 3}));
+    write("request_read_elided_float64", pss::OutgoingFrame::request(read, 3, 0, true));
+    pss::Request destroy;
+    destroy.op = pss::Op::destroy;
+    destroy.key = {9, 4};
+    destroy.step = 12;
+    write("request_destroy_empty", pss::OutgoingFrame::request(destroy, 4, 2, false));
+    pss::Reply value{pss::ErrorCode::ok, "", xt::xarray<std::int32_t>{7, 8, 9}};
+    write("reply_int32", pss::OutgoingFrame::reply(value, 5, 0, false));
+    pss::Reply error = pss::Reply::error(pss::ErrorCode::out_of_range, "pss: id 9 is out of range for shape (4,)");
+    write("reply_error", pss::OutgoingFrame::reply(error, 6, 0, false));
+    pss::Reply spent{pss::ErrorCode::ok, "", xt::xarray<float>(xt::xarray<float>::from_shape({2, 2, 2}))};
+    write("reply_spent_elided", pss::OutgoingFrame::reply(spent, 7, 0, true));
+    pss::Reply scalar{pss::ErrorCode::ok, "", xt::xarray<double>(2.5)};
+    write("reply_scalar_float64", pss::OutgoingFrame::reply(scalar, 8, 1, false));
+    return 0;
+}
+#endif

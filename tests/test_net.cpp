@@ -1,0 +1,561 @@
+// Tests of the wire format (pss/wire.hpp) and the TCP transport (pss/transport/tcp.hpp), on 127.0.0.1.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <asio.hpp>
+#include <doctest/doctest.h>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xview.hpp>
+
+#include <pss/pss.hpp>
+
+namespace {
+
+using Bytes = std::vector<std::byte>;
+using Ids = std::vector<std::int64_t>;
+
+Bytes frame_bytes(const pss::OutgoingFrame& frame) {
+    Bytes out(frame.size());
+    asio::buffer_copy(asio::buffer(out), frame.buffers());
+    return out;
+}
+
+/// The frame of assign_add of float32 [1.5, -2] to shard 7/2, named "w", with ids {3, -1}, id 0x0102030405060708.
+pss::Request known_request() {
+    pss::Request r;
+    r.op = pss::Op::assign_add;
+    r.key = {7, 2};
+    r.name = "w";
+    r.payload = xt::xarray<float>{1.5f, -2.0f};
+    r.ids = {3, -1};
+    r.step = 5;
+    return r;
+}
+
+Bytes known_frame() {
+    const auto request = known_request();
+    return frame_bytes(pss::OutgoingFrame::request(request, 0x0102030405060708u, 1, false));
+}
+
+void put_u32(Bytes& b, std::size_t at, std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) b[at + static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+void put_u64(Bytes& b, std::size_t at, std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) b[at + static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
+}
+
+/// Re-seals a frame whose header or sections a test changed, so that only the intended check fails.
+void reseal(Bytes& b) {
+    const auto rank = std::to_integer<std::size_t>(b[37]);
+    std::uint64_t name = 0, message = 0, ids = 0;
+    for (int i = 3; i >= 0; --i) name = (name << 8) | std::to_integer<std::uint64_t>(b[40 + static_cast<std::size_t>(i)]);
+    for (int i = 3; i >= 0; --i) message = (message << 8) | std::to_integer<std::uint64_t>(b[44 + static_cast<std::size_t>(i)]);
+    for (int i = 7; i >= 0; --i) ids = (ids << 8) | std::to_integer<std::uint64_t>(b[48 + static_cast<std::size_t>(i)]);
+    const std::size_t body = rank * 8 + name + message + ids * 8;
+    std::uint32_t crc = pss::crc32c(0, std::span<const std::byte>(b.data(), 72));
+    crc = pss::crc32c(crc, std::span<const std::byte>(b.data() + 76, std::min(body, b.size() - 76)));
+    put_u32(b, 72, crc);
+}
+
+std::string decode_error(const Bytes& b, const pss::WireLimits& limits = {}) {
+    try {
+        (void)pss::decode_frame(b, limits);
+    } catch (const pss::WireError& e) {
+        return e.what();
+    }
+    return "(decoded)";
+}
+
+pss::ClusterSpec one_ps() { return pss::ClusterSpec{{"ps", {"127.0.0.1:0"}}}; }
+
+/// A blocking client on a raw socket, for hostile bytes.
+struct RawClient {
+    asio::io_context io;
+    asio::ip::tcp::socket socket{io};
+    explicit RawClient(std::uint16_t port) {
+        socket.connect({asio::ip::address_v4::loopback(), port});
+    }
+    void write(const Bytes& b) { asio::write(socket, asio::buffer(b)); }
+    /// Everything the server sends until it closes (EOF or reset).
+    Bytes read_to_close() {
+        Bytes out;
+        std::error_code ec;
+        asio::read(socket, asio::dynamic_buffer(out), ec);
+        return out;
+    }
+};
+
+}  // namespace
+
+TEST_SUITE("net") {
+    // ---- wire -------------------------------------------------------------------------------------------
+
+    TEST_CASE("wire: crc32c of \"123456789\" is 0xe3069283 and can be computed in pieces" * doctest::timeout(30)) {
+        const std::string text = "123456789";
+        const auto bytes = std::as_bytes(std::span<const char>(text.data(), text.size()));
+        CHECK(pss::crc32c(0, bytes) == 0xE3069283u);
+        CHECK(pss::crc32c(pss::crc32c(0, bytes.first(5)), bytes.subspan(5)) == 0xE3069283u);
+        CHECK(pss::crc32c(0, {}) == 0u);
+    }
+
+    TEST_CASE("wire: the frame of assign_add [1.5, -2] to shard 7/2 has these exact 76 + 25 + 8 bytes" *
+              doctest::timeout(30)) {
+        const Bytes b = known_frame();
+        REQUIRE(b.size() == 76 + 8 + 1 + 16 + 8);
+        const std::array<std::uint8_t, 72> expected_header{
+            'P',  'S', 'S', '1',                      // magic
+            1,    0,                                  // version 1
+            4,                                        // kind: assign_add
+            1,                                        // flags: a payload
+            0,    0,   0,   0,                        // error code ok
+            8,    7,   6,   5,   4, 3, 2, 1,          // request id 0x0102030405060708
+            1,    0,   0,   0,                        // task 1
+            7,    0,   0,   0,   0, 0, 0, 0,          // variable 7
+            2,    0,   0,   0,                        // shard 2
+            1,                                        // dtype float32
+            1,                                        // rank 1
+            0,    0,                                  // reserved
+            1,    0,   0,   0,                        // name length 1
+            0,    0,   0,   0,                        // message length 0
+            2,    0,   0,   0,   0, 0, 0, 0,          // 2 ids
+            8,    0,   0,   0,   0, 0, 0, 0,          // payload 8 bytes
+            5,    0,   0,   0,   0, 0, 0, 0};         // step 5
+        for (std::size_t i = 0; i < expected_header.size(); ++i) {
+            CAPTURE(i);
+            CHECK(std::to_integer<std::uint8_t>(b[i]) == expected_header[i]);
+        }
+        // The checksum: CRC-32C of header bytes 0..71 and the sections, not the payload.
+        const std::uint32_t crc = pss::crc32c(0, std::span<const std::byte>(b.data(), 72));
+        const std::uint32_t expected_crc =
+            pss::crc32c(crc, std::span<const std::byte>(b.data() + 76, 8 + 1 + 16));
+        std::uint32_t carried = 0;
+        for (int i = 3; i >= 0; --i) carried = (carried << 8) | std::to_integer<std::uint32_t>(b[72 + static_cast<std::size_t>(i)]);
+        CHECK(carried == expected_crc);
+        CHECK(carried == 0x7fb86753u);  // pinned: a change of layout or checksum shows up here
+        const std::array<std::uint8_t, 33> expected_sections{
+            2, 0, 0, 0, 0, 0, 0, 0,                          // shape (2,)
+            'w',                                             // name
+            3, 0, 0, 0, 0, 0, 0, 0,                          // id 3
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,  // id -1
+            0, 0, 0xc0, 0x3f,                                // 1.5f
+            0, 0, 0, 0xc0};                                  // -2.0f
+        for (std::size_t i = 0; i < expected_sections.size(); ++i) {
+            CAPTURE(i);
+            CHECK(std::to_integer<std::uint8_t>(b[76 + i]) == expected_sections[i]);
+        }
+    }
+
+    TEST_CASE("wire: a request and a reply round-trip through decode_frame to equal values" * doctest::timeout(30)) {
+        const Bytes b = known_frame();
+        auto frame = pss::decode_frame(b);
+        CHECK(frame.size == b.size());
+        CHECK(frame.header.request_id == 0x0102030405060708u);
+        CHECK(frame.header.task == 1u);
+        auto request = pss::to_request(frame.header, frame.body, std::move(frame.payload));
+        CHECK(request.op == pss::Op::assign_add);
+        CHECK(request.key == pss::ShardKey{7, 2});
+        CHECK(request.name == "w");
+        CHECK(request.ids == Ids{3, -1});
+        CHECK(request.step == 5u);
+        CHECK(request.payload.get<float>() == xt::xarray<float>{1.5f, -2.0f});
+
+        pss::Reply reply{pss::ErrorCode::out_of_range, "pss: id 9 is out of range", xt::xarray<std::int64_t>{{1, 2}, {3, 4}}};
+        const Bytes rb = frame_bytes(pss::OutgoingFrame::reply(reply, 42, 3, false));
+        auto rf = pss::decode_frame(rb);
+        CHECK(rf.header.is_reply());
+        auto back = pss::to_reply(rf.header, rf.body, std::move(rf.payload));
+        CHECK(back.code == pss::ErrorCode::out_of_range);
+        CHECK(back.message == "pss: id 9 is out of range");
+        CHECK(back.payload.get<std::int64_t>() == xt::xarray<std::int64_t>{{1, 2}, {3, 4}});
+
+        // An elided payload travels as its dtype and shape only.
+        pss::Request read;
+        read.payload = xt::xarray<double>(xt::zeros<double>({3, 5}));
+        const Bytes eb = frame_bytes(pss::OutgoingFrame::request(read, 1, 0, true));
+        CHECK(eb.size() == 76 + 16);
+        auto ef = pss::decode_frame(eb);
+        CHECK(ef.header.payload_elided());
+        CHECK(ef.header.dtype == pss::DType::float64);
+        CHECK(ef.body.shape == pss::Shape{3, 5});
+        CHECK_FALSE(ef.payload.has_value());
+    }
+
+    TEST_CASE("wire: every malformed frame is a WireError naming the field and its value" * doctest::timeout(30)) {
+        const Bytes good = known_frame();
+        auto with = [&](auto change, bool seal = true) {
+            Bytes b = good;
+            change(b);
+            if (seal) reseal(b);
+            return b;
+        };
+        SUBCASE("bad magic, unknown version: no request id can be trusted") {
+            const Bytes magic = with([](Bytes& b) { put_u32(b, 0, 0x58585858u); });
+            CHECK(decode_error(magic) ==
+                  "pss: wire: frame magic is 0x58585858, expected 0x31535350 (\"PSS1\"); the peer does not speak pss");
+            const Bytes version = with([](Bytes& b) { b[4] = std::byte{2}; });
+            CHECK(decode_error(version) == "pss: wire: frame version 2 is not supported; this build speaks version 1");
+            try {
+                (void)pss::decode_frame(magic);
+            } catch (const pss::WireError& e) {
+                CHECK_FALSE(e.request_id().has_value());
+                CHECK(e.code() == pss::ErrorCode::invalid_argument);
+            }
+        }
+        SUBCASE("kind, flags, error code, dtype, rank and reserved bytes out of their sets") {
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) ==
+                  "pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12, a reply is 128");
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) ==
+                  "pss: wire: frame kind 0 is unknown; a request is an operation 1 to 12, a reply is 128");
+            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{5}; })) ==
+                  "pss: wire: frame flags 5 has unknown bits; only 1 (payload) and 2 (elided) are defined");
+            CHECK(decode_error(with([](Bytes& b) {
+                      b[6] = std::byte{128};
+                      put_u32(b, 8, 42);
+                  })) == "pss: wire: frame error code 42 is unknown; codes are 0 (ok) to 8 (internal)");
+            CHECK(decode_error(with([](Bytes& b) { put_u32(b, 8, 6); })) ==
+                  "pss: wire: frame error code 6 is set on a request; only a reply carries an error");
+            CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{9}; })) ==
+                  "pss: wire: frame dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)");
+            CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{0}; })) ==
+                  "pss: wire: frame dtype byte 0 is not a dtype; expected 1 (float32) to 4 (int64)");
+            CHECK(decode_error(with([](Bytes& b) { b[37] = std::byte{9}; })) == "pss: wire: frame rank 9 exceeds the limit 8");
+            CHECK(decode_error(with([](Bytes& b) { b[38] = std::byte{1}; })) ==
+                  "pss: wire: frame reserved bytes are 1; they must be 0");
+            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{0}; })) ==
+                  "pss: wire: frame without a payload has dtype byte 1 and rank 1; both must be 0");
+        }
+        SUBCASE("lengths above the limits") {
+            CHECK(decode_error(with([](Bytes& b) { put_u64(b, 56, 2147483648u); })) ==
+                  "pss: wire: frame payload length 2147483648 exceeds the limit 1073741824");
+            pss::WireLimits small;
+            small.max_name = 0;
+            CHECK(decode_error(good, small) == "pss: wire: frame name length 1 exceeds the limit 0");
+            small = {};
+            small.max_ids = 1;
+            CHECK(decode_error(good, small) == "pss: wire: frame ids count 2 exceeds the limit 1");
+            CHECK(decode_error(with([](Bytes& b) { put_u32(b, 44, 70000); })) ==
+                  "pss: wire: frame message length 70000 exceeds the limit 65536");
+        }
+        SUBCASE("a checksum that does not match, and a payload length that does not match the shape") {
+            const Bytes corrupted = with([](Bytes& b) { b[76 + 8] = std::byte{'v'}; }, false);  // the name byte
+            CHECK(decode_error(corrupted) ==
+                  "pss: wire: frame checksum 0x7fb86753 does not match the computed 0x205cbb0c; the frame was corrupted");
+            try {
+                (void)pss::decode_frame(corrupted);
+            } catch (const pss::WireError& e) {
+                CHECK(e.request_id() == std::optional<std::uint64_t>(0x0102030405060708u));
+            }
+            CHECK(decode_error(with([](Bytes& b) { put_u64(b, 56, 12); })) ==
+                  "pss: wire: frame payload length 12 does not match shape (2,) of float32, which needs 8 bytes");
+            CHECK(decode_error(with([](Bytes& b) {
+                      b[37] = std::byte{2};  // rank 2: the shape is now (2, 0x7700000000000000 | 'w'...)
+                      put_u32(b, 40, 0);     // no name
+                      put_u64(b, 48, 0);     // no ids
+                      put_u64(b, 76, std::uint64_t{1} << 32);
+                      put_u64(b, 84, std::uint64_t{1} << 32);
+                  })) == "pss: wire: frame shape (4294967296, 4294967296) of float32 exceeds the payload limit "
+                         "1073741824 bytes");
+        }
+        SUBCASE("a truncated frame") {
+            CHECK(decode_error(Bytes(good.begin(), good.begin() + 40)) ==
+                  "pss: wire: frame is truncated: 40 bytes, the header needs 76");
+            CHECK(decode_error(Bytes(good.begin(), good.begin() + 80)) ==
+                  "pss: wire: frame is truncated: 80 bytes, the header and sections need 101");
+            CHECK(decode_error(Bytes(good.begin(), good.end() - 1)) ==
+                  "pss: wire: frame is truncated: 108 bytes, the frame needs 109");
+        }
+    }
+
+    // ---- TcpTransport -------------------------------------------------------------------------------------
+
+    TEST_CASE("TcpTransport: models Transport; a handler's echo comes back over a real socket" * doctest::timeout(30)) {
+        static_assert(pss::Transport<pss::TcpTransport>);
+        pss::TcpTransport transport(one_ps());
+        const pss::TaskId ps{"ps", 0};
+        transport.serve(ps, [](pss::Request&& r) {
+            pss::Reply reply;
+            reply.message = r.name + " with " + std::to_string(r.ids.size()) + " ids, variable " +
+                            std::to_string(r.key.variable) + "/" + std::to_string(r.key.shard);
+            reply.payload = std::move(r.payload);
+            return reply;
+        });
+        CHECK(transport.bound_port(ps) != 0);
+        CHECK(transport.endpoint(ps).address() == asio::ip::address_v4::loopback());
+        pss::Request r;
+        r.op = pss::Op::gather;
+        r.key = {5, 1};
+        r.name = "emb";
+        r.ids = {4, 2, 4};
+        r.payload = xt::xarray<std::int32_t>{{1, 2, 3}, {4, 5, 6}};
+        pss::Reply reply = transport.send(ps, std::move(r)).get();
+        REQUIRE(reply.ok());
+        CHECK(reply.message == "emb with 3 ids, variable 5/1");
+        CHECK(reply.payload.get<std::int32_t>() == xt::xarray<std::int32_t>{{1, 2, 3}, {4, 5, 6}});
+        CHECK_THROWS_WITH_AS((void)transport.bound_port({"ps", 1}),
+                             "pss: TcpTransport: task /job:ps/replica:0/task:1 is not served by this transport",
+                             pss::NotFoundError);
+        CHECK_THROWS_WITH_AS(transport.serve(ps, [](pss::Request&&) { return pss::Reply{}; }),
+                             "pss: TcpTransport: task /job:ps/replica:0/task:0 is served twice",
+                             pss::InvalidArgumentError);
+        transport.shutdown();
+        transport.shutdown();  // idempotent
+        pss::Reply after = transport.send(ps, pss::Request{}).get();
+        CHECK(after.code == pss::ErrorCode::unavailable);
+        CHECK(after.message == "pss: TcpTransport: request to /job:ps/replica:0/task:0 after shutdown()");
+    }
+
+    TEST_CASE("TcpTransport: 100 pipelined requests on one connection are all answered, each with its own value, "
+              "handled in order" *
+              doctest::timeout(30)) {
+        pss::TcpTransport transport(one_ps());
+        const pss::TaskId ps{"ps", 0};
+        std::vector<std::int64_t> seen;  // the handler runs on the task's strand: one at a time
+        transport.serve(ps, [&](pss::Request&& r) {
+            seen.push_back(r.ids.at(0));
+            pss::Reply reply;
+            reply.payload = xt::xarray<std::int64_t>{r.ids.at(0) * 2};
+            return reply;
+        });
+        std::vector<std::future<pss::Reply>> futures;
+        for (std::int64_t i = 0; i < 100; ++i) {
+            pss::Request r;
+            r.op = pss::Op::gather;
+            r.ids = {i};
+            futures.push_back(transport.send(ps, std::move(r)));
+        }
+        for (std::int64_t i = 0; i < 100; ++i) {
+            pss::Reply reply = futures[static_cast<std::size_t>(i)].get();
+            REQUIRE(reply.ok());
+            CHECK(reply.payload.get<std::int64_t>()(0) == 2 * i);
+        }
+        transport.shutdown();
+        REQUIRE(seen.size() == 100);
+        for (std::int64_t i = 0; i < 100; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
+    }
+
+    TEST_CASE("TcpTransport: a 16 MB payload arrives bit-exact; a read lands in the caller's buffer and an update "
+              "hands the caller's own buffer back" *
+              doctest::timeout(30)) {
+        pss::TcpTransport transport(one_ps());
+        const pss::TaskId ps{"ps", 0};
+        const std::size_t n = (16u << 20) / 4;
+        xt::xarray<std::uint32_t> pattern = xt::arange<std::uint32_t>(static_cast<std::uint32_t>(n)) * 2654435761u;
+        xt::xarray<std::int32_t> expected = xt::xarray<std::int32_t>::from_shape({n});
+        std::memcpy(expected.data(), pattern.data(), n * 4);
+        std::atomic<bool> bit_exact{false};
+        transport.serve(ps, [&](pss::Request&& r) {
+            pss::Reply reply;
+            if (r.op == pss::Op::read) {  // fill the offered buffer (or a new one) with the pattern
+                auto out = r.payload.has_value() ? std::move(r.payload) : pss::Tensor::zeros(pss::DType::int32, {n});
+                std::memcpy(out.bytes(), expected.data(), n * 4);
+                reply.payload = std::move(out);
+            } else {
+                bit_exact = r.payload.nbytes() == n * 4 && std::memcmp(r.payload.bytes(), expected.data(), n * 4) == 0;
+                reply.payload = std::move(r.payload);  // the spent buffer
+            }
+            return reply;
+        });
+        pss::Request push;
+        push.op = pss::Op::assign_add;
+        push.payload = expected;
+        const std::byte* sent_buffer = push.payload.bytes();
+        pss::Reply pushed = transport.send(ps, std::move(push)).get();
+        REQUIRE(pushed.ok());
+        CHECK(bit_exact.load());
+        CHECK(pushed.payload.bytes() == sent_buffer);  // handed back, not sent back
+        // Again and again: the reply must wait for the end of its write even when it is read first.
+        pss::Tensor again = std::move(pushed.payload);
+        for (int i = 0; i < 8; ++i) {
+            pss::Request r;
+            r.op = pss::Op::assign_add;
+            r.payload = std::move(again);
+            pss::Reply back = transport.send(ps, std::move(r)).get();
+            REQUIRE(back.ok());
+            CHECK(back.payload.bytes() == sent_buffer);
+            again = std::move(back.payload);
+        }
+
+        pss::Request read;
+        read.op = pss::Op::read;
+        read.payload = pss::Tensor::zeros(pss::DType::int32, {n});
+        const std::byte* buffer = read.payload.bytes();
+        pss::Reply value = transport.send(ps, std::move(read)).get();
+        REQUIRE(value.ok());
+        CHECK(value.payload.bytes() == buffer);  // landed in place
+        CHECK(std::memcmp(value.payload.bytes(), expected.data(), n * 4) == 0);
+
+        pss::Request fresh;  // no buffer offered: a new one
+        fresh.op = pss::Op::read;
+        pss::Reply fresh_value = transport.send(ps, std::move(fresh)).get();
+        REQUIRE(fresh_value.ok());
+        CHECK(fresh_value.payload.shape() == pss::Shape{n});
+        CHECK(std::memcmp(fresh_value.payload.bytes(), expected.data(), n * 4) == 0);
+    }
+
+    TEST_CASE("TcpTransport: an unreachable task answers unavailable after the connect timeout; a slow one after "
+              "the request timeout" *
+              doctest::timeout(30)) {
+        std::uint16_t closed_port = 0;
+        {
+            asio::io_context io;
+            asio::ip::tcp::acceptor probe(io, {asio::ip::address_v4::loopback(), 0});
+            closed_port = probe.local_endpoint().port();
+        }  // closed again: nothing listens there now
+        const std::string address = "127.0.0.1:" + std::to_string(closed_port);
+        pss::TcpOptions options;
+        options.connect_timeout = std::chrono::milliseconds(200);
+        options.request_timeout = std::chrono::milliseconds(100);
+        pss::TcpTransport transport(pss::ClusterSpec{{"ps", {address, "127.0.0.1:0"}}}, options);
+        const auto start = std::chrono::steady_clock::now();
+        pss::Reply reply = transport.send({"ps", 0}, pss::Request{}).get();
+        const auto waited = std::chrono::steady_clock::now() - start;
+        CHECK(reply.code == pss::ErrorCode::unavailable);
+        CHECK(reply.message.starts_with("pss: TcpTransport: could not connect to /job:ps/replica:0/task:0 at " + address +
+                                        " within 0.2 s ("));
+        CHECK(waited >= std::chrono::milliseconds(200));
+        CHECK(waited < std::chrono::seconds(5));
+
+        std::promise<void> release;
+        auto released = release.get_future().share();
+        transport.serve({"ps", 1}, [released](pss::Request&&) {
+            released.wait();
+            return pss::Reply{};
+        });
+        pss::Reply slow = transport.send({"ps", 1}, pss::Request{}).get();
+        CHECK(slow.code == pss::ErrorCode::unavailable);
+        CHECK(slow.message == "pss: request to /job:ps/replica:0/task:1 timed out after 0.1 s");
+        release.set_value();
+        pss::Reply later = transport.send({"ps", 1}, pss::Request{}).get();
+        CHECK(later.ok());
+    }
+
+    TEST_CASE("TcpTransport: hostile frames get an error reply or a closed connection; the task keeps serving and "
+              "its handler never sees them" *
+              doctest::timeout(30)) {
+        pss::TcpTransport transport(one_ps());
+        const pss::TaskId ps{"ps", 0};
+        std::atomic<int> handled{0};
+        transport.serve(ps, [&](pss::Request&& r) {
+            ++handled;
+            pss::Reply reply;
+            reply.payload = std::move(r.payload);
+            return reply;
+        });
+        const std::uint16_t port = transport.bound_port(ps);
+        pss::Request echo;
+        echo.op = pss::Op::gather;
+        echo.payload = xt::xarray<float>{1.5f, -2.0f};
+        const Bytes good = frame_bytes(pss::OutgoingFrame::request(echo, 9, 0, false));
+        const Bytes good_header_and_sections(good.begin(), good.end() - 8);
+
+        struct Case {
+            const char* name;
+            Bytes bytes;
+            std::string reply;  // the error reply's message; "" when the connection is only closed
+        };
+        auto modified = [&](auto change, bool seal = true) {
+            Bytes b = good_header_and_sections;
+            change(b);
+            if (seal) reseal(b);
+            return b;
+        };
+        std::mt19937 random(1234);
+        Bytes noise(4096);
+        for (auto& byte : noise) byte = static_cast<std::byte>(random() & 0xFF);
+        std::vector<Case> cases{
+            {"oversize payload length", modified([](Bytes& b) { put_u64(b, 56, std::uint64_t{1} << 40); }),
+             "pss: wire: frame payload length 1099511627776 exceeds the limit 1073741824"},
+            {"bad magic", modified([](Bytes& b) { b[0] = std::byte{'X'}; }), ""},
+            {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
+             "does not match the computed"},
+            {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12, a reply is 128"},
+            {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
+             "pss: wire: frame payload length 12 does not match shape (2,) of float32, which needs 8 bytes"},
+            {"a reply sent to a server", modified([](Bytes& b) { b[6] = std::byte{128}; }),
+             "pss: wire: a reply frame reached the server of task /job:ps/replica:0/task:0; a server takes requests "
+             "only"},
+            {"truncated frame, then close", Bytes(good.begin(), good.end() - 3), ""},
+            {"4 KB of random bytes", noise, ""},
+        };
+        for (const auto& c : cases) {
+            const std::string name = c.name;
+            CAPTURE(name);
+            RawClient raw(port);
+            std::error_code ec;  // the server may have closed already: both are fine
+            asio::write(raw.socket, asio::buffer(c.bytes), ec);
+            raw.socket.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+            const Bytes answer = raw.read_to_close();
+            if (c.reply.empty()) {
+                CHECK(answer.empty());
+                continue;
+            }
+            REQUIRE(!answer.empty());
+            auto frame = pss::decode_frame(answer);
+            CHECK(frame.size == answer.size());  // one reply, then the close
+            CHECK(frame.header.is_reply());
+            CHECK(frame.header.request_id == 9u);
+            CHECK(frame.header.code == pss::ErrorCode::invalid_argument);
+            CHECK(frame.body.message.find(c.reply) != std::string::npos);
+        }
+        CHECK(handled.load() == 0);
+
+        // A well-formed frame on a raw socket, and a normal client, are answered as before.
+        RawClient raw(port);
+        raw.write(good);
+        Bytes answer(76 + 8 + 8);
+        asio::read(raw.socket, asio::buffer(answer));
+        auto frame = pss::decode_frame(answer);
+        CHECK(frame.header.code == pss::ErrorCode::ok);
+        CHECK(frame.payload.get<float>() == xt::xarray<float>{1.5f, -2.0f});
+        pss::Reply reply = transport.send(ps, std::move(echo)).get();
+        REQUIRE(reply.ok());
+        CHECK(reply.payload.get<float>() == xt::xarray<float>{1.5f, -2.0f});
+        CHECK(handled.load() == 2);
+    }
+
+    TEST_CASE("TcpTransport: ParameterServerStrategy over loopback sockets creates, adds, scatters and reads back "
+              "exact values" *
+              doctest::timeout(30)) {
+        using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD,
+                                                      pss::SimpleClusterResolver>;
+        Strategy strategy(pss::SimpleClusterResolver(pss::ClusterSpec{
+                              {"ps", {"127.0.0.1:0", "127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}}),
+                          {}, pss::SGD(0.5));
+        auto scope = strategy.scope();
+        pss::Variable table(xt::xarray<float>(xt::reshape_view(xt::arange<float>(8), {4, 2})), "table");
+        pss::Variable counts(xt::xarray<std::int64_t>{10, 20, 30}, "counts");
+        CHECK(table.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+        CHECK(counts.device() == "/job:ps/replica:0/task:1/device:CPU:0");
+
+        table.assign_add(xt::xarray<float>(xt::ones<float>({4, 2})));
+        CHECK(table.read<float>() == xt::xarray<float>{{1, 2}, {3, 4}, {5, 6}, {7, 8}});
+        table.scatter_add(Ids{1, 3, 1}, xt::xarray<float>{{10, 10}, {100, 100}, {1000, 1000}});
+        CHECK(table.read<float>() == xt::xarray<float>{{1, 2}, {1013, 1014}, {5, 6}, {107, 108}});
+        CHECK(table.sparse_read(Ids{3, 0}).get<float>() == xt::xarray<float>{{107, 108}, {1, 2}});
+        table.apply_gradient(xt::xarray<float>(xt::ones<float>({4, 2}) * 2.0f));  // SGD 0.5: minus 1
+        xt::xarray<float> out = xt::zeros<float>({4, 2});
+        const float* buffer = out.data();
+        table.read_into(out);
+        CHECK(out == xt::xarray<float>{{0, 1}, {1012, 1013}, {4, 5}, {106, 107}});
+        CHECK(out.data() == buffer);
+
+        counts.assign_sub(xt::xarray<std::int64_t>{1, 2, 3});
+        CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{9, 18, 27});
+        CHECK_THROWS_WITH_AS(counts.scatter_add(Ids{3}, xt::xarray<std::int64_t>(xt::ones<std::int64_t>({1}))),
+                             doctest::Contains("id 3 is out of range"), pss::OutOfRangeError);
+        CHECK_THROWS_AS(counts.assign(xt::xarray<std::int64_t>{1, 2}), pss::InvalidArgumentError);
+        CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{9, 18, 27});
+    }
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# tools/test.sh: configure, build and run every pss test. The command the README gives.
+#
+#   tools/test.sh          build/       (Debug) all tests, examples, benchmarks (built, not run)
+#   tools/test.sh asan     build-asan/  the same under AddressSanitizer + UndefinedBehaviorSanitizer
+#   tools/test.sh tsan     build-tsan/  the same under ThreadSanitizer
+#
+# Extra arguments after the mode go to ctest (e.g. `tools/test.sh plain -L net`, `-LE consumer`).
+# Installs missing Debian packages first (apt-get; sudo when not root). Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source tools/pss_env.sh
+
+mode=${1:-plain}
+if (($# > 0)); then shift; fi
+case "$mode" in
+    plain) build=build; sanitize="" ;;
+    asan) build=build-asan; sanitize="address,undefined" ;;
+    tsan) build=build-tsan; sanitize="thread" ;;
+    *) echo "usage: tools/test.sh [plain|asan|tsan] [ctest arguments...]" >&2; exit 2 ;;
+esac
+
+pss_ensure_packages
+
+cmake -S . -B "$build" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Debug \
+    -DPSS_BUILD_TESTS=ON -DPSS_BUILD_EXAMPLES=ON -DPSS_BUILD_BENCHMARKS=ON \
+    "-DPSS_SANITIZE=$sanitize"
+cmake --build "$build" -j "$PSS_JOBS"
+cd "$build"
+set +e
+ctest --output-on-failure -j "$PSS_JOBS" "$@" 2>&1 | tee ctest.log
+status=${PIPESTATUS[0]}
+set -e
+# ctest's summary line once more, last, where a reader (or CI log tail) looks for it.
+grep -E '^[0-9]+% tests passed' ctest.log | tail -n 1 || echo "ctest printed no summary (exit status $status)"
+exit "$status"
