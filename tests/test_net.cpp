@@ -416,6 +416,7 @@ TEST_SUITE("net") {
         pss::TcpOptions options;
         options.connect_timeout = std::chrono::milliseconds(200);
         options.request_timeout = std::chrono::milliseconds(100);
+        options.io_threads = 2;  // the slow handler below holds one thread; the timeout needs the other
         pss::TcpTransport transport(pss::ClusterSpec{{"ps", {address, "127.0.0.1:0"}}}, options);
         const auto start = std::chrono::steady_clock::now();
         pss::Reply reply = transport.send({"ps", 0}, pss::Request{}).get();

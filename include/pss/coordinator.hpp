@@ -155,12 +155,18 @@ public:
 
     /// @brief Finishes the queued closures, then stops the workers.
     ~ClusterCoordinator() {
+        std::deque<Closure> cancelled;
         {
             std::lock_guard lock(mutex_);
             stopping_ = true;
+            if (error_) cancelled.swap(queue_);  // an error nobody raised: what is queued never runs
         }
         work_.notify_all();
         for (auto& w : workers_) w.join();
+        for (auto& c : cancelled) c.fail(cancellation());
+        for (auto& c : queue_)  // left when every worker was lost
+            c.fail(std::make_exception_ptr(
+                UnavailableError("pss: this closure never ran: every worker was lost before the coordinator ended")));
     }
 
     [[nodiscard]] int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
@@ -253,6 +259,11 @@ private:
         return value;
     }
 
+    static std::exception_ptr cancellation() {
+        return std::make_exception_ptr(
+            CancelledError("pss: this closure was cancelled because an earlier closure failed; reschedule it"));
+    }
+
     void raise_pending_error(std::unique_lock<std::mutex>& lock) {
         if (!error_) return;
         // Cancel what is queued, then raise the error once; scheduling works again afterwards.
@@ -262,9 +273,8 @@ private:
         auto error = std::exchange(error_, nullptr);
         lock.unlock();
         space_.notify_all();
-        for (auto& c : cancelled)
-            c.fail(std::make_exception_ptr(CancelledError(
-                "pss: this closure was cancelled because an earlier closure failed; reschedule it")));
+        work_.notify_all();  // the workers take closures again
+        for (auto& c : cancelled) c.fail(cancellation());
         std::rethrow_exception(error);
     }
 
@@ -272,8 +282,10 @@ private:
         detail::current_worker = index;
         for (;;) {
             std::unique_lock lock(mutex_);
-            work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
-            if (queue_.empty()) return;
+            // After an error no new closure starts: the queued ones wait to be cancelled by the call
+            // that raises the error (TensorFlow's semantics), and resume if it never comes to that.
+            work_.wait(lock, [&] { return (!queue_.empty() && !error_) || stopping_; });
+            if (queue_.empty() || error_) return;  // stopping
             Closure closure = std::move(queue_.front());
             queue_.pop_front();
             lock.unlock();

@@ -52,9 +52,10 @@ struct TcpOptions {
     std::chrono::milliseconds request_timeout{30'000};
     /// What a peer may make this process allocate.
     WireLimits limits;
-    /// Threads running the sockets and the served tasks' handlers (a handler runs on one of them). One
-    /// gives the lowest latency: a second makes completions hop between threads. Raise it for a process
-    /// serving several busy tasks.
+    /// Threads running the sockets and the served tasks' handlers (a handler runs on one of them, and
+    /// holds it while it runs). One gives the lowest latency: with two, completions hop between threads.
+    /// Raise it for a process serving several busy tasks, or whose handler may block: with one thread,
+    /// a handler that waits blocks every socket and timer of this transport, its own timeouts included.
     int io_threads = 1;
 };
 
