@@ -280,16 +280,17 @@ private:
 
     void run_worker(int index) {
         detail::current_worker = index;
+        std::unique_lock lock(mutex_);
         for (;;) {
-            std::unique_lock lock(mutex_);
             // After an error no new closure starts: the queued ones wait to be cancelled by the call
             // that raises the error (TensorFlow's semantics), and resume if it never comes to that.
             work_.wait(lock, [&] { return (!queue_.empty() && !error_) || stopping_; });
             if (queue_.empty() || error_) return;  // stopping
+            const bool was_full = queue_.size() >= max_queue_;
             Closure closure = std::move(queue_.front());
             queue_.pop_front();
             lock.unlock();
-            space_.notify_one();
+            if (was_full) space_.notify_one();
             detail::cancel_counter = &failures_;
             detail::cancel_seen = failures_.load();
             try {
@@ -309,15 +310,12 @@ private:
                 if (!error_) error_ = e;
                 ++failures_;  // closures waiting for a synchronous step that will not complete give up
                 --unfinished_;
-                lock.unlock();
                 finished_.notify_all();
                 space_.notify_all();
                 continue;
             }
-            lock.lock();
-            --unfinished_;
-            lock.unlock();
-            finished_.notify_all();
+            lock.lock();  // held into the next wait: one lock per closure
+            if (--unfinished_ == 0) finished_.notify_all();
         }
     }
 

@@ -421,6 +421,10 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     for (auto pause = std::chrono::microseconds(20); !waiting.empty(); pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
         std::vector<std::size_t> retry;
         for (std::size_t i : waiting) {
+            // Spin briefly before blocking: an in-process reply often comes within microseconds.
+            for (int spin = 0; spin < 200 && futures[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+                 ++spin)
+                std::this_thread::yield();
             Reply reply = futures[i].get();
             if (reply.code == ErrorCode::not_ready && !error) {
                 retry.push_back(i);

@@ -3292,6 +3292,7 @@ PSS_NAMESPACE_END
 
 // pss/transport/in_process.hpp: InProcessTransport, every task a thread of one process, payloads moved.
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -3365,6 +3366,7 @@ private:
                 std::lock_guard lock(mutex_);
                 if (closed_) return std::nullopt;
                 queue_.emplace_back(std::move(request), std::move(promise));
+                pending_.store(true, std::memory_order_release);
             }
             ready_.notify_one();
             return future;
@@ -3383,11 +3385,16 @@ private:
     private:
         void run() {
             for (;;) {
+                // A short spin before sleeping: a training loop sends its next request within microseconds,
+                // and waking a sleeping thread costs more than the request itself for small payloads.
+                for (int spin = 0; spin < 200 && !pending_.load(std::memory_order_acquire); ++spin)
+                    std::this_thread::yield();
                 std::unique_lock lock(mutex_);
                 ready_.wait(lock, [&] { return !queue_.empty() || closed_; });
                 if (queue_.empty()) return;  // closed, and everything queued has been answered
                 auto [request, promise] = std::move(queue_.front());
                 queue_.pop_front();
+                pending_.store(!queue_.empty(), std::memory_order_release);
                 lock.unlock();
                 promise.set_value(handler_(std::move(request)));
             }
@@ -3398,6 +3405,7 @@ private:
         std::condition_variable ready_;
         std::deque<std::pair<Request, std::promise<Reply>>> queue_;
         bool closed_ = false;
+        std::atomic<bool> pending_{false};  // the queue is not empty; read without the lock while spinning
         std::mutex join_mutex_;
         std::thread thread_;  // last: it starts after everything it uses exists
     };
@@ -4014,9 +4022,10 @@ struct TcpOptions {
     std::chrono::milliseconds request_timeout{30'000};
     /// What a peer may make this process allocate.
     WireLimits limits;
-    /// Threads running the sockets and the served tasks' handlers (a handler runs on one of them). One
-    /// gives the lowest latency: a second makes completions hop between threads. Raise it for a process
-    /// serving several busy tasks.
+    /// Threads running the sockets and the served tasks' handlers (a handler runs on one of them, and
+    /// holds it while it runs). One gives the lowest latency: with two, completions hop between threads.
+    /// Raise it for a process serving several busy tasks, or whose handler may block: with one thread,
+    /// a handler that waits blocks every socket and timer of this transport, its own timeouts included.
     int io_threads = 1;
 };
 
@@ -4985,6 +4994,7 @@ PSS_NAMESPACE_END
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <deque>
 #include <exception>
@@ -5094,301 +5104,26 @@ RegisteredFunction<R(Args...)> register_function(std::string name, R (*fn)(Args.
 
 PSS_NAMESPACE_END
 
-PSS_NAMESPACE_BEGIN
+// pss/variable.hpp: Variable (sharded or not), the Strategy interface, scopes and get_strategy().
 
-namespace detail {
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
-/// The shared state of one RemoteValue: set once by the worker that ran the closure.
-template <class R>
-struct RemoteState {
-    std::mutex mutex;
-    std::condition_variable ready;
-    bool done = false;
-    std::conditional_t<std::is_void_v<R>, bool, std::optional<R>> value{};
-    std::exception_ptr error;
-
-    void set_error(std::exception_ptr e) {
-        {
-            std::lock_guard lock(mutex);
-            error = std::move(e);
-            done = true;
-        }
-        ready.notify_all();
-    }
-};
-
-inline thread_local int current_worker = -1;
-
-}  // namespace detail
-
-/// @brief The index of the worker running the current closure, or -1 outside a closure (on the
-/// coordinator). Use it to shard data by worker.
-[[nodiscard]] inline int worker_index() noexcept { return detail::current_worker; }
-
-/// @brief The result of a scheduled closure, kept on the coordinator once computed (tf RemoteValue).
-template <class R>
-class RemoteValue {
-public:
-    RemoteValue() = default;
-    explicit RemoteValue(std::shared_ptr<detail::RemoteState<R>> state) : state_(std::move(state)) {}
-
-    /// @brief Waits for the closure and returns its result.
-    /// @throws the closure's exception; CancelledError when it was cancelled because an earlier closure
-    /// failed ("reschedule it").
-    decltype(auto) fetch() const {
-        std::unique_lock lock(state().mutex);
-        state().ready.wait(lock, [&] { return state().done; });
-        if (state().error) std::rethrow_exception(state().error);
-        if constexpr (!std::is_void_v<R>) return static_cast<const R&>(*state().value);
-    }
-    /// @brief Same as fetch() (tf RemoteValue.get()).
-    decltype(auto) get() const { return fetch(); }
-
-    /// @brief True once the closure has run (or failed, or was cancelled).
-    [[nodiscard]] bool ready() const {
-        std::lock_guard lock(state().mutex);
-        return state().done;
-    }
-
-private:
-    detail::RemoteState<R>& state() const {
-        if (!state_) throw FailedPreconditionError("pss: this RemoteValue is empty: it was not returned by schedule()");
-        return *state_;
-    }
-    std::shared_ptr<detail::RemoteState<R>> state_;
-};
-
-/// @brief Fetches every RemoteValue of a structure (a vector, or each argument): tf coordinator.fetch().
-template <class R>
-[[nodiscard]] decltype(auto) fetch(const RemoteValue<R>& value) {
-    return value.fetch();
-}
-template <class R>
-[[nodiscard]] std::vector<R> fetch(const std::vector<RemoteValue<R>>& values) {
-    std::vector<R> out;
-    out.reserve(values.size());
-    for (const auto& v : values) out.push_back(v.fetch());
-    return out;
-}
-
-/// @brief One value per worker (tf PerWorkerValues): a closure given one as an argument receives the
-/// value of the worker that runs it.
-template <class T>
-class PerWorkerValues {
-public:
-    explicit PerWorkerValues(std::vector<std::shared_ptr<T>> values) : values_(std::move(values)) {}
-    [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
-    /// @brief The value of worker `index`.
-    [[nodiscard]] T& at(std::size_t index) const { return *values_.at(index); }
-
-private:
-    std::vector<std::shared_ptr<T>> values_;
-};
-
-/// @brief Thrown inside a closure by ClusterCoordinator::testing_lose_current_worker(): the worker is
-/// gone, and the closure is put back to run on another worker (at-least-once execution).
-class WorkerLostError : public UnavailableError {
-public:
-    using UnavailableError::UnavailableError;
-};
-
-/// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
-///
-/// Workers take closures from one queue, so faster workers take more. `schedule` returns a RemoteValue
-/// at once, and blocks only while the queue holds `max_queue` closures. The first error a closure
-/// raises is raised again by the next `schedule`, `join` or `done`; before that, the closures still
-/// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
-/// A closure whose worker is lost runs again on another worker: execution is at least once.
-///
-/// On the embedded cluster each worker task is a thread of this process.
-///
-/// @par Example
-/// @code
-/// pss::ClusterCoordinator coordinator(strategy);
-/// auto v = [&] { auto s = strategy.scope(); return pss::Variable(xt::xarray<float>{0}, "v"); }();
-/// for (int i = 0; i < 5; ++i) coordinator.schedule([&] { v.assign_add(xt::xarray<float>{2}); });
-/// coordinator.join();  // v is 10
-/// @endcode
-class ClusterCoordinator {
-public:
-    /// @param strategy any strategy with `num_workers()`; the coordinator starts one thread per worker.
-    template <class StrategyType>
-        requires requires(const StrategyType& s) {
-            { s.num_workers() } -> std::convertible_to<int>;
-        }
-    explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
-        : max_queue_(max_queue), alive_(static_cast<std::size_t>(strategy.num_workers())) {
-        if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
-        for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
-    }
-    ClusterCoordinator(const ClusterCoordinator&) = delete;
-    ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
-
-    /// @brief Finishes the queued closures, then stops the workers.
-    ~ClusterCoordinator() {
-        {
-            std::lock_guard lock(mutex_);
-            stopping_ = true;
-        }
-        work_.notify_all();
-        for (auto& w : workers_) w.join();
-    }
-
-    [[nodiscard]] int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
-
-    /// @brief Queues `fn(args...)` to run on some worker; returns its RemoteValue at once.
-    ///
-    /// An argument that is a PerWorkerValues<T> reaches `fn` as the T& of the worker that runs it.
-    /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
-    /// with arguments that can cross a wire; any callable works on the embedded cluster.
-    /// @throws the first error of an earlier closure (see the class description).
-    template <class F, class... Args>
-    auto schedule(F&& fn, Args&&... args) {
-        using R = std::invoke_result_t<std::decay_t<F>&, decltype(resolve(std::declval<std::decay_t<Args>&>(), 0))...>;
-        if constexpr (detail::is_registered_function_v<std::decay_t<F>>)
-            static_assert((Transferable<std::decay_t<Args>> && ...),
-                          "pss: schedule: every argument of a registered function must be Transferable (a number, "
-                          "string, Tensor, xt::xarray, PerWorkerValues, or a std::vector of these)");
-        auto state = std::make_shared<detail::RemoteState<R>>();
-        auto closure = [state, fn = std::forward<F>(fn),
-                        bound = std::make_tuple(std::forward<Args>(args)...)](int worker) mutable {
-            auto call = [&](auto&... a) -> decltype(auto) { return std::invoke(fn, resolve(a, worker)...); };
-            if constexpr (std::is_void_v<R>) {
-                std::apply(call, bound);
-                std::lock_guard lock(state->mutex);
-                state->done = true;
-            } else {
-                auto result = std::apply(call, bound);
-                std::lock_guard lock(state->mutex);
-                state->value.emplace(std::move(result));
-                state->done = true;
-            }
-            state->ready.notify_all();
-        };
-        std::unique_lock lock(mutex_);
-        raise_pending_error(lock);
-        space_.wait(lock, [&] { return queue_.size() < max_queue_ || error_; });
-        raise_pending_error(lock);
-        queue_.push_back(Closure{std::move(closure), [state](std::exception_ptr e) { state->set_error(std::move(e)); }});
-        ++unfinished_;
-        lock.unlock();
-        work_.notify_one();
-        return RemoteValue<R>(std::move(state));
-    }
-
-    /// @brief Waits until every scheduled closure has run.
-    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
-    void join() {
-        std::unique_lock lock(mutex_);
-        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && !queue_.empty()); });
-        raise_pending_error(lock);
-        if (unfinished_ != 0)
-            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queue_.size()) +
-                                   " closures are waiting; no worker is left to run them");
-    }
-
-    /// @brief True when every scheduled closure has run. @throws the first error of a closure.
-    [[nodiscard]] bool done() {
-        std::unique_lock lock(mutex_);
-        raise_pending_error(lock);
-        return unfinished_ == 0;
-    }
-
-    /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
-    template <class F>
-    [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
-        using T = std::decay_t<std::invoke_result_t<F&, int>>;
-        std::vector<std::shared_ptr<T>> values;
-        for (int i = 0; i < num_workers(); ++i) values.push_back(std::make_shared<T>(fn(i)));
-        return PerWorkerValues<T>(std::move(values));
-    }
-
-    /// @brief Testing hook: called inside a closure, loses the worker running it. The closure is put
-    /// back in the queue and runs again on another worker; this worker takes no more closures.
-    [[noreturn]] static void testing_lose_current_worker() {
-        throw WorkerLostError("pss: worker " + std::to_string(worker_index()) + " was lost (testing hook)");
-    }
-
-private:
-    struct Closure {
-        std::function<void(int)> run;
-        std::function<void(std::exception_ptr)> fail;
-    };
-
-    template <class T>
-    static T& resolve(PerWorkerValues<T>& values, int worker) {
-        return values.at(static_cast<std::size_t>(worker));
-    }
-    template <class T>
-    static T& resolve(T& value, int) {
-        return value;
-    }
-
-    void raise_pending_error(std::unique_lock<std::mutex>& lock) {
-        if (!error_) return;
-        // Cancel what is queued, then raise the error once; scheduling works again afterwards.
-        std::deque<Closure> cancelled;
-        cancelled.swap(queue_);
-        unfinished_ -= cancelled.size();
-        auto error = std::exchange(error_, nullptr);
-        lock.unlock();
-        space_.notify_all();
-        for (auto& c : cancelled)
-            c.fail(std::make_exception_ptr(CancelledError(
-                "pss: this closure was cancelled because an earlier closure failed; reschedule it")));
-        std::rethrow_exception(error);
-    }
-
-    void run_worker(int index) {
-        detail::current_worker = index;
-        for (;;) {
-            std::unique_lock lock(mutex_);
-            work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
-            if (queue_.empty()) return;
-            Closure closure = std::move(queue_.front());
-            queue_.pop_front();
-            lock.unlock();
-            space_.notify_one();
-            try {
-                closure.run(index);
-            } catch (const WorkerLostError&) {
-                lock.lock();
-                queue_.push_front(std::move(closure));  // at least once: another worker runs it
-                --alive_;
-                lock.unlock();
-                work_.notify_all();
-                finished_.notify_all();
-                return;
-            } catch (...) {
-                auto e = std::current_exception();
-                closure.fail(e);
-                lock.lock();
-                if (!error_) error_ = e;
-                --unfinished_;
-                lock.unlock();
-                finished_.notify_all();
-                space_.notify_all();
-                continue;
-            }
-            lock.lock();
-            --unfinished_;
-            lock.unlock();
-            finished_.notify_all();
-        }
-    }
-
-    std::size_t max_queue_;
-    std::mutex mutex_;
-    std::condition_variable work_, space_, finished_;
-    std::deque<Closure> queue_;
-    std::size_t unfinished_ = 0;
-    std::size_t alive_;
-    std::exception_ptr error_;
-    bool stopping_ = false;
-    std::vector<std::thread> workers_;  // last: started after everything they use
-};
-
-PSS_NAMESPACE_END
+#include <xtensor/xarray.hpp>
 
 // pss/server.hpp: ParameterServer, the shards one ps task owns and the requests that read and change them.
 
@@ -5544,8 +5279,11 @@ private:
             std::uint64_t pushes = 0;
             bool pushes_dense = false;
             xt::xarray<T> dense;                 // the sum of the dense gradients of the step
-            std::vector<std::int64_t> ids;       // the sparse gradients' ids and rows, in arrival order
-            std::vector<xt::xarray<T>> rows;
+            struct Rows {
+                std::vector<std::int64_t> ids;
+                xt::xarray<T> rows;
+            };
+            std::vector<Rows> sparse;            // the sparse gradients of the step, in arrival order
         };
         std::map<std::uint64_t, Pending> pending;
     };
@@ -5670,7 +5408,8 @@ private:
     }
 
     /// Synchronous training: adds a push to its step, then applies every complete step in order, each
-    /// from the mean of its workers' gradients.
+    /// from the mean of its workers' gradients. Dense gradients are summed as they arrive (exact for
+    /// two workers, since addition commutes; with more, the last bits may follow the arrival order).
     template <class T>
     void push_step(const Shard& shard, State<T>& state, Request&& request) {
         const std::uint64_t step = request.step;
@@ -5681,10 +5420,8 @@ private:
         if (step <= state.applied)
             throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) +
                                        " is applied already; a worker pushed twice, or too late");
-        if (step > state.applied + 1 + sync_.staleness)
-            throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) + " is more than " +
-                                       std::to_string(sync_.staleness) + " steps ahead of step " +
-                                       std::to_string(state.applied + 1) + ", the oldest not applied");
+        // A push may be ahead of this shard by more than the staleness bound: its worker's pulls were
+        // checked against other shards. It waits in `pending` until the steps before it are applied.
         auto& pending = state.pending[step];
         auto& grad = request.payload.template get<T>();
         if (request.op == Op::apply_dense) {
@@ -5694,8 +5431,7 @@ private:
                 xt::noalias(pending.dense) += grad;
             pending.pushes_dense = true;
         } else {
-            pending.ids.insert(pending.ids.end(), request.ids.begin(), request.ids.end());
-            pending.rows.push_back(std::move(grad));
+            pending.sparse.push_back({std::move(request.ids), std::move(grad)});
         }
         ++pending.pushes;
         for (auto it = state.pending.begin();
@@ -5707,15 +5443,20 @@ private:
                 done.dense *= scale;
                 optimizer_.apply_dense(state.value, *state.slots, std::as_const(done.dense));
             }
-            if (!done.ids.empty()) {
+            if (!done.sparse.empty()) {
+                // Sum the workers' rows in an order that does not depend on their arrival, so that a
+                // synchronous run gives the same bits every time.
+                std::sort(done.sparse.begin(), done.sparse.end(), [](const auto& a, const auto& b) {
+                    if (a.ids != b.ids) return a.ids < b.ids;
+                    return std::lexicographical_compare(a.rows.begin(), a.rows.end(), b.rows.begin(), b.rows.end());
+                });
+                std::vector<std::int64_t> ids;
+                for (const auto& part : done.sparse) ids.insert(ids.end(), part.ids.begin(), part.ids.end());
                 const Shape shape(state.value.shape().begin(), state.value.shape().end());
-                xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, done.ids.size()));
-                std::size_t offset = 0;
-                for (const auto& part : done.rows) {
-                    std::copy(part.begin(), part.end(), rows.begin() + static_cast<std::ptrdiff_t>(offset));
-                    offset += part.size();
-                }
-                apply_rows(state, done.ids, rows, scale);
+                xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, ids.size()));
+                auto out = rows.begin();
+                for (const auto& part : done.sparse) out = std::copy(part.rows.begin(), part.rows.end(), out);
+                if (!ids.empty()) apply_rows(state, ids, rows, scale);
             }
             ++state.applied;
         }
@@ -5744,40 +5485,6 @@ private:
 
 PSS_NAMESPACE_END
 
-// pss/strategy.hpp: ParameterServerStrategy, the four policies composed into one type.
-
-#include <array>
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-#include <future>
-#include <memory>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-// pss/variable.hpp: Variable (sharded or not), the Strategy interface, scopes and get_strategy().
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <exception>
-#include <thread>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <future>
-#include <memory>
-#include <mutex>
-#include <ostream>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include <xtensor/xarray.hpp>
-
 PSS_NAMESPACE_BEGIN
 
 class Variable;
@@ -5795,6 +5502,11 @@ public:
     /// TensorFlow's device string of a task: "/job:ps/replica:0/task:1/device:CPU:0".
     [[nodiscard]] virtual std::string device(int task) const = 0;
 };
+
+/// Set by a ClusterCoordinator on its worker threads: a synchronous pull that waits for a step gives up
+/// when the counter moves past the value seen when the closure started (another closure failed).
+inline thread_local const std::atomic<std::uint64_t>* cancel_counter = nullptr;
+inline thread_local std::uint64_t cancel_seen = 0;
 
 /// Where one shard lives and which rows of the whole variable it holds.
 struct ShardInfo {
@@ -6166,6 +5878,10 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     for (auto pause = std::chrono::microseconds(20); !waiting.empty(); pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
         std::vector<std::size_t> retry;
         for (std::size_t i : waiting) {
+            // Spin briefly before blocking: an in-process reply often comes within microseconds.
+            for (int spin = 0; spin < 200 && futures[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+                 ++spin)
+                std::this_thread::yield();
             Reply reply = futures[i].get();
             if (reply.code == ErrorCode::not_ready && !error) {
                 retry.push_back(i);
@@ -6178,6 +5894,11 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                 if (!error) error = std::current_exception();
             }
         }
+        if (!error && !retry.empty() && detail::cancel_counter != nullptr &&
+            detail::cancel_counter->load() != detail::cancel_seen)
+            error = std::make_exception_ptr(CancelledError(
+                "pss: " + describe(again[retry.front()].op) + " for step " + std::to_string(again[retry.front()].step) +
+                " was abandoned: another closure failed, so the step may never complete"));
         if (error) break;  // what is not ready is not asked again: the operation has failed
         if (!retry.empty()) std::this_thread::sleep_for(pause);
         for (std::size_t i : retry) post(i, std::move(again[i]));
@@ -6290,6 +6011,329 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
 }
 
 PSS_NAMESPACE_END
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// The shared state of one RemoteValue: set once by the worker that ran the closure.
+template <class R>
+struct RemoteState {
+    std::mutex mutex;
+    std::condition_variable ready;
+    bool done = false;
+    std::conditional_t<std::is_void_v<R>, bool, std::optional<R>> value{};
+    std::exception_ptr error;
+
+    void set_error(std::exception_ptr e) {
+        {
+            std::lock_guard lock(mutex);
+            error = std::move(e);
+            done = true;
+        }
+        ready.notify_all();
+    }
+};
+
+inline thread_local int current_worker = -1;
+
+}  // namespace detail
+
+/// @brief The index of the worker running the current closure, or -1 outside a closure (on the
+/// coordinator). Use it to shard data by worker.
+[[nodiscard]] inline int worker_index() noexcept { return detail::current_worker; }
+
+/// @brief The result of a scheduled closure, kept on the coordinator once computed (tf RemoteValue).
+template <class R>
+class RemoteValue {
+public:
+    RemoteValue() = default;
+    explicit RemoteValue(std::shared_ptr<detail::RemoteState<R>> state) : state_(std::move(state)) {}
+
+    /// @brief Waits for the closure and returns its result.
+    /// @throws the closure's exception; CancelledError when it was cancelled because an earlier closure
+    /// failed ("reschedule it").
+    decltype(auto) fetch() const {
+        std::unique_lock lock(state().mutex);
+        state().ready.wait(lock, [&] { return state().done; });
+        if (state().error) std::rethrow_exception(state().error);
+        if constexpr (!std::is_void_v<R>) return static_cast<const R&>(*state().value);
+    }
+    /// @brief Same as fetch() (tf RemoteValue.get()).
+    decltype(auto) get() const { return fetch(); }
+
+    /// @brief True once the closure has run (or failed, or was cancelled).
+    [[nodiscard]] bool ready() const {
+        std::lock_guard lock(state().mutex);
+        return state().done;
+    }
+
+private:
+    detail::RemoteState<R>& state() const {
+        if (!state_) throw FailedPreconditionError("pss: this RemoteValue is empty: it was not returned by schedule()");
+        return *state_;
+    }
+    std::shared_ptr<detail::RemoteState<R>> state_;
+};
+
+/// @brief Fetches every RemoteValue of a structure (a vector, or each argument): tf coordinator.fetch().
+template <class R>
+[[nodiscard]] decltype(auto) fetch(const RemoteValue<R>& value) {
+    return value.fetch();
+}
+template <class R>
+[[nodiscard]] std::vector<R> fetch(const std::vector<RemoteValue<R>>& values) {
+    std::vector<R> out;
+    out.reserve(values.size());
+    for (const auto& v : values) out.push_back(v.fetch());
+    return out;
+}
+
+/// @brief One value per worker (tf PerWorkerValues): a closure given one as an argument receives the
+/// value of the worker that runs it.
+template <class T>
+class PerWorkerValues {
+public:
+    explicit PerWorkerValues(std::vector<std::shared_ptr<T>> values) : values_(std::move(values)) {}
+    [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
+    /// @brief The value of worker `index`.
+    [[nodiscard]] T& at(std::size_t index) const { return *values_.at(index); }
+
+private:
+    std::vector<std::shared_ptr<T>> values_;
+};
+
+/// @brief Thrown inside a closure by ClusterCoordinator::testing_lose_current_worker(): the worker is
+/// gone, and the closure is put back to run on another worker (at-least-once execution).
+class WorkerLostError : public UnavailableError {
+public:
+    using UnavailableError::UnavailableError;
+};
+
+/// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
+///
+/// Workers take closures from one queue, so faster workers take more. `schedule` returns a RemoteValue
+/// at once, and blocks only while the queue holds `max_queue` closures. The first error a closure
+/// raises is raised again by the next `schedule`, `join` or `done`; before that, the closures still
+/// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
+/// A closure whose worker is lost runs again on another worker: execution is at least once.
+///
+/// On the embedded cluster each worker task is a thread of this process.
+///
+/// @par Example
+/// @code
+/// pss::ClusterCoordinator coordinator(strategy);
+/// auto v = [&] { auto s = strategy.scope(); return pss::Variable(xt::xarray<float>{0}, "v"); }();
+/// for (int i = 0; i < 5; ++i) coordinator.schedule([&] { v.assign_add(xt::xarray<float>{2}); });
+/// coordinator.join();  // v is 10
+/// @endcode
+class ClusterCoordinator {
+public:
+    /// @param strategy any strategy with `num_workers()`; the coordinator starts one thread per worker.
+    template <class StrategyType>
+        requires requires(const StrategyType& s) {
+            { s.num_workers() } -> std::convertible_to<int>;
+        }
+    explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
+        : max_queue_(max_queue), alive_(static_cast<std::size_t>(strategy.num_workers())) {
+        if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
+        for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
+    }
+    ClusterCoordinator(const ClusterCoordinator&) = delete;
+    ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
+
+    /// @brief Finishes the queued closures, then stops the workers.
+    ~ClusterCoordinator() {
+        std::deque<Closure> cancelled;
+        {
+            std::lock_guard lock(mutex_);
+            stopping_ = true;
+            if (error_) cancelled.swap(queue_);  // an error nobody raised: what is queued never runs
+        }
+        work_.notify_all();
+        for (auto& w : workers_) w.join();
+        for (auto& c : cancelled) c.fail(cancellation());
+        for (auto& c : queue_)  // left when every worker was lost
+            c.fail(std::make_exception_ptr(
+                UnavailableError("pss: this closure never ran: every worker was lost before the coordinator ended")));
+    }
+
+    [[nodiscard]] int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
+
+    /// @brief Queues `fn(args...)` to run on some worker; returns its RemoteValue at once.
+    ///
+    /// An argument that is a PerWorkerValues<T> reaches `fn` as the T& of the worker that runs it.
+    /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
+    /// with arguments that can cross a wire; any callable works on the embedded cluster.
+    /// @throws the first error of an earlier closure (see the class description).
+    template <class F, class... Args>
+    auto schedule(F&& fn, Args&&... args) {
+        using R = std::invoke_result_t<std::decay_t<F>&, decltype(resolve(std::declval<std::decay_t<Args>&>(), 0))...>;
+        if constexpr (detail::is_registered_function_v<std::decay_t<F>>)
+            static_assert((Transferable<std::decay_t<Args>> && ...),
+                          "pss: schedule: every argument of a registered function must be Transferable (a number, "
+                          "string, Tensor, xt::xarray, PerWorkerValues, or a std::vector of these)");
+        auto state = std::make_shared<detail::RemoteState<R>>();
+        auto closure = [state, fn = std::forward<F>(fn),
+                        bound = std::make_tuple(std::forward<Args>(args)...)](int worker) mutable {
+            auto call = [&](auto&... a) -> decltype(auto) { return std::invoke(fn, resolve(a, worker)...); };
+            if constexpr (std::is_void_v<R>) {
+                std::apply(call, bound);
+                std::lock_guard lock(state->mutex);
+                state->done = true;
+            } else {
+                auto result = std::apply(call, bound);
+                std::lock_guard lock(state->mutex);
+                state->value.emplace(std::move(result));
+                state->done = true;
+            }
+            state->ready.notify_all();
+        };
+        std::unique_lock lock(mutex_);
+        raise_pending_error(lock);
+        space_.wait(lock, [&] { return queue_.size() < max_queue_ || error_; });
+        raise_pending_error(lock);
+        queue_.push_back(Closure{std::move(closure), [state](std::exception_ptr e) { state->set_error(std::move(e)); }});
+        ++unfinished_;
+        lock.unlock();
+        work_.notify_one();
+        return RemoteValue<R>(std::move(state));
+    }
+
+    /// @brief Waits until every scheduled closure has run.
+    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
+    void join() {
+        std::unique_lock lock(mutex_);
+        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && !queue_.empty()); });
+        raise_pending_error(lock);
+        if (unfinished_ != 0)
+            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queue_.size()) +
+                                   " closures are waiting; no worker is left to run them");
+    }
+
+    /// @brief True when every scheduled closure has run. @throws the first error of a closure.
+    [[nodiscard]] bool done() {
+        std::unique_lock lock(mutex_);
+        raise_pending_error(lock);
+        return unfinished_ == 0;
+    }
+
+    /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
+    template <class F>
+    [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
+        using T = std::decay_t<std::invoke_result_t<F&, int>>;
+        std::vector<std::shared_ptr<T>> values;
+        for (int i = 0; i < num_workers(); ++i) values.push_back(std::make_shared<T>(fn(i)));
+        return PerWorkerValues<T>(std::move(values));
+    }
+
+    /// @brief Testing hook: called inside a closure, loses the worker running it. The closure is put
+    /// back in the queue and runs again on another worker; this worker takes no more closures.
+    [[noreturn]] static void testing_lose_current_worker() {
+        throw WorkerLostError("pss: worker " + std::to_string(worker_index()) + " was lost (testing hook)");
+    }
+
+private:
+    struct Closure {
+        std::function<void(int)> run;
+        std::function<void(std::exception_ptr)> fail;
+    };
+
+    template <class T>
+    static T& resolve(PerWorkerValues<T>& values, int worker) {
+        return values.at(static_cast<std::size_t>(worker));
+    }
+    template <class T>
+    static T& resolve(T& value, int) {
+        return value;
+    }
+
+    static std::exception_ptr cancellation() {
+        return std::make_exception_ptr(
+            CancelledError("pss: this closure was cancelled because an earlier closure failed; reschedule it"));
+    }
+
+    void raise_pending_error(std::unique_lock<std::mutex>& lock) {
+        if (!error_) return;
+        // Cancel what is queued, then raise the error once; scheduling works again afterwards.
+        std::deque<Closure> cancelled;
+        cancelled.swap(queue_);
+        unfinished_ -= cancelled.size();
+        auto error = std::exchange(error_, nullptr);
+        lock.unlock();
+        space_.notify_all();
+        work_.notify_all();  // the workers take closures again
+        for (auto& c : cancelled) c.fail(cancellation());
+        std::rethrow_exception(error);
+    }
+
+    void run_worker(int index) {
+        detail::current_worker = index;
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            // After an error no new closure starts: the queued ones wait to be cancelled by the call
+            // that raises the error (TensorFlow's semantics), and resume if it never comes to that.
+            work_.wait(lock, [&] { return (!queue_.empty() && !error_) || stopping_; });
+            if (queue_.empty() || error_) return;  // stopping
+            const bool was_full = queue_.size() >= max_queue_;
+            Closure closure = std::move(queue_.front());
+            queue_.pop_front();
+            lock.unlock();
+            if (was_full) space_.notify_one();
+            detail::cancel_counter = &failures_;
+            detail::cancel_seen = failures_.load();
+            try {
+                closure.run(index);
+            } catch (const WorkerLostError&) {
+                lock.lock();
+                queue_.push_front(std::move(closure));  // at least once: another worker runs it
+                --alive_;
+                lock.unlock();
+                work_.notify_all();
+                finished_.notify_all();
+                return;
+            } catch (...) {
+                auto e = std::current_exception();
+                closure.fail(e);
+                lock.lock();
+                if (!error_) error_ = e;
+                ++failures_;  // closures waiting for a synchronous step that will not complete give up
+                --unfinished_;
+                finished_.notify_all();
+                space_.notify_all();
+                continue;
+            }
+            lock.lock();  // held into the next wait: one lock per closure
+            if (--unfinished_ == 0) finished_.notify_all();
+        }
+    }
+
+    std::size_t max_queue_;
+    std::mutex mutex_;
+    std::condition_variable work_, space_, finished_;
+    std::deque<Closure> queue_;
+    std::size_t unfinished_ = 0;
+    std::size_t alive_;
+    std::exception_ptr error_;
+    std::atomic<std::uint64_t> failures_{0};
+    bool stopping_ = false;
+    std::vector<std::thread> workers_;  // last: started after everything they use
+};
+
+PSS_NAMESPACE_END
+
+// pss/strategy.hpp: ParameterServerStrategy, the four policies composed into one type.
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 PSS_NAMESPACE_BEGIN
 
