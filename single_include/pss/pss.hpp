@@ -6152,9 +6152,9 @@ public:
         }
         work_.notify_all();
         for (auto& w : workers_) w.join();
-        for (auto& c : cancelled) c.fail(cancellation());
+        for (auto& c : cancelled) c->fail(cancellation());
         for (auto& c : queue_)  // left when every worker was lost
-            c.fail(std::make_exception_ptr(
+            c->fail(std::make_exception_ptr(
                 UnavailableError("pss: this closure never ran: every worker was lost before the coordinator ended")));
     }
 
@@ -6173,31 +6173,18 @@ public:
             static_assert((Transferable<std::decay_t<Args>> && ...),
                           "pss: schedule: every argument of a registered function must be Transferable (a number, "
                           "string, Tensor, xt::xarray, PerWorkerValues, or a std::vector of these)");
-        auto state = std::make_shared<detail::RemoteState<R>>();
-        auto closure = [state, fn = std::forward<F>(fn),
-                        bound = std::make_tuple(std::forward<Args>(args)...)](int worker) mutable {
-            auto call = [&](auto&... a) -> decltype(auto) { return std::invoke(fn, resolve(a, worker)...); };
-            if constexpr (std::is_void_v<R>) {
-                std::apply(call, bound);
-                std::lock_guard lock(state->mutex);
-                state->done = true;
-            } else {
-                auto result = std::apply(call, bound);
-                std::lock_guard lock(state->mutex);
-                state->value.emplace(std::move(result));
-                state->done = true;
-            }
-            state->ready.notify_all();
-        };
+        // One allocation per closure: its function, its arguments and its result's state together.
+        auto task = std::make_shared<Task<R, std::decay_t<F>, std::tuple<std::decay_t<Args>...>>>(
+            std::forward<F>(fn), std::make_tuple(std::forward<Args>(args)...));
         std::unique_lock lock(mutex_);
         raise_pending_error(lock);
         space_.wait(lock, [&] { return queue_.size() < max_queue_ || error_; });
         raise_pending_error(lock);
-        queue_.push_back(Closure{std::move(closure), [state](std::exception_ptr e) { state->set_error(std::move(e)); }});
+        queue_.push_back(task);
         ++unfinished_;
         lock.unlock();
         work_.notify_one();
-        return RemoteValue<R>(std::move(state));
+        return RemoteValue<R>(std::shared_ptr<detail::RemoteState<R>>(std::move(task)));
     }
 
     /// @brief Waits until every scheduled closure has run.
@@ -6234,9 +6221,41 @@ public:
     }
 
 private:
-    struct Closure {
-        std::function<void(int)> run;
-        std::function<void(std::exception_ptr)> fail;
+    struct TaskBase {
+        virtual ~TaskBase() = default;
+        virtual void run(int worker) = 0;
+        virtual void fail(std::exception_ptr error) = 0;
+    };
+    using Closure = std::shared_ptr<TaskBase>;
+
+    /// A scheduled call and the state of its RemoteValue. The function and arguments are released as
+    /// soon as it has run, so a RemoteValue kept for its result does not keep large arguments alive.
+    template <class R, class F, class Tuple>
+    struct Task final : detail::RemoteState<R>, TaskBase {
+        Task(F f, Tuple a) : fn(std::move(f)), args(std::move(a)) {}
+        void run(int worker) override {
+            auto call = [&](auto&... a) -> decltype(auto) { return std::invoke(*fn, resolve(a, worker)...); };
+            if constexpr (std::is_void_v<R>) {
+                std::apply(call, *args);
+                std::lock_guard lock(this->mutex);
+                this->done = true;
+            } else {
+                auto result = std::apply(call, *args);
+                std::lock_guard lock(this->mutex);
+                this->value.emplace(std::move(result));
+                this->done = true;
+            }
+            fn.reset();
+            args.reset();
+            this->ready.notify_all();
+        }
+        void fail(std::exception_ptr error) override {
+            fn.reset();
+            args.reset();
+            this->set_error(std::move(error));
+        }
+        std::optional<F> fn;
+        std::optional<Tuple> args;
     };
 
     template <class T>
@@ -6263,7 +6282,7 @@ private:
         lock.unlock();
         space_.notify_all();
         work_.notify_all();  // the workers take closures again
-        for (auto& c : cancelled) c.fail(cancellation());
+        for (auto& c : cancelled) c->fail(cancellation());
         std::rethrow_exception(error);
     }
 
@@ -6283,7 +6302,7 @@ private:
             detail::cancel_counter = &failures_;
             detail::cancel_seen = failures_.load();
             try {
-                closure.run(index);
+                closure->run(index);
             } catch (const WorkerLostError&) {
                 lock.lock();
                 queue_.push_front(std::move(closure));  // at least once: another worker runs it
@@ -6294,7 +6313,7 @@ private:
                 return;
             } catch (...) {
                 auto e = std::current_exception();
-                closure.fail(e);
+                closure->fail(e);
                 lock.lock();
                 if (!error_) error_ = e;
                 ++failures_;  // closures waiting for a synchronous step that will not complete give up
