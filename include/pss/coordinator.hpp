@@ -46,8 +46,6 @@ struct RemoteState {
     }
 };
 
-inline thread_local int current_worker = -1;
-
 }  // namespace detail
 
 /// @brief The index of the worker running the current closure, or -1 outside a closure (on the
@@ -129,7 +127,10 @@ public:
 /// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
 /// A closure whose worker is lost runs again on another worker: execution is at least once.
 ///
-/// On the embedded cluster each worker task is a thread of this process.
+/// On the embedded cluster each worker task is a thread of this process. When the workers are other
+/// processes (a TCP cluster), each has a thread here that sends it one closure at a time; only a
+/// RegisteredFunction can be sent, with Transferable arguments, and its errors come back as the same
+/// Error types. A worker that cannot be reached is lost: its closure runs on another worker.
 ///
 /// @par Example
 /// @code
@@ -147,6 +148,7 @@ public:
         }
     explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
         : max_queue_(max_queue), alive_(static_cast<std::size_t>(strategy.num_workers())) {
+        if constexpr (std::derived_from<StrategyType, Strategy>) remote_ = strategy.remote_workers();
         if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
         for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
     }
@@ -235,6 +237,7 @@ private:
     struct TaskBase {
         virtual ~TaskBase() = default;
         virtual void run(int worker) = 0;
+        virtual void run_remote(detail::RemoteWorkers& workers, int worker) = 0;
         virtual void fail(std::exception_ptr error) = 0;
     };
     using Closure = std::shared_ptr<TaskBase>;
@@ -245,13 +248,38 @@ private:
     struct Task final : detail::RemoteState<R>, TaskBase {
         Task(F f, Tuple a) : fn(std::move(f)), args(std::move(a)) {}
         void run(int worker) override {
-            auto call = [&](auto&... a) -> decltype(auto) { return std::invoke(*fn, resolve(a, worker)...); };
+            finish([&] {
+                return std::apply([&](auto&... a) -> decltype(auto) { return std::invoke(*fn, resolve(a, worker)...); },
+                                  *args);
+            });
+        }
+        /// On a worker of another process: sends the function's name and encoded arguments, and waits.
+        void run_remote(detail::RemoteWorkers& workers, int worker) override {
+            if constexpr (detail::is_registered_function_v<F>) {
+                Request request;
+                request.op = Op::call;
+                request.name = fn->name();
+                request.payload = std::apply([](const auto&... a) { return detail::encode_values(a...); }, *args);
+                Reply reply = workers.call(worker, std::move(request)).get();
+                if (reply.code == ErrorCode::unavailable)
+                    throw WorkerLostError("pss: worker " + std::to_string(worker) + " was lost: " + reply.message);
+                Tensor answer = reply.take();
+                finish([&] { return detail::decode_result<R>(answer, fn->name()); });
+            } else {
+                throw InvalidArgumentError(
+                    "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a "
+                    "lambda or function object cannot be sent to them; register the function with "
+                    "pss::register_function(name, &function) in every process and schedule what it returns");
+            }
+        }
+        template <class Compute>
+        void finish(Compute compute) {
             if constexpr (std::is_void_v<R>) {
-                std::apply(call, *args);
+                compute();
                 std::lock_guard lock(this->mutex);
                 this->done = true;
             } else {
-                auto result = std::apply(call, *args);
+                auto result = compute();
                 std::lock_guard lock(this->mutex);
                 this->value.emplace(std::move(result));
                 this->done = true;
@@ -313,7 +341,8 @@ private:
             detail::cancel_counter = &failures_;
             detail::cancel_seen = failures_.load();
             try {
-                closure->run(index);
+                if (remote_ != nullptr) closure->run_remote(*remote_, index);
+                else closure->run(index);
             } catch (const WorkerLostError&) {
                 lock.lock();
                 queue_.push_front(std::move(closure));  // at least once: another worker runs it
@@ -339,6 +368,7 @@ private:
     }
 
     std::size_t max_queue_;
+    detail::RemoteWorkers* remote_ = nullptr;  // set when the workers are other processes
     std::mutex mutex_;
     std::condition_variable work_, space_, finished_;
     std::deque<Closure> queue_;

@@ -27,7 +27,14 @@ enum class Op : std::uint8_t {
     apply_dense = 10,    ///< the optimizer applies the gradient `payload` to the whole shard
     apply_sparse = 11,   ///< the optimizer applies gradient rows `payload` to rows `ids` (repeated ids summed)
     destroy = 12,        ///< forget the shard
+    call = 13,           ///< a worker runs the registered function `name` on the arguments encoded in `payload`
+    shutdown = 14,       ///< the coordinator ends the cluster: the task stops serving once it has answered
 };
+
+/// @brief True when a successful reply to `op` carries a value (not the spent request payload).
+[[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept {
+    return op == Op::read || op == Op::gather || op == Op::call;
+}
 
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
@@ -44,6 +51,8 @@ enum class Op : std::uint8_t {
         case Op::apply_dense: return "apply_gradient";
         case Op::apply_sparse: return "apply_sparse_gradient";
         case Op::destroy: return "destroy";
+        case Op::call: return "call";
+        case Op::shutdown: return "shutdown";
     }
     return "unknown operation";
 }

@@ -185,6 +185,10 @@ private:
 
     Reply dispatch(Request&& request) {
         if (request.op == Op::create) return create(std::move(request));
+        if (request.op == Op::call || request.op == Op::shutdown)
+            throw InvalidArgumentError("pss: a " + std::string(op_name(request.op)) +
+                                       " request reached a parameter server, which takes variable operations only "
+                                       "(functions run on worker tasks)");
         auto it = shards_.find(request.key);
         if (it == shards_.end())
             throw NotFoundError("pss: " + std::string(op_name(request.op)) + ": no shard " +
@@ -274,7 +278,9 @@ private:
                 }
                 break;
             case Op::create:
-            case Op::destroy: break;
+            case Op::destroy:
+            case Op::call:
+            case Op::shutdown: break;
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <condition_variable>
+#include <concepts>
 #include <span>
 #include <string>
 #include <utility>
@@ -21,6 +24,7 @@
 #include <pss/config.hpp>
 #include <pss/consistency.hpp>
 #include <pss/errors.hpp>
+#include <pss/function.hpp>
 #include <pss/optimizer/sgd.hpp>
 #include <pss/partitioner/no_partition.hpp>
 #include <pss/partitioner/shard_rows.hpp>
@@ -48,9 +52,18 @@ template <std::size_t K, int NumPs>
 
 namespace detail {
 
-/// The in-process channel of a ParameterServerStrategy: its transport and the servers of its ps tasks.
+/// What a ParameterServerStrategy talks through: a Channel to the ps tasks, and how the cluster ends.
+class StrategyChannel : public Channel {
+public:
+    /// Stops this process's part of the cluster: on a served task, after the chief said so.
+    virtual void join() {}
+    virtual void shutdown() = 0;
+    virtual RemoteWorkers* remote_workers() noexcept { return nullptr; }
+};
+
+/// The whole cluster in this process: its transport and the servers of every ps task.
 template <Transport TransportPolicy, Optimizer OptimizerPolicy>
-class TransportChannel final : public Channel {
+class TransportChannel final : public StrategyChannel {
 public:
     TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync) : transport_(spec) {
         const int num_ps = spec.num_tasks("ps");
@@ -69,11 +82,126 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
-    void shutdown() { transport_.shutdown(); }
+    void shutdown() override { transport_.shutdown(); }
 
 private:
     TransportPolicy transport_;
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
+};
+
+/// One task of a cluster whose tasks are separate processes. Every role sends through `client_`; a ps
+/// or worker task also serves its own address through `server_`, a transport of its own, so that a
+/// worker's call, which waits for replies from the ps tasks, never holds the threads those replies
+/// arrive on.
+template <Transport TransportPolicy, Optimizer OptimizerPolicy>
+class ClusterTaskChannel final : public StrategyChannel,
+                                 public RemoteWorkers,
+                                 public std::enable_shared_from_this<ClusterTaskChannel<TransportPolicy, OptimizerPolicy>> {
+public:
+    ClusterTaskChannel(const ClusterSpec& spec, TaskId self, const OptimizerPolicy& optimizer, SyncOptions sync)
+        : spec_(spec), self_(std::move(self)), optimizer_(optimizer), sync_(sync), client_(spec) {}
+    ~ClusterTaskChannel() override { shutdown(); }
+
+    /// Serves this task's address when it is a ps or a worker (after construction: the handler needs
+    /// shared_from_this).
+    void start() {
+        if (self_.type == "ps") {
+            ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
+            server_ = std::make_unique<TransportPolicy>(spec_);
+            server_->serve(self_, [this](Request&& r) {
+                if (r.op == Op::shutdown) return stop_requested();
+                return ps_->handle(std::move(r));
+            });
+        } else if (self_.type == "worker") {
+            server_ = std::make_unique<TransportPolicy>(spec_);
+            std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
+            server_->serve(self_, [this, weak](Request&& r) -> Reply {
+                if (r.op == Op::shutdown) return stop_requested();
+                if (r.op != Op::call)
+                    return Reply::error(ErrorCode::invalid_argument,
+                                        "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
+                                            self_.to_string() + ", which runs calls only (variables live on ps tasks)");
+                current_worker = self_.index;
+                return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
+            });
+        }
+    }
+
+    std::future<Reply> send(int task, Request request) override {
+        return client_.send(TaskId{"ps", task}, std::move(request));
+    }
+    [[nodiscard]] std::string device(int task) const override {
+        return TaskId{"ps", task}.to_string() + "/device:CPU:0";
+    }
+    std::future<Reply> call(int worker, Request request) override {
+        return client_.send(TaskId{"worker", worker}, std::move(request));
+    }
+    RemoteWorkers* remote_workers() noexcept override { return self_.type == "chief" ? this : nullptr; }
+
+    /// A ps or worker serves until the chief's shutdown request; the chief sends that request to every
+    /// worker, then to every ps (the workers may still be pushing), and every task then closes.
+    void join() override {
+        if (server_) {
+            std::unique_lock lock(mutex_);
+            stopped_.wait(lock, [&] { return stop_; });
+        } else if (self_.type == "chief") {
+            end_cluster();
+        }
+        shutdown();
+    }
+
+    void shutdown() override {
+        std::lock_guard lock(shutdown_mutex_);
+        if (server_) server_->shutdown();
+        client_.shutdown();
+    }
+
+private:
+    Reply stop_requested() {
+        {
+            std::lock_guard lock(mutex_);
+            stop_ = true;
+        }
+        stopped_.notify_all();
+        return {};
+    }
+
+    void end_cluster() {
+        for (const char* job : {"worker", "ps"}) {
+            std::vector<std::future<Reply>> replies;
+            for (int i = 0; i < spec_.num_tasks(job); ++i) {
+                Request request;
+                request.op = Op::shutdown;
+                replies.push_back(client_.send(TaskId{job, i}, std::move(request)));
+            }
+            for (auto& r : replies) (void)r.get();  // a task already gone has ended anyway
+        }
+    }
+
+    ClusterSpec spec_;
+    TaskId self_;
+    OptimizerPolicy optimizer_;
+    SyncOptions sync_;
+    TransportPolicy client_;
+    std::unique_ptr<ParameterServer<OptimizerPolicy>> ps_;
+    std::unique_ptr<TransportPolicy> server_;  // after ps_: its threads stop before ps_ goes
+    std::mutex mutex_, shutdown_mutex_;
+    std::condition_variable stopped_;
+    bool stop_ = false;
+};
+
+/// True when every address of `spec` is an embedded one ("inproc:ps:0"): the cluster is this process.
+[[nodiscard]] inline bool is_embedded_cluster(const ClusterSpec& spec) {
+    for (const auto& job : spec.jobs())
+        for (int i = 0; i < spec.num_tasks(job); ++i)
+            if (!spec.task_address(TaskId{job, i}).starts_with("inproc:")) return false;
+    return true;
+}
+
+/// A Transport that reaches other processes says so with `static constexpr bool crosses_processes = true`.
+template <class T>
+concept transport_crosses_processes = requires {
+    requires T::crosses_processes;
 };
 
 }  // namespace detail
@@ -114,6 +242,13 @@ public:
     using optimizer_type = OptimizerPolicy;
     using cluster_resolver_type = ClusterResolverPolicy;
 
+    /// @brief Resolves the cluster and takes this process's part in it.
+    ///
+    /// When the Transport crosses processes (TcpTransport), the cluster's addresses are real and the
+    /// resolver names this task, this process is that task alone: a ps task starts serving its shards, a
+    /// worker starts serving calls, and the chief coordinates; ps and worker processes then call join().
+    /// Otherwise the whole cluster runs in this process (the embedded cluster's "inproc:" addresses
+    /// always do, whatever the Transport).
     /// @throws InvalidArgumentError when the cluster has no ps or no worker task, more than one chief, or a
     /// job other than chief, worker, ps and evaluator (TensorFlow's rules).
     explicit ParameterServerStrategy(ClusterResolverPolicy cluster_resolver = {},
@@ -122,18 +257,74 @@ public:
           partitioner_(std::move(variable_partitioner)),
           optimizer_(std::move(optimizer)),
           spec_(validated(resolver_.cluster_spec())),
-          channel_(std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(
-              spec_, optimizer_,
-              SyncOptions{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
-                          ConsistencyPolicy::staleness})) {}
+          task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
+        const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
+                               ConsistencyPolicy::staleness};
+        const bool embedded = detail::is_embedded_cluster(spec_);
+        if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
+            if (!embedded && !task_.type.empty()) {
+                auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
+                    spec_, task_, optimizer_, sync);
+                channel->start();
+                channel_ = std::move(channel);
+                distributed_ = true;
+                return;
+            }
+        }
+        task_ = TaskId{"chief", 0};
+        if constexpr (!std::same_as<TransportPolicy, InProcessTransport>) {
+            if (embedded) {
+                channel_ = std::make_shared<detail::TransportChannel<InProcessTransport, OptimizerPolicy>>(
+                    spec_, optimizer_, sync);
+                return;
+            }
+        }
+        channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
+    }
 
-    ~ParameterServerStrategy() override { channel_->shutdown(); }
+    /// @brief Ends this process's part of the cluster (see join()) when join() was not called.
+    ~ParameterServerStrategy() override {
+        try {
+            join();
+        } catch (...) {  // a destructor does not throw; the tasks end when their connections close
+        }
+    }
+
+    /// @brief Where this process's part of the cluster ends.
+    ///
+    /// - ps or worker task of a multi-process cluster: serves until the chief ends the cluster, then
+    ///   returns (TensorFlow's `server.join()`);
+    /// - chief of a multi-process cluster: ends the cluster: every worker, then every ps, stops serving;
+    /// - the whole cluster in this process: stops its tasks.
+    ///
+    /// Afterwards no variable operation reaches a task. Call it once the training is over; the
+    /// destructor calls it otherwise.
+    void join() {
+        std::call_once(joined_, [&] {
+            channel_->join();
+            channel_->shutdown();
+        });
+    }
+
+    /// @brief This process's task: ("chief", 0) when the whole cluster runs here, else the resolver's.
+    [[nodiscard]] const TaskId& task() const noexcept { return task_; }
+    /// @brief True when this process runs the training program (creates variables, schedules steps):
+    /// the chief, or the process that holds the whole cluster. A ps or worker process calls join().
+    [[nodiscard]] bool is_chief() const noexcept { return task_.type == "chief"; }
+    /// @brief True when the other tasks are other processes.
+    [[nodiscard]] bool is_distributed() const noexcept { return distributed_; }
+
+    [[nodiscard]] detail::RemoteWorkers* remote_workers() noexcept override { return channel_->remote_workers(); }
 
     [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
 
     /// @brief Splits `initial_value` with the partitioner and places the shards round-robin.
     /// @throws InvalidArgumentError when the partitioner answers 0 shards or more than shape[0].
     Variable create_variable(Tensor initial_value, std::string name) override {
+        if (!is_chief())
+            throw FailedPreconditionError("pss: variable '" + name + "': this process is task " + task_.to_string() +
+                                          "; variables are created by the chief. A ps or worker process calls "
+                                          "strategy.join() and serves until the chief ends the cluster");
         if (!initial_value.has_value())
             throw InvalidArgumentError("pss: variable '" + name + "': the initial value is empty");
         const Shape shape = initial_value.shape();
@@ -181,7 +372,10 @@ private:
     PartitionerPolicy partitioner_;
     OptimizerPolicy optimizer_;
     ClusterSpec spec_;
-    std::shared_ptr<detail::TransportChannel<TransportPolicy, OptimizerPolicy>> channel_;
+    TaskId task_;
+    bool distributed_ = false;
+    std::shared_ptr<detail::StrategyChannel> channel_;
+    std::once_flag joined_;
     std::atomic<std::uint64_t> next_shard_{0};
     std::atomic<std::uint64_t> next_id_{1};
 };

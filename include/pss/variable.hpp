@@ -34,6 +34,9 @@ class Variable;
 
 namespace detail {
 
+template <class T>
+struct Codec;
+
 /// How a Variable reaches the tasks that hold its shards. A strategy implements it over its transport;
 /// the one virtual call per request is the price of a Variable type that does not depend on the
 /// strategy's policies (so that layers, functions and containers can hold any strategy's variables).
@@ -45,6 +48,17 @@ public:
     /// TensorFlow's device string of a task: "/job:ps/replica:0/task:1/device:CPU:0".
     [[nodiscard]] virtual std::string device(int task) const = 0;
 };
+
+/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`.
+class RemoteWorkers {
+public:
+    virtual ~RemoteWorkers() = default;
+    virtual std::future<Reply> call(int worker, Request request) = 0;
+};
+
+/// The worker task running the current closure (a coordinator's worker thread, or a worker process
+/// serving a call); -1 elsewhere.
+inline thread_local int current_worker = -1;
 
 /// Set by a ClusterCoordinator on its worker threads: a synchronous pull that waits for a step gives up
 /// when the counter moves past the value seen when the closure started (another closure failed).
@@ -68,12 +82,13 @@ struct VariableInfo {
     std::vector<ShardInfo> shards;
     std::shared_ptr<Channel> channel;
     std::shared_ptr<const VariableInfo> owner;  // set on a handle to one shard of a sharded variable
+    bool borrowed = false;  // a handle received by a worker: the coordinator's handles own the shards
 
     VariableInfo() = default;
     VariableInfo(const VariableInfo&) = delete;
     VariableInfo& operator=(const VariableInfo&) = delete;
     ~VariableInfo() {
-        if (owner || !channel) return;
+        if (owner || borrowed || !channel) return;
         for (const auto& shard : shards) {
             Request request;
             request.op = Op::destroy;
@@ -208,6 +223,9 @@ public:
     [[nodiscard]] explicit operator bool() const noexcept { return info_ != nullptr; }
 
 private:
+    template <class T>
+    friend struct detail::Codec;
+
     const detail::VariableInfo& info() const {
         if (!info_) throw FailedPreconditionError("pss: this Variable handle is empty (default-constructed or moved from)");
         return *info_;
@@ -293,6 +311,9 @@ public:
         thread_local Strategy* strategy = nullptr;
         return strategy;
     }
+
+    /// @brief The worker tasks when they are other processes; nullptr when they are threads of this one.
+    [[nodiscard]] virtual detail::RemoteWorkers* remote_workers() noexcept { return nullptr; }
 };
 
 namespace detail {

@@ -52,8 +52,10 @@ public:
     /// @throws Error whatever the chosen resolver throws, and InvalidArgumentError
     ///         `pss: AutoClusterResolver: the Slurm step has 2 tasks but 1 chief, 1 ps and at least 1 worker need 3;
     ///         run srun -n 3 or more, or give fewer ps tasks`
-    explicit AutoClusterResolver(int num_ps = 1)
+    explicit AutoClusterResolver(int num_ps)
         : AutoClusterResolver(EnvironmentLookup(detail::process_environment), num_ps) {}
+    /// @brief The same with 1 ps task for the Slurm and MPI layouts.
+    AutoClusterResolver() : AutoClusterResolver(1) {}
 
     /// @brief The same, reading the variables through `environment` instead of the process environment.
     /// An empty function reads the process environment.

@@ -266,7 +266,7 @@ private:
         }
         incoming_ = Tensor{};
         // An update's reply payload is the spent request buffer: the client hands its own back.
-        const bool elide = reply.ok() && reply.payload.has_value() && op != Op::read && op != Op::gather;
+        const bool elide = reply.ok() && reply.payload.has_value() && !reply_carries_value(op);
         queue_reply(id, std::move(reply), elide);
         read_header();
     }
@@ -835,6 +835,9 @@ private:
 /// Models the Transport concept.
 class TcpTransport {
 public:
+    /// @brief Its tasks can be other processes: a strategy over it serves only its own task.
+    static constexpr bool crosses_processes = true;
+
     /// @brief A transport for the tasks of `spec`. Starts `options.io_threads` threads.
     explicit TcpTransport(const ClusterSpec& spec, TcpOptions options = {})
         : spec_(spec), options_(options), work_(asio::make_work_guard(io_)) {

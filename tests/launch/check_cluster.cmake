@@ -1,0 +1,37 @@
+# tests/launch/check_cluster.cmake: runs a cluster program embedded (MODE=embedded) or under pss-launch with
+# 2 ps and 2 workers as separate processes (MODE=launched), and compares the chief's stdout (its lines
+# without the "[chief] " prefix) with EXPECTED, byte for byte. The launched run must exit 0.
+#   -DLAUNCH=<pss-launch> -DPROGRAM=<program> -DEXPECTED=<golden file> -DWORK_DIR=<scratch dir> -DMODE=<mode>
+#   [-DARGS=<program arguments, ;-separated>]
+cmake_minimum_required(VERSION 3.21)
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+if(MODE STREQUAL "embedded")
+  execute_process(COMMAND "${PROGRAM}" ${ARGS}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
+  set(chief "${out}")
+else()
+  execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 -- "${PROGRAM}" ${ARGS}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
+  # The chief's lines, in order, without their prefix.
+  set(chief "")
+  string(REPLACE ";" "\\;" escaped "${out}")
+  string(REPLACE "\n" ";" lines "${escaped}")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "^\\[chief\\] (.*)$")
+      string(APPEND chief "${CMAKE_MATCH_1}\n")
+    endif()
+  endforeach()
+endif()
+file(WRITE "${WORK_DIR}/stdout.txt" "${out}")
+file(WRITE "${WORK_DIR}/stderr.txt" "${err}")
+file(WRITE "${WORK_DIR}/chief.txt" "${chief}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${MODE} run exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+file(READ "${EXPECTED}" expected)
+if(NOT chief STREQUAL expected)
+  message(FATAL_ERROR "${MODE} run: the chief's output differs from ${EXPECTED}\n--- expected\n${expected}\n--- got\n${chief}\nstderr:\n${err}")
+endif()
+message(STATUS "${MODE}: the chief's output matches ${EXPECTED}")

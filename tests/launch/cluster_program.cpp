@@ -1,0 +1,82 @@
+// tests/launch/cluster_program.cpp: one program for every task of a cluster. Under pss-launch (or any
+// TF_CONFIG) the chief creates variables on the ps processes and schedules registered functions on the
+// worker processes; alone, it runs the same steps on the embedded cluster. Its stdout is the chief's and
+// is the same both ways (golden file cluster_program.expected).
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <pss/pss.hpp>
+
+namespace {
+
+using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::AutoClusterResolver>;
+
+int add_to(pss::Variable v, float amount) {
+    v.assign_add(xt::xarray<float>{amount});
+    return pss::worker_index();
+}
+const auto add = pss::register_function("cluster_program.add", &add_to);
+
+std::vector<double> scaled(const xt::xarray<double>& values, double factor, const std::string& label) {
+    std::vector<double> out;
+    for (double v : values) out.push_back(v * factor + static_cast<double>(label.size()));
+    return out;
+}
+const auto scale = pss::register_function("cluster_program.scaled", &scaled);
+
+double fails(int code) {
+    if (code == 1) throw pss::OutOfRangeError("pss: cluster_program: id 7 is out of range");
+    return 0;
+}
+const auto fail = pss::register_function("cluster_program.fails", &fails);
+
+}  // namespace
+
+int main() {
+    Strategy strategy;
+    if (!strategy.is_chief()) {
+        strategy.join();  // ps and workers serve until the chief ends the cluster
+        return 0;
+    }
+    pss::ClusterCoordinator coordinator(strategy);
+    pss::Variable v = [&] {
+        auto scope = strategy.scope();
+        return pss::Variable(xt::xarray<float>{0}, "v");
+    }();
+    std::set<int> workers;
+    std::vector<pss::RemoteValue<int>> results;
+    for (int i = 0; i < 5; ++i) results.push_back(coordinator.schedule(add, v, 2.0f));
+    coordinator.join();
+    for (int w : pss::fetch(results)) workers.insert(w);
+    std::cout << "after 5 closures: " << v.read<float>()(0) << "\n";
+    for (int i = 0; i < 5; ++i) (void)coordinator.schedule(add, v, 2.0f);
+    coordinator.join();
+    coordinator.join();
+    coordinator.join();
+    std::cout << "after 10 closures: " << v.read<float>()(0) << ", done: " << coordinator.done() << "\n";
+    std::cout << "worker indices in range: " << (!workers.empty() && *workers.begin() >= 0 && *workers.rbegin() < 2)
+              << "\n";
+
+    auto values = coordinator.schedule(scale, xt::xarray<double>{1.5, -2.0}, 2.0, std::string("abc")).fetch();
+    std::cout << "scaled: " << values[0] << " " << values[1] << "\n";
+
+    auto failed = coordinator.schedule(fail, 1);
+    try {
+        coordinator.join();
+        std::cout << "join did not raise\n";
+    } catch (const pss::OutOfRangeError& e) {
+        std::cout << "join raised OutOfRangeError: " << e.what() << "\n";
+    }
+    try {
+        (void)failed.fetch();
+    } catch (const pss::OutOfRangeError&) {
+        std::cout << "fetch raised it too\n";
+    }
+    std::cout << "after the error, done: " << coordinator.done() << ", again: " << coordinator.schedule(fail, 0).fetch()
+              << "\n";
+    std::cout << "v = " << v << "\n";
+    strategy.join();
+    return 0;
+}
