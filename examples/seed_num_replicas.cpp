@@ -1,10 +1,12 @@
 // The first example of TensorFlow's ParameterServerStrategy documentation, in C++: create the strategy
-// (an embedded cluster of 2 ps and 2 workers) and print how many replicas compute one step in lockstep.
+// and print how many replicas compute one step in lockstep. Alone it runs the embedded cluster (2 ps,
+// 2 workers); under pss-launch, TF_CONFIG, Slurm or mpirun every task runs this same binary.
 #include <iostream>
 
 #include <pss/pss.hpp>
 
 int main() {
-    pss::ParameterServerStrategy<> strategy;
-    std::cout << strategy.num_replicas_in_sync() << "\n";
+    pss::ClusterStrategy<> strategy;
+    if (strategy.is_chief()) std::cout << strategy.num_replicas_in_sync() << "\n";
+    strategy.join();  // ps and workers serve here until the chief ends the cluster
 }

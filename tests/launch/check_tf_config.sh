@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# tests/launch/check_tf_config.sh PROGRAM EXPECTED WORK_DIR: runs PROGRAM as a cluster of 1 chief, 2 ps and
+# 2 workers started by hand, each with the TF_CONFIG that Kubeflow's TFJob would write (no pss-launch),
+# on 127.0.0.1 ports free at the start; compares the chief's stdout with EXPECTED and requires every task
+# to exit 0. Every process started here is waited for, or killed by its pid after 120 s.
+set -euo pipefail
+program=$1 expected=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+read -r -a ports <<<"$(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(5)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')"
+cluster="{\"chief\": [\"127.0.0.1:${ports[0]}\"], \"ps\": [\"127.0.0.1:${ports[1]}\", \"127.0.0.1:${ports[2]}\"], \"worker\": [\"127.0.0.1:${ports[3]}\", \"127.0.0.1:${ports[4]}\"]}"
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; }
+trap cleanup EXIT
+for task in ps:0 ps:1 worker:0 worker:1 chief:0; do
+  type=${task%%:*} index=${task##*:}
+  TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+    timeout 120 "$program" >"$work/$type$index.out" 2>"$work/$type$index.err" &
+  pids+=($!)
+done
+status=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then echo "task $i exited with an error:"; cat "$work"/*.err; status=1; fi
+done
+pids=()
+if ! cmp -s "$expected" "$work/chief0.out"; then
+  echo "the chief's output differs from $expected:"; diff "$expected" "$work/chief0.out" || true; exit 1
+fi
+for f in ps0 ps1 worker0 worker1; do
+  if [[ -s "$work/$f.out" ]]; then echo "$f printed to stdout:"; cat "$work/$f.out"; status=1; fi
+done
+exit $status
