@@ -12,7 +12,7 @@ if(MODE STREQUAL "embedded")
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
   set(chief "${out}")
 else()
-  execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 -- "${PROGRAM}" ${ARGS}
+  execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 --report-memory -- "${PROGRAM}" ${ARGS}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
   # The chief's lines, in order, without their prefix.
   set(chief "")
@@ -29,6 +29,9 @@ file(WRITE "${WORK_DIR}/stderr.txt" "${err}")
 file(WRITE "${WORK_DIR}/chief.txt" "${chief}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${MODE} run exited with ${rc}\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+if(MODE STREQUAL "launched" AND NOT err MATCHES "pss-launch: peak RSS: ps:0 [0-9]+\\.[0-9] MiB, ps:1 [0-9]+\\.[0-9] MiB, worker:0 [0-9]+\\.[0-9] MiB, worker:1 [0-9]+\\.[0-9] MiB, chief [0-9]+\\.[0-9] MiB\n")
+  message(FATAL_ERROR "launched run: no peak RSS report (--report-memory) on stderr:\n${err}")
 endif()
 file(READ "${EXPECTED}" expected)
 if(NOT chief STREQUAL expected)
