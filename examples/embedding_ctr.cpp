@@ -1,10 +1,12 @@
 // Click-through-rate prediction on synthetic data: a 1,000,000 x 32 float32 embedding (128 MB) split by
-// MinSizePartitioner(256 KiB, max_shards = 4) over 4 ps tasks, mean-pooled, under a small dense tower,
-// trained with Adagrad by 2 workers, synchronously. Each step pulls only the embedding rows its batch looks up and
+// MinSizePartitioner(256 KiB, max_shards = 4) into 4 shards on 2 ps tasks, mean-pooled, under a small dense
+// tower, trained with Adagrad by 2 workers, synchronously. Alone it runs the embedded cluster; under
+// `pss-launch --ps 2 --workers 2` each task is a process, and the output (final weights included) is the same. Each step pulls only the embedding rows its batch looks up and
 // pushes their gradients as sparse rows. The data is generated from a fixed seed: ids follow a skewed
 // (power-law) distribution, as real categorical features do, and each id has a hidden effect on clicks.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <random>
@@ -45,14 +47,28 @@ Data make_data() {
     return d;
 }
 
+/// FNV-1a of the bytes of `values`: equal fingerprints mean bit-identical weights.
+std::uint64_t fingerprint(const std::vector<pss::Tensor>& values) {
+    std::uint64_t hash = 0xcbf29ce484222325ULL;
+    for (const auto& t : values)
+        for (std::size_t i = 0; i < t.nbytes(); ++i) {
+            hash ^= static_cast<std::uint8_t>(t.bytes()[i]);
+            hash *= 0x100000001b3ULL;
+        }
+    return hash;
+}
+
 }  // namespace
 
 int main() {
     // Synchronous: each step's update is the mean of both workers' gradients, so the losses printed are
     // the same on every run (asynchronous training, TensorFlow's mode, is one template argument away).
-    using Strategy = pss::ParameterServerStrategy<pss::InProcessTransport, pss::MinSizePartitioner, pss::Adagrad,
-                                                  pss::LocalClusterResolver<4, 2>, pss::Synchronous>;
-    Strategy strategy({}, pss::MinSizePartitioner(256 << 10, 4), pss::Adagrad(0.2));
+    pss::ClusterStrategy<pss::MinSizePartitioner, pss::Adagrad, pss::Synchronous> strategy(
+        {}, pss::MinSizePartitioner(256 << 10, 4), pss::Adagrad(0.2));
+    if (!strategy.is_chief()) {
+        strategy.join();  // a ps or worker process serves until the chief ends the cluster
+        return 0;
+    }
 
     const Data data = make_data();
     pss::Sequential model(strategy,
@@ -72,4 +88,15 @@ int main() {
                              /*verbose=*/false);
     for (std::size_t e = 0; e < history.loss.size(); ++e)
         std::cout << "epoch " << e + 1 << " loss " << std::fixed << std::setprecision(4) << history.loss[e] << "\n";
+
+    // The final weights, as bytes: the dense tower's, and the embedding rows of the 1000 most frequent ids.
+    std::vector<pss::Tensor> weights;
+    for (const auto& layer : model.layers())
+        if (layer->class_name() == "Dense")
+            for (auto& w : layer->get_weights()) weights.push_back(std::move(w));
+    std::vector<std::int64_t> frequent(1000);
+    for (std::size_t i = 0; i < frequent.size(); ++i) frequent[i] = static_cast<std::int64_t>(i);
+    weights.push_back(embedding.sparse_read(frequent));
+    std::cout << "final weights fingerprint " << std::hex << fingerprint(weights) << "\n";
+    strategy.join();
 }

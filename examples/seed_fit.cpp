@@ -7,7 +7,11 @@
 #include <pss/pss.hpp>
 
 int main() {
-    pss::ParameterServerStrategy<> strategy;  // 2 ps tasks, 2 workers, SGD(learning_rate=0.01)
+    pss::ClusterStrategy<> strategy;  // alone: 2 ps tasks, 2 workers; SGD(learning_rate=0.01)
+    if (!strategy.is_chief()) {
+        strategy.join();  // under a launcher, a ps or worker process serves until the chief ends the cluster
+        return 0;
+    }
 
     pss::Sequential model(strategy, {pss::Dense(1)}, /*seed=*/0);
     model.build({1});  // input_shape (1,): the kernel (1, 1) and the bias (1,) are created on the ps tasks
@@ -22,4 +26,5 @@ int main() {
     auto history = model.fit(x, y, /*epochs=*/5, /*batch_size=*/32);
 
     std::cout << "final loss: " << std::fixed << std::setprecision(6) << history.loss.back() << "\n";
+    strategy.join();
 }

@@ -442,3 +442,409 @@ TEST_SUITE("keras/model") {
         CHECK_THROWS_AS((void)model.get_layer("dense_2"), pss::NotFoundError);
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Config texts: a worker process rebuilds layers and losses from Layer::config() / Loss::config() and
+// binds the layers to the coordinator's variables (detail::layer_from_config, Layer::bind).
+// ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Two ps tasks, every variable split in 2 shards: the Embedding's table is sharded.
+using ConfigStrategy = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                                    pss::LocalClusterResolver<2, 1>>;
+
+/// Rebuilds `original` from its config() text and binds it to the original's variables, as a worker
+/// process does; checks the rebuilt layer describes itself identically, and that forward on `x` and
+/// backward of `grad_out` give exactly the original's values, gradients and variables.
+std::unique_ptr<pss::Layer> check_rebuilt_layer(pss::Layer& original, const xt::xarray<double>& x,
+                                                const xt::xarray<double>& grad_out) {
+    const std::string text = original.config();
+    CAPTURE(text);
+    const pss::detail::LayerConfig parsed = pss::detail::parse_layer_config(text);
+    REQUIRE(parsed.layer != nullptr);
+    CHECK_FALSE(parsed.layer->built());
+    CHECK(parsed.input_shape == original.input_shape());
+    std::unique_ptr<pss::Layer> rebuilt = pss::detail::layer_from_config(text);
+    CHECK_FALSE(rebuilt->built());
+    CHECK(rebuilt->class_name() == original.class_name());
+    CHECK(rebuilt->name() == original.name());
+    CHECK(rebuilt->weights().empty());
+    CHECK(rebuilt->bind(original.input_shape(), original.weights()) == original.output_shape());
+    CHECK(rebuilt->built());
+    CHECK(rebuilt->config() == text);
+    const auto w0 = original.weights();
+    const auto w1 = rebuilt->weights();
+    REQUIRE(w0.size() == w1.size());
+    for (std::size_t i = 0; i < w0.size(); ++i) CHECK(w1[i].name() == w0[i].name());
+
+    const xt::xarray<double> y0 = original.forward(x);
+    const xt::xarray<double> y1 = rebuilt->forward(x);
+    CHECK(y1.shape() == y0.shape());
+    CHECK(y1 == y0);
+    const pss::LayerGradients g0 = original.backward(grad_out);
+    const pss::LayerGradients g1 = rebuilt->backward(grad_out);
+    CHECK(g1.inputs == g0.inputs);
+    REQUIRE(g1.variables.size() == g0.variables.size());
+    for (std::size_t i = 0; i < g0.variables.size(); ++i) {
+        CAPTURE(i);
+        CHECK(g1.variables[i].variable.name() == g0.variables[i].variable.name());
+        CHECK(g1.variables[i].values.shape() == g0.variables[i].values.shape());
+        CHECK(g1.variables[i].values == g0.variables[i].values);
+        CHECK(g1.variables[i].ids == g0.variables[i].ids);
+        CHECK(g1.variables[i].sparse == g0.variables[i].sparse);
+    }
+    return rebuilt;
+}
+
+/// Checks that `text` is rejected by layer_from_config with exactly `message`.
+void check_bad_layer_config(const std::string& text, const std::string& message) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS((void)pss::detail::layer_from_config(text), message.c_str(), pss::InvalidArgumentError);
+}
+
+}  // namespace
+
+TEST_SUITE("keras/config") {
+    TEST_CASE("Layer::config: Dense(4, relu, no bias, float64) named dense_1 for (3) is `Dense name=dense_1 units=4 activation=relu use_bias=0 dtype=float64 input_shape=(3)`; rebuilt, bound, it computes the same") {
+        ConfigStrategy strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        pss::Dense dense(4, "relu", false, pss::DType::float64);
+        dense.set_name("dense_1");
+        std::mt19937 rng(0);
+        {
+            auto scope = strategy.scope();
+            dense.build({3}, rng);
+        }
+        CHECK(dense.config() == "Dense name=dense_1 units=4 activation=relu use_bias=0 dtype=float64 input_shape=(3)");
+        dense.set_weights({xt::xarray<double>{{1, -2, 0.5, 0}, {0.25, 1, -1, 2}, {-0.5, 0.5, 3, 1}}});
+        const xt::xarray<double> x = {{1, 2, -1}, {0.5, -1, 2}};
+        const auto rebuilt = check_rebuilt_layer(dense, x, xt::xarray<double>{{1, 2, 3, 4}, {-1, 0.5, 2, 1}});
+        // x . kernel = [[2, -0.5, -4.5, 3], [-0.75, 0, 7.25, 0]], then relu.
+        CHECK(rebuilt->forward(x) == xt::xarray<double>{{2, 0, 0, 3}, {0, 0, 7.25, 0}});
+    }
+
+    TEST_CASE("Layer::config: Dense(3, sigmoid) for (2, 2) is `Dense name=dense units=3 activation=sigmoid use_bias=1 dtype=float32 input_shape=(2,2)`; rebuilt, bound, it computes the same") {
+        ConfigStrategy strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        pss::Dense dense(3, "sigmoid");
+        std::mt19937 rng(0);
+        {
+            auto scope = strategy.scope();
+            dense.build({2, 2}, rng);
+        }
+        CHECK(dense.config() == "Dense name=dense units=3 activation=sigmoid use_bias=1 dtype=float32 input_shape=(2,2)");
+        CHECK(dense.kernel().num_shards() == 2);
+        const xt::xarray<double> x = {{{1, 2}, {-1, 0.5}}, {{0, 1}, {2, -2}}};
+        const auto rebuilt = check_rebuilt_layer(dense, x, xt::ones<double>({2, 2, 3}));
+        // The rebuilt layer reads the variables, not a copy: a new bias shows in its outputs.
+        dense.set_weights({xt::xarray<float>(xt::zeros<float>({2, 3})), xt::xarray<float>{0, 0, 0}});
+        CHECK(rebuilt->forward(x) == xt::xarray<double>(xt::ones<double>({2, 2, 3}) * 0.5));
+    }
+
+    TEST_CASE("Layer::config: Embedding(5, 4) over 2 shards for (3) is `Embedding name=embedding input_dim=5 output_dim=4 dtype=float32 input_shape=(3)`; rebuilt, bound, same rows and sparse gradients") {
+        ConfigStrategy strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        pss::Embedding embedding(5, 4);
+        std::mt19937 rng(0);
+        {
+            auto scope = strategy.scope();
+            embedding.build({3}, rng);
+        }
+        CHECK(embedding.embeddings().num_shards() == 2);
+        CHECK(embedding.config() == "Embedding name=embedding input_dim=5 output_dim=4 dtype=float32 input_shape=(3)");
+        const xt::xarray<double> ids = {{0, 4, 2}, {1, 1, 3}};
+        xt::xarray<double> grad_out = xt::xarray<double>::from_shape({2, 3, 4});
+        for (std::size_t i = 0; i < grad_out.size(); ++i) grad_out.data()[i] = static_cast<double>(i) - 7.5;
+        const auto rebuilt = check_rebuilt_layer(embedding, ids, grad_out);
+        CHECK(rebuilt->backward(grad_out).variables.front().ids == std::vector<std::int64_t>{0, 4, 2, 1, 1, 3});
+        // check_inputs of the rebuilt layer knows input_dim.
+        CHECK_THROWS_AS(rebuilt->check_inputs(xt::xarray<double>{{0, 5, 1}}), pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("Layer::config: GlobalAveragePooling1D and Flatten for (3, 2) are `GlobalAveragePooling1D name=global_average_pooling1d input_shape=(3,2)` and `Flatten name=flatten input_shape=(3,2)`") {
+        const xt::xarray<double> x = {{{1, 2}, {3, 4}, {5, 6}}, {{-1, 0}, {2, 2}, {0.5, 1}}};
+        std::mt19937 rng(0);
+        SUBCASE("GlobalAveragePooling1D") {
+            pss::GlobalAveragePooling1D pool;
+            pool.build({3, 2}, rng);
+            CHECK(pool.config() == "GlobalAveragePooling1D name=global_average_pooling1d input_shape=(3,2)");
+            const auto rebuilt = check_rebuilt_layer(pool, x, xt::xarray<double>{{1, -2}, {0.5, 3}});
+            CHECK(rebuilt->forward(x) == xt::xarray<double>{{3, 4}, {0.5, 1}});
+        }
+        SUBCASE("Flatten") {
+            pss::Flatten flatten;
+            flatten.build({3, 2}, rng);
+            CHECK(flatten.config() == "Flatten name=flatten input_shape=(3,2)");
+            const auto rebuilt = check_rebuilt_layer(flatten, x, xt::xarray<double>{{1, 2, 3, 4, 5, 6}, {-1, -2, -3, -4, -5, -6}});
+            CHECK(rebuilt->output_shape() == pss::Shape{6});
+        }
+        SUBCASE("Flatten of a scalar input shape: `input_shape=()`, output (1)") {
+            pss::Flatten flatten;
+            flatten.build({}, rng);
+            CHECK(flatten.config() == "Flatten name=flatten input_shape=()");
+            const auto parsed = pss::detail::parse_layer_config(flatten.config());
+            CHECK(parsed.input_shape == pss::Shape{});
+            CHECK(parsed.layer->bind(parsed.input_shape, {}) == pss::Shape{1});
+        }
+    }
+
+    TEST_CASE("Layer::config: the name \"my layer%/x=1\" is written `name=my%20layer%25/x=1` and read back exactly") {
+        pss::Flatten flatten;
+        flatten.set_name("my layer%/x=1");
+        std::mt19937 rng(0);
+        flatten.build({2}, rng);
+        CHECK(flatten.config() == "Flatten name=my%20layer%25/x=1 input_shape=(2)");
+        const auto rebuilt = pss::detail::layer_from_config(flatten.config());
+        CHECK(rebuilt->name() == "my layer%/x=1");
+        CHECK(pss::detail::layer_from_config("Flatten name=%41%62%0a input_shape=(2)")->name() == "Ab\n");
+    }
+
+    TEST_CASE("detail::bind_layer_from_config: a Dense config and its 2 variables give a layer built for (3) with output (2)") {
+        pss::Dense dense(2);
+        std::mt19937 rng(0);
+        dense.build({3}, rng);
+        const auto layer = pss::detail::bind_layer_from_config(dense.config(), dense.weights());
+        CHECK(layer->built());
+        CHECK(layer->input_shape() == pss::Shape{3});
+        CHECK(layer->output_shape() == pss::Shape{2});
+        CHECK(layer->config() == "Dense name=dense units=2 activation=linear use_bias=1 dtype=float32 input_shape=(3)");
+        CHECK_THROWS_AS((void)pss::detail::bind_layer_from_config(dense.config(), {dense.kernel()}), pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("Layer::config and bind: config before build and bind of a built layer throw FailedPreconditionError") {
+        pss::Dense dense(2);
+        CHECK_THROWS_WITH_AS((void)dense.config(),
+                             "pss: Dense: config before build; a layer is built by its model's build, fit, evaluate or "
+                             "predict, or by build(input_shape, rng)",
+                             pss::FailedPreconditionError);
+        std::mt19937 rng(0);
+        dense.build({3}, rng);
+        CHECK_THROWS_WITH_AS((void)dense.bind({3}, dense.weights()),
+                             "pss: Dense 'dense': bind called on a built layer; a layer is built or bound once",
+                             pss::FailedPreconditionError);
+    }
+
+    TEST_CASE("Layer::bind: Dense(4) for (3) rejects 1 variable, a (2, 4) kernel, a float64 bias, an empty handle and input shape (0); naming each") {
+        std::mt19937 rng(0);
+        pss::Dense dense(4);
+        dense.build({3}, rng);
+        pss::Dense other(4, "linear", true, pss::DType::float64);
+        other.set_name("other");
+        other.build({2}, rng);
+        auto fresh = [] { return pss::Dense(4); };
+        CHECK_THROWS_WITH_AS((void)fresh().bind({3}, {dense.kernel()}),
+                             "pss: Dense 'dense': bind got 1 variables, but the layer has 2 weights (kernel (3, 4) "
+                             "float32, bias (4,) float32), in the order of weights()",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)fresh().bind({3}, {other.kernel(), dense.bias()}),
+                             "pss: Dense 'dense': bind: weight 0 (kernel) is 'other/kernel:0' of shape (2, 4), but the "
+                             "layer needs (3, 4)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)fresh().bind({3}, {dense.kernel(), other.bias()}),
+                             "pss: Dense 'dense': bind: weight 1 (bias) is 'other/bias:0' of dtype float64, but the "
+                             "layer's dtype is float32",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)fresh().bind({3}, {dense.kernel(), pss::Variable()}),
+                             "pss: Dense 'dense': bind: weight 1 (bias) is an empty Variable handle; give the variables "
+                             "of weights()",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)fresh().bind({0}, dense.weights()),
+                             "pss: Dense 'dense': input shape (0,); a Dense layer needs inputs with a last axis of at "
+                             "least 1 feature",
+                             pss::InvalidArgumentError);
+        // Swapped order: the bias where the kernel goes.
+        CHECK_THROWS_AS((void)fresh().bind({3}, {dense.bias(), dense.kernel()}), pss::InvalidArgumentError);
+        // A failed bind leaves the layer unbuilt; a good one then succeeds.
+        pss::Dense layer(4);
+        CHECK_THROWS_AS((void)layer.bind({3}, {dense.bias(), dense.kernel()}), pss::InvalidArgumentError);
+        CHECK_FALSE(layer.built());
+        CHECK(layer.bind({3}, dense.weights()) == pss::Shape{4});
+    }
+
+    TEST_CASE("Layer::bind: Embedding(5, 4) rejects a (4, 4) table and a float64 one; GlobalAveragePooling1D and Flatten reject any variable") {
+        std::mt19937 rng(0);
+        pss::Embedding small(4, 4);
+        small.build({2}, rng);
+        pss::Embedding wide(5, 4, pss::DType::float64);
+        wide.build({2}, rng);
+        CHECK_THROWS_WITH_AS((void)pss::Embedding(5, 4).bind({2}, small.weights()),
+                             "pss: Embedding 'embedding': bind: weight 0 (embeddings) is 'embedding/embeddings:0' of "
+                             "shape (4, 4), but the layer needs (5, 4)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::Embedding(5, 4).bind({2}, wide.weights()),
+                             "pss: Embedding 'embedding': bind: weight 0 (embeddings) is 'embedding/embeddings:0' of "
+                             "dtype float64, but the layer's dtype is float32",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::GlobalAveragePooling1D().bind({3, 2}, small.weights()),
+                             "pss: GlobalAveragePooling1D 'global_average_pooling1d': bind got 1 variables, but the layer "
+                             "has 0 weights (none), in the order of weights()",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)pss::GlobalAveragePooling1D().bind({3}, {}), pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)pss::Flatten().bind({3}, small.weights()), pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("detail::layer_from_config: empty, unknown class, missing or extra field, bad numbers, garbage bytes throw naming the text and the fault") {
+        const std::string dense_fields = "; a Dense config has name, units, activation, use_bias, dtype and input_shape";
+        check_bad_layer_config("", "pss: layer config \"\": it is empty; a config starts with the class name");
+        check_bad_layer_config("   ", "pss: layer config \"   \": it is empty; a config starts with the class name");
+        check_bad_layer_config("Conv2D name=c input_shape=(3)",
+                               "pss: layer config \"Conv2D name=c input_shape=(3)\": the class \"Conv2D\" is not known; "
+                               "layer_from_config rebuilds Dense, Embedding, GlobalAveragePooling1D and Flatten");
+        check_bad_layer_config("dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+                               "pss: layer config \"dense name=d units=1 activation=relu use_bias=1 dtype=float32 "
+                               "input_shape=(3)\": the class \"dense\" is not known; layer_from_config rebuilds Dense, "
+                               "Embedding, GlobalAveragePooling1D and Flatten");
+        check_bad_layer_config("Dense name=d activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+                               "pss: layer config \"Dense name=d activation=relu use_bias=1 dtype=float32 "
+                               "input_shape=(3)\": the field \"units\" is missing" + dense_fields);
+        check_bad_layer_config("Dense units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+                               "pss: layer config \"Dense units=1 activation=relu use_bias=1 dtype=float32 "
+                               "input_shape=(3)\": the field \"name\" is missing" + dense_fields);
+        check_bad_layer_config("Dense name=d units=four activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+                               "pss: layer config \"Dense name=d units=four activation=relu use_bias=1 dtype=float32 "
+                               "input_shape=(3)\": units is \"four\", not a whole number");
+        check_bad_layer_config("Dense name=d units=99999999999999999999 activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+                               "pss: layer config \"Dense name=d units=99999999999999999999 activation=relu use_bias=1 "
+                               "dtype=float32 input_shape=(3)\": units is \"99999999999999999999\", more than 2^48");
+        check_bad_layer_config("Dense name=d units=0 activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+                               "pss: layer config \"Dense name=d units=0 activation=relu use_bias=1 dtype=float32 "
+                               "input_shape=(3)\": units is 0; it is at least 1");
+        check_bad_layer_config("Dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3) seed=4",
+                               "pss: layer config \"Dense name=d units=1 activation=relu use_bias=1 dtype=float32 "
+                               "input_shape=(3) seed=4\": the field \"seed\" is not one of Dense's; it has name, units, "
+                               "activation, use_bias, dtype and input_shape");
+        check_bad_layer_config(std::string("Dense\0\xff name=d", 14),
+                               "pss: layer config \"Dense\\x00\\xff name=d\": byte 5 is \"\\x00\", not printable ASCII; "
+                               "a config is one line of printable words separated by spaces");
+        check_bad_layer_config("Flatten name=f name=g input_shape=(2)",
+                               "pss: layer config \"Flatten name=f name=g input_shape=(2)\": the field \"name\" is given twice");
+        check_bad_layer_config("Flatten name=f input_shape=(2,) ",
+                               "pss: layer config \"Flatten name=f input_shape=(2,) \": input_shape \"(2,)\" ends with a comma");
+        check_bad_layer_config("Flatten name=bad%2 input_shape=(2)",
+                               "pss: layer config \"Flatten name=bad%2 input_shape=(2)\": name \"bad%2\" has a % not "
+                               "followed by two hex digits; a name writes bytes outside printable ASCII, and %, as %XX");
+        check_bad_layer_config("Flatten name=f input_shape=(65536,65536,65536,65536,65536)",
+                               "pss: layer config \"Flatten name=f input_shape=(65536,65536,65536,65536,65536)\": "
+                               "input_shape \"(65536,65536,65536,65536,65536)\" has more than 2^62 elements");
+        const std::string long_text = std::string(1000, 'A');
+        check_bad_layer_config(long_text, "pss: layer config \"" + std::string(200, 'A') +
+                                              "\" (1000 bytes, the first 200 shown): the class \"" + std::string(200, 'A') +
+                                              "\" (1000 bytes, the first 200 shown) is not known; layer_from_config "
+                                              "rebuilds Dense, Embedding, GlobalAveragePooling1D and Flatten");
+        // Each of these is rejected too (the message names the fault; the cases above pin its wording).
+        const std::string dense_tail = " activation=relu use_bias=1 dtype=float32 input_shape=(3)";
+        for (const std::string& text : std::vector<std::string>{
+                 "Dense name=d units=-1" + dense_tail, "Dense name=d units=+1" + dense_tail,
+                 "Dense name=d units=1.5" + dense_tail, "Dense name=d units=0x10" + dense_tail,
+                 "Dense name=d units=281474976710657" + dense_tail,  // 2^48 + 1
+                 "Dense name=d units=" + dense_tail, "Dense name=d units" + dense_tail, "Dense name=d =1" + dense_tail,
+                 std::string("Dense name=d units=1 activation=gelu use_bias=1 dtype=float32 input_shape=(3)"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=yes dtype=float32 input_shape=(3)"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=1 dtype=int32 input_shape=(3)"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=3"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(,3)"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3;2)"),
+                 std::string("Dense\tname=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3)"),
+                 std::string("Dense name=d units=1 activation=relu use_bias=1 dtype=float32 input_shape=(3)\n"),
+                 std::string("Embedding name=e input_dim=0 output_dim=4 dtype=float32 input_shape=(3)"),
+                 std::string("Embedding name=e input_dim=5 dtype=float32 input_shape=(3)"),
+                 std::string("Flatten name=%zz input_shape=(2)"), std::string("Flatten name=f% input_shape=(2)"),
+                 std::string("Flatten name=f input_shape=(1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1)"),
+                 std::string("Flatten name=f units=3 input_shape=(2)"), std::string("name=f input_shape=(2)"),
+                 std::string("Flatten"), std::string("Flatten name=f"), std::string("\xc3\xa9 name=f input_shape=(2)")}) {
+            CAPTURE(text);
+            CHECK_THROWS_AS((void)pss::detail::layer_from_config(text), pss::InvalidArgumentError);
+        }
+    }
+
+    TEST_CASE("detail::layer_from_config: 20000 mutated and random texts give a layer (not built) or InvalidArgumentError, nothing else") {
+        const std::vector<std::string> valid = {
+            "Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)",
+            "Embedding name=embedding input_dim=5 output_dim=4 dtype=float64 input_shape=(3,2)",
+            "GlobalAveragePooling1D name=global_average_pooling1d input_shape=(3,2)", "Flatten name=f%20x input_shape=()"};
+        const std::string alphabet = "0123456789(),=% _%azAZ\xff";
+        std::mt19937 rng(42);
+        auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+        auto random_byte = [&] {
+            return pick(4) == 0 ? static_cast<char>(pick(256)) : alphabet[pick(alphabet.size())];
+        };
+        std::size_t accepted = 0, rejected = 0;
+        auto attempt = [&](const std::string& text) {
+            CAPTURE(text);
+            try {
+                const auto layer = pss::detail::layer_from_config(text);
+                CHECK_FALSE(layer->built());
+                ++accepted;
+            } catch (const pss::InvalidArgumentError&) {
+                ++rejected;
+            }
+        };
+        for (const auto& text : valid) CHECK_NOTHROW(attempt(text));
+        for (int i = 0; i < 16000; ++i) {
+            std::string text = valid[static_cast<std::size_t>(i) % valid.size()];
+            for (std::size_t m = 0, edits = 1 + pick(3); m < edits; ++m) {
+                const std::size_t at = pick(text.size() + 1);
+                switch (pick(3)) {
+                    case 0: if (at < text.size()) text[at] = random_byte(); break;
+                    case 1: if (at < text.size()) text.erase(at, 1 + pick(4)); break;
+                    default: text.insert(at, 1 + pick(20), random_byte()); break;
+                }
+            }
+            attempt(text);
+        }
+        for (int i = 0; i < 4000; ++i) {
+            std::string text(pick(48), ' ');
+            for (char& c : text) c = random_byte();
+            attempt(text);
+        }
+        MESSAGE(accepted << " texts gave a layer, " << rejected << " were rejected");
+        CHECK(accepted + rejected == 4 + 20000);
+        CHECK(accepted > 4);   // some edits keep a valid config (a digit for a digit)
+        CHECK(rejected > 10000);
+    }
+}
+
+TEST_SUITE("keras/config") {
+    TEST_CASE("Loss::config: each loss's config is its name and detail::loss_from_config rebuilds it with the same value and gradient") {
+        const xt::xarray<double> y = column({1, 0, 1});
+        const xt::xarray<double> p = column({0.8, 0.3, 0.55});
+        for (const auto& loss : std::vector<std::shared_ptr<const pss::Loss>>{
+                 std::make_shared<pss::MeanSquaredError>(), std::make_shared<pss::BinaryCrossentropy>()}) {
+            const auto rebuilt = pss::detail::loss_from_config(loss->config());
+            CHECK(rebuilt->config() == loss->config());
+            CHECK(rebuilt->name() == loss->name());
+            CHECK(rebuilt->value(y, p) == loss->value(y, p));
+            CHECK(rebuilt->gradient(y, p) == loss->gradient(y, p));
+        }
+        CHECK(pss::MeanSquaredError().config() == "mean_squared_error");
+        CHECK(pss::BinaryCrossentropy().config() == "binary_crossentropy");
+        const pss::SparseCategoricalCrossentropy scce;
+        CHECK(scce.config() == "sparse_categorical_crossentropy");
+        const auto rebuilt = pss::detail::loss_from_config("sparse_categorical_crossentropy");
+        const xt::xarray<double> ids = {1, 0};
+        const xt::xarray<double> probs = {{0.2, 0.7, 0.1}, {0.5, 0.25, 0.25}};
+        CHECK(rebuilt->name() == "sparse_categorical_crossentropy");
+        CHECK(rebuilt->value(ids, probs) == scce.value(ids, probs));
+        CHECK(rebuilt->gradient(ids, probs) == scce.gradient(ids, probs));
+    }
+
+    TEST_CASE("detail::loss_from_config: \"mse\", \"hinge\", a parameter, empty and garbage texts throw naming the text") {
+        CHECK_THROWS_WITH_AS((void)pss::detail::loss_from_config("hinge"),
+                             "pss: loss config \"hinge\": the loss \"hinge\" is not known; the configs of pss's losses "
+                             "are \"mean_squared_error\", \"binary_crossentropy\" and \"sparse_categorical_crossentropy\"",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::detail::loss_from_config("mean_squared_error from_logits=1"),
+                             "pss: loss config \"mean_squared_error from_logits=1\": the field \"from_logits\" is not one "
+                             "of mean_squared_error's; it has no fields",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::detail::loss_from_config(""),
+                             "pss: loss config \"\": it is empty; a config starts with the class name",
+                             pss::InvalidArgumentError);
+        for (const std::string& text : std::vector<std::string>{std::string("mse"), std::string("MeanSquaredError"), std::string("binary_crossentropy x"),
+                                       std::string("binary_crossentropy\n"), std::string("\x80\x81", 2),
+                                       std::string("\0", 1), std::string(100000, 'z')}) {
+            CAPTURE(text.size());
+            CHECK_THROWS_AS((void)pss::detail::loss_from_config(text), pss::InvalidArgumentError);
+        }
+        CHECK(pss::detail::loss_from_config("  binary_crossentropy ")->name() == "binary_crossentropy");
+    }
+}

@@ -222,7 +222,7 @@ TEST_SUITE("net") {
             CHECK(decode_error(with([](Bytes& b) {
                       b[6] = std::byte{128};
                       put_u32(b, 8, 42);
-                  })) == "pss: wire: frame error code 42 is unknown; codes are 0 (ok) to 8 (internal)");
+                  })) == "pss: wire: frame error code 42 is unknown; codes are 0 (ok) to 9 (not ready)");
             CHECK(decode_error(with([](Bytes& b) { put_u32(b, 8, 6); })) ==
                   "pss: wire: frame error code 6 is set on a request; only a reply carries an error");
             CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{9}; })) ==

@@ -6,6 +6,7 @@
 #include <latch>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,6 +214,147 @@ TEST_SUITE("ClusterCoordinator") {
         static_assert(pss::Transferable<std::vector<xt::xarray<float>>>);
         static_assert(pss::Transferable<std::string>);
         static_assert(!pss::Transferable<std::mutex*>);
+    }
+}
+
+namespace {
+std::string describe_values(std::vector<std::int32_t> counts, std::string label, xt::xarray<double> values, bool flag) {
+    double sum = 0;
+    for (double v : values) sum += v;
+    return label + ":" + std::to_string(counts.size()) + ":" + std::to_string(counts.empty() ? 0 : counts.back()) +
+           ":" + std::to_string(sum) + ":" + (flag ? "yes" : "no");
+}
+double throws_out_of_range(double) { throw pss::OutOfRangeError("pss: test: id 9 is out of range"); }
+double throws_std(double) { throw std::runtime_error("plain failure"); }
+int worker_of_call() { return pss::worker_index(); }
+
+/// Runs a registered function as a worker process would, on `arguments` encoded here.
+template <class R, class... Args>
+R call_as_worker(const std::string& name, const pss::Tensor& arguments, std::shared_ptr<pss::detail::Channel> channel = {},
+                 int worker = 1) {
+    const pss::Tensor answer = pss::detail::run_call(name, arguments, pss::detail::CallContext{std::move(channel), worker});
+    return pss::detail::decode_result<R>(answer, name);
+}
+}  // namespace
+
+TEST_SUITE("Remote calls") {
+    TEST_CASE("Codec: numbers, strings, vectors, arrays and flags round-trip exactly through a call's encoding") {
+        static const auto describe = pss::register_function("test_training.describe_values", &describe_values);
+        const auto args = pss::detail::encode_values(std::vector<std::int32_t>{4, 5, -6}, std::string("label"),
+                                                     xt::xarray<double>{{1.5, 2.25}, {-0.75, 4}}, true);
+        CHECK(call_as_worker<std::string>(describe.name(), args) == "label:3:-6:7.000000:yes");
+        pss::detail::ByteWriter w;
+        pss::detail::Codec<xt::xarray<float>>::encode(w, xt::xarray<float>{{1, 2, 3}});
+        pss::detail::Codec<std::vector<std::string>>::encode(w, {"a", "", "ccc"});
+        pss::detail::Codec<std::uint64_t>::encode(w, 1ull << 60);
+        pss::detail::ByteReader r(w.data(), "test");
+        const auto array = pss::detail::Codec<xt::xarray<float>>::decode(r, {});
+        CHECK(array == xt::xarray<float>{{1, 2, 3}});
+        CHECK(array.shape()[0] == 1);
+        CHECK(pss::detail::Codec<std::vector<std::string>>::decode(r, {}) == std::vector<std::string>{"a", "", "ccc"});
+        CHECK(pss::detail::Codec<std::uint64_t>::decode(r, {}) == (1ull << 60));
+        CHECK(r.remaining() == 0);
+    }
+    TEST_CASE("Codec: a value of another type, a truncated list, a lying count or extra bytes is an InvalidArgumentError") {
+        static const auto describe = pss::register_function("test_training.describe_values_2", &describe_values);
+        // An int where a vector is expected: the tags differ.
+        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::encode_values(7)),
+                             doctest::Contains("pss: call of \"test_training.describe_values_2\": the encoded values are "
+                                               "malformed: expected a vector (tag 118), found tag"),
+                             pss::InvalidArgumentError);
+        // Every prefix of a good encoding fails cleanly.
+        pss::detail::ByteWriter w;
+        pss::detail::Codec<std::vector<std::int32_t>>::encode(w, {1, 2});
+        pss::detail::Codec<std::string>::encode(w, "xy");
+        pss::detail::Codec<xt::xarray<double>>::encode(w, xt::xarray<double>{3});
+        pss::detail::Codec<bool>::encode(w, false);
+        const auto full = w.data();
+        CHECK(call_as_worker<std::string>(describe.name(), pss::detail::to_blob(full)) == "xy:2:2:3.000000:no");
+        for (std::size_t n = 0; n < full.size(); ++n)
+            CHECK_THROWS_AS(call_as_worker<std::string>(
+                                describe.name(), pss::detail::to_blob(std::vector<std::byte>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(n)))),
+                            pss::InvalidArgumentError);
+        auto extra = full;
+        extra.push_back(std::byte{0});
+        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::to_blob(extra)),
+                             doctest::Contains("1 bytes are left over"), pss::InvalidArgumentError);
+        // A vector claiming 2^40 elements, and a tensor claiming more bytes than were sent.
+        pss::detail::ByteWriter lying;
+        lying.raw(pss::detail::tag::vector);
+        lying.raw(std::uint64_t{1} << 40);
+        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::to_blob(lying.data())),
+                             doctest::Contains("a count of 1099511627776 is too large"), pss::InvalidArgumentError);
+        pss::detail::ByteWriter huge;
+        huge.raw(pss::detail::tag::tensor);
+        huge.raw(std::uint8_t{2});  // float64
+        pss::detail::encode_shape(huge, {1u << 20, 1u << 20});
+        pss::detail::ByteReader reader(huge.data(), "test");
+        CHECK_THROWS_WITH_AS(pss::detail::decode_tensor(reader), doctest::Contains("is larger than the bytes sent"),
+                             pss::InvalidArgumentError);
+        // A payload that is not a blob at all.
+        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::Tensor(xt::xarray<float>{1})),
+                             doctest::Contains("the payload is not an encoded list of values"), pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::Tensor(xt::xarray<std::int64_t>{100})),
+                             doctest::Contains("the payload's byte count 100 is wrong"), pss::InvalidArgumentError);
+    }
+    TEST_CASE("run_call: errors come back as their Error type with their message; an unknown name is NotFoundError") {
+        static const auto range = pss::register_function("test_training.throws_out_of_range", &throws_out_of_range);
+        static const auto plain = pss::register_function("test_training.throws_std", &throws_std);
+        static const auto which = pss::register_function("test_training.worker_of_call", &worker_of_call);
+        CHECK_THROWS_WITH_AS(call_as_worker<double>(range.name(), pss::detail::encode_values(1.0)),
+                             "pss: test: id 9 is out of range", pss::OutOfRangeError);
+        CHECK_THROWS_WITH_AS(call_as_worker<double>(plain.name(), pss::detail::encode_values(1.0)),
+                             "pss: worker 1: \"test_training.throws_std\" threw: plain failure", pss::InternalError);
+        CHECK_THROWS_WITH_AS(call_as_worker<double>("test_training.nobody", pss::detail::encode_values(1.0)),
+                             "pss: worker 1: no function is registered as \"test_training.nobody\" in this process; "
+                             "call register_function at start-up in every process",
+                             pss::NotFoundError);
+        CHECK(call_as_worker<int>(which.name(), pss::detail::encode_values(), {}, 1) == -1);  // set by the server, not here
+    }
+    TEST_CASE("Codec: a Variable crosses as a handle that reaches the same shards and never destroys them") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner> strategy(
+            {}, pss::FixedShardsPartitioner(2));
+        auto scope = strategy.scope();
+        pss::Variable table(xt::xarray<float>{{1, 2}, {3, 4}, {5, 6}}, "table");
+        pss::detail::ByteWriter w;
+        pss::detail::Codec<pss::Variable>::encode(w, table);
+        std::shared_ptr<pss::detail::Channel> channel = pss::detail::Codec<pss::Variable>::channel_of(table);
+        {
+            pss::detail::ByteReader r(w.data(), "test");
+            pss::Variable copy = pss::detail::Codec<pss::Variable>::decode(r, pss::detail::CallContext{channel, 0});
+            CHECK(copy.name() == "table:0");
+            CHECK(copy.shard_tasks() == std::vector<int>{0, 1});
+            copy.scatter_add(std::vector<std::int64_t>{2}, xt::xarray<float>{{10, 10}});
+        }  // the received handle is gone: the shards stay
+        CHECK(table.read<float>() == xt::xarray<float>{{1, 2}, {3, 4}, {15, 16}});
+        // Shards that do not tile the rows are refused before any handle exists.
+        auto bad = w.data();
+        bad[bad.size() - 8] = std::byte{9};  // the last shard's row count
+        pss::detail::ByteReader r(bad, "test");
+        CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(r, pss::detail::CallContext{channel, 0}),
+                             doctest::Contains("the shards do not cover the rows"), pss::InvalidArgumentError);
+        pss::detail::ByteReader no_cluster(w.data(), "test");
+        CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(no_cluster, {}),
+                             doctest::Contains("a Variable reached a process that has no cluster"), pss::InvalidArgumentError);
+    }
+    TEST_CASE("ParameterServerStrategy: with TCP, a resolver naming no task keeps the cluster in this process; a ps "
+              "task's process refuses to create variables" *
+              doctest::timeout(30)) {
+        const pss::ClusterSpec spec{{"chief", {"127.0.0.1:0"}}, {"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+        using S = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::SimpleClusterResolver>;
+        S whole{pss::SimpleClusterResolver(spec)};  // no task type: the whole cluster in this process
+        CHECK(whole.is_chief());
+        CHECK(!whole.is_distributed());
+        CHECK(whole.task().to_string() == "/job:chief/replica:0/task:0");
+        S ps{pss::SimpleClusterResolver(spec, "ps", 0)};
+        CHECK(ps.is_distributed());
+        CHECK(!ps.is_chief());
+        auto scope = ps.scope();
+        CHECK_THROWS_WITH_AS(pss::Variable(xt::xarray<float>{1}, "w"),
+                             "pss: variable 'w': this process is task /job:ps/replica:0/task:0; variables are created by "
+                             "the chief. A ps or worker process calls strategy.join() and serves until the chief ends "
+                             "the cluster",
+                             pss::FailedPreconditionError);
     }
 }
 

@@ -230,6 +230,8 @@ struct Codec<std::vector<T>> {
 /// handle reaches the same shards through its own channel and never destroys them.
 template <>
 struct Codec<Variable> {
+    /// How `v` reaches its shards (what a received handle needs in this process).
+    static std::shared_ptr<Channel> channel_of(const Variable& v) { return v.info().channel; }
     static void encode(ByteWriter& w, const Variable& v) {
         const VariableInfo& info = v.info();
         w.raw(tag::variable);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -174,7 +175,9 @@ private:
                 request.op = Op::shutdown;
                 replies.push_back(client_.send(TaskId{job, i}, std::move(request)));
             }
-            for (auto& r : replies) (void)r.get();  // a task already gone has ended anyway
+            // A task already gone has ended anyway: a lost worker is not waited for (its address would
+            // be retried for the whole connect timeout), the transport's shutdown answers its request.
+            for (auto& r : replies) (void)r.wait_for(std::chrono::seconds(2));
         }
     }
 
@@ -282,10 +285,13 @@ public:
         channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
     }
 
-    /// @brief Ends this process's part of the cluster (see join()) when join() was not called.
+    /// @brief A chief ends the cluster (as join() does); a ps or worker process stops serving at once.
     ~ParameterServerStrategy() override {
         try {
-            join();
+            std::call_once(joined_, [&] {
+                if (is_chief()) channel_->join();
+                channel_->shutdown();
+            });
         } catch (...) {  // a destructor does not throw; the tasks end when their connections close
         }
     }
@@ -297,8 +303,8 @@ public:
     /// - chief of a multi-process cluster: ends the cluster: every worker, then every ps, stops serving;
     /// - the whole cluster in this process: stops its tasks.
     ///
-    /// Afterwards no variable operation reaches a task. Call it once the training is over; the
-    /// destructor calls it otherwise.
+    /// Afterwards no variable operation reaches a task. Call it once the training is over; a chief's
+    /// destructor ends the cluster when it was not called.
     void join() {
         std::call_once(joined_, [&] {
             channel_->join();

@@ -147,6 +147,8 @@ public:
     /// @brief The device of the first shard: `/job:ps/replica:0/task:0/device:CPU:0`.
     [[nodiscard]] std::string device() const { return info().channel->device(info().shards.front().task); }
     [[nodiscard]] std::size_t num_shards() const { return info().shards.size(); }
+    /// @brief The number its strategy gave the variable (1, 2, ...): unique among that strategy's variables.
+    [[nodiscard]] std::uint64_t id() const { return info().id; }
     [[nodiscard]] bool is_sharded() const { return num_shards() > 1; }
     /// @brief The ps task index of each shard (-1 for the coordinator).
     [[nodiscard]] std::vector<int> shard_tasks() const {

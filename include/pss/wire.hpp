@@ -37,7 +37,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | 4 | 2 | version | `wire_version` (1) |
 /// | 6 | 1 | kind | an `Op` (1 to 14) for a request, `frame_kind_reply` (128) for a reply |
 /// | 7 | 1 | flags | `frame_flag_payload` (a tensor is described), `frame_flag_payload_elided` (its bytes are not sent) |
-/// | 8 | 4 | error code | an `ErrorCode` (0 to 8); 0 in requests |
+/// | 8 | 4 | error code | an `ErrorCode` (0 to 9); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
 /// | 20 | 4 | task | request: the index of the task addressed; reply: the index of the answering task |
 /// | 24 | 8 | variable id | `ShardKey::variable` |
@@ -368,8 +368,8 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
         fail("kind " + std::to_string(h.kind) + " is unknown; a request is an operation 1 to 14, a reply is 128");
     if ((h.flags & ~(frame_flag_payload | frame_flag_payload_elided)) != 0)
         fail("flags " + std::to_string(h.flags) + " has unknown bits; only 1 (payload) and 2 (elided) are defined");
-    if (code > static_cast<std::uint32_t>(ErrorCode::internal))
-        fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 8 (internal)");
+    if (code > static_cast<std::uint32_t>(ErrorCode::not_ready))
+        fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 9 (not ready)");
     h.code = static_cast<ErrorCode>(code);
     if (!h.is_reply() && h.code != ErrorCode::ok)
         fail("error code " + std::to_string(code) + " is set on a request; only a reply carries an error");

@@ -2,7 +2,9 @@
 // TF_CONFIG) the chief creates variables on the ps processes and schedules registered functions on the
 // worker processes; alone, it runs the same steps on the embedded cluster. Its stdout is the chief's and
 // is the same both ways (golden file cluster_program.expected).
+#include <cstdlib>
 #include <iostream>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,10 +34,26 @@ double fails(int code) {
 }
 const auto fail = pss::register_function("cluster_program.fails", &fails);
 
+bool distributed = false;  // set by main in every process: is each task its own process?
+
+/// The first call loses its worker (the process ends, or the embedded cluster's test hook); the
+/// coordinator runs it again on the other worker, where `lost` is 1 already.
+int lose_first_worker(pss::Variable lost, pss::Variable runs) {
+    runs.assign_add(xt::xarray<float>{1});
+    if (lost.read<float>()(0) == 0) {
+        lost.assign(xt::xarray<float>{1});
+        if (distributed) std::_Exit(0);  // status 0: pss-launch lets the other tasks run on
+        pss::ClusterCoordinator::testing_lose_current_worker();
+    }
+    return 7;
+}
+const auto lose = pss::register_function("cluster_program.lose_first_worker", &lose_first_worker);
+
 }  // namespace
 
 int main() {
     Strategy strategy;
+    distributed = strategy.is_distributed();
     if (!strategy.is_chief()) {
         strategy.join();  // ps and workers serve until the chief ends the cluster
         return 0;
@@ -77,6 +95,17 @@ int main() {
     std::cout << "after the error, done: " << coordinator.done() << ", again: " << coordinator.schedule(fail, 0).fetch()
               << "\n";
     std::cout << "v = " << v << "\n";
+
+    // At least once: a closure whose worker is lost runs again on another worker.
+    auto [lost, runs] = [&] {
+        auto scope = strategy.scope();
+        return std::pair{pss::Variable(xt::xarray<float>{0}, "lost"), pss::Variable(xt::xarray<float>{0}, "runs")};
+    }();
+    const int answer = coordinator.schedule(lose, lost, runs).fetch();
+    std::cout << "after losing a worker: " << answer << ", runs " << runs.read<float>()(0) << "\n";
+    for (int i = 0; i < 4; ++i) (void)coordinator.schedule(add, v, 1.0f);
+    coordinator.join();
+    std::cout << "the other worker runs on: v = " << v.read<float>()(0) << "\n";
     strategy.join();
     return 0;
 }

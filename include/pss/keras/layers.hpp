@@ -1,4 +1,4 @@
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables.
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their config texts.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <pss/config.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
 #include <pss/variable.hpp>
 
@@ -122,6 +123,24 @@ inline std::string snake_case(std::string_view name) {
     return out;
 }
 
+/// A layer's name as a config text writes it: bytes outside printable ASCII, and `%`, become `%XX`
+/// (upper-case hex), so that any name is one word and round-trips: "my layer" gives "my%20layer".
+inline std::string encode_config_name(std::string_view name) {
+    constexpr char hex[] = "0123456789ABCDEF";
+    std::string out;
+    for (char ch : name) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (c < 0x21 || c > 0x7e || c == '%') {
+            out += '%';
+            out += hex[c >> 4];
+            out += hex[c & 0xf];
+        } else {
+            out += ch;
+        }
+    }
+    return out;
+}
+
 /// Checks that a layer's variable dtype is one that trains.
 inline void check_float_dtype(DType dtype, std::string_view layer) {
     if (dtype != DType::float32 && dtype != DType::float64)
@@ -188,6 +207,43 @@ public:
     }
 
     [[nodiscard]] bool built() const noexcept { return built_; }
+
+    /// @brief One line of text that describes the layer completely (class, name, constructor parameters,
+    /// built input shape), from which detail::layer_from_config rebuilds it, in a worker process that has
+    /// no model object: `Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)`.
+    ///
+    /// Words are separated by one space; the first is class_name(); then `name=` (the name with bytes
+    /// outside printable ASCII, and `%`, written `%XX`), the layer's parameters, and `input_shape=` as
+    /// `(3,2)` (`(3)` for rank 1, `()` for a scalar). Embedding: `input_dim=5 output_dim=4
+    /// dtype=float32`; GlobalAveragePooling1D and Flatten have no parameters.
+    /// @throws FailedPreconditionError before build, or when the layer's class does not override it.
+    [[nodiscard]] virtual std::string config() const {
+        require_built("config");
+        throw FailedPreconditionError("pss: " + describe() +
+                                      ": config() is not implemented by this class; a layer trained by worker "
+                                      "processes overrides config() and do_bind(), and detail::layer_from_config "
+                                      "must know its class");
+    }
+
+    /// @brief Marks the layer built for inputs of `input_shape` (batch axis excluded) over existing
+    /// variables, in the order of weights(), instead of creating them: how a worker process rebuilds a
+    /// layer from its config() and the handles of the coordinator's variables. No variable is created;
+    /// afterwards forward, backward and weights() work as on the layer whose variables these are.
+    /// Returns the output shape, as build.
+    /// @throws FailedPreconditionError when built already (or the class does not override do_bind);
+    /// InvalidArgumentError when the layer cannot take inputs of that shape, or `weights` are not what
+    /// build would create (their count, shapes or dtypes):
+    /// `pss: Dense 'dense': bind: weight 0 (kernel) is 'x/kernel:0' of shape (2, 4), but the layer needs (3, 4)`
+    Shape bind(const Shape& input_shape, std::vector<Variable> weights) {
+        if (built_)
+            throw FailedPreconditionError("pss: " + describe() +
+                                          ": bind called on a built layer; a layer is built or bound once");
+        if (name_.empty()) name_ = default_name();
+        output_shape_ = do_bind(input_shape, std::move(weights));
+        input_shape_ = input_shape;
+        built_ = true;
+        return output_shape_;
+    }
 
     /// @brief Creates the weights for inputs of `input_shape` (batch axis excluded), drawing initial
     /// values from `rng`; returns the output shape (batch axis excluded).
@@ -275,6 +331,59 @@ protected:
 
     /// @brief Creates the variables; returns the output shape. Called once, with name() set.
     virtual Shape do_build(const Shape& input_shape, std::mt19937& rng) = 0;
+    /// @brief Takes `weights` (checked with check_bind_weights) where do_build creates variables; returns
+    /// the output shape. Called once, with name() set. The default throws: a class that can be rebuilt
+    /// by a worker process overrides it.
+    virtual Shape do_bind(const Shape& /*input_shape*/, std::vector<Variable> /*weights*/) {
+        throw FailedPreconditionError("pss: " + describe() +
+                                      ": bind is not implemented by this class; override do_bind() to let a layer "
+                                      "take existing variables");
+    }
+
+    /// `<class> name=<name> <parameters> input_shape=(...)`: config() of a built layer.
+    [[nodiscard]] std::string config_line(std::string_view parameters) const {
+        require_built("config");
+        std::string out = std::string(class_name()) + " name=" + detail::encode_config_name(name_);
+        if (!parameters.empty()) (out += ' ') += parameters;
+        return out + " input_shape=" + detail::format_config_shape(input_shape_);
+    }
+
+    /// What do_build would create for one weight: for bind's checks.
+    struct WeightSpec {
+        std::string_view what;  ///< "kernel"
+        Shape shape;
+        DType dtype;
+    };
+    /// @throws InvalidArgumentError unless `weights` are non-empty handles matching `specs` one to one
+    /// in shape and dtype.
+    void check_bind_weights(const std::vector<Variable>& weights, const std::vector<WeightSpec>& specs) const {
+        auto list = [&] {
+            std::string out;
+            for (std::size_t i = 0; i < specs.size(); ++i)
+                out += (i == 0 ? "" : ", ") + std::string(specs[i].what) + " " + format_shape(specs[i].shape) + " " +
+                       std::string(dtype_name(specs[i].dtype));
+            return specs.empty() ? std::string("none") : out;
+        };
+        if (weights.size() != specs.size())
+            throw InvalidArgumentError("pss: " + describe() + ": bind got " + std::to_string(weights.size()) +
+                                       " variables, but the layer has " + std::to_string(specs.size()) +
+                                       " weights (" + list() + "), in the order of weights()");
+        for (std::size_t i = 0; i < specs.size(); ++i) {
+            const std::string which = "bind: weight " + std::to_string(i) + " (" + std::string(specs[i].what) + ")";
+            if (!weights[i])
+                throw InvalidArgumentError("pss: " + describe() + ": " + which +
+                                           " is an empty Variable handle; give the variables of weights()");
+            if (weights[i].shape() != specs[i].shape)
+                throw InvalidArgumentError("pss: " + describe() + ": " + which + " is '" + weights[i].name() +
+                                           "' of shape " + format_shape(weights[i].shape()) +
+                                           ", but the layer needs " + format_shape(specs[i].shape));
+            if (weights[i].dtype() != specs[i].dtype)
+                throw InvalidArgumentError("pss: " + describe() + ": " + which + " is '" + weights[i].name() +
+                                           "' of dtype " + std::string(dtype_name(weights[i].dtype())) +
+                                           ", but the layer's dtype is " + std::string(dtype_name(specs[i].dtype)));
+        }
+    }
+
     /// @brief Rejects input values the layer cannot take (Embedding: ids that are not row numbers).
     virtual void check_input_values(const xt::xarray<double>& /*inputs*/) const {}
 
@@ -483,23 +592,44 @@ public:
         return out;
     }
 
+    /// @brief `Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)`
+    [[nodiscard]] std::string config() const override {
+        return config_line("units=" + std::to_string(units_) + " activation=" + std::string(activation_name(activation_)) +
+                           " use_bias=" + (use_bias_ ? "1" : "0") + " dtype=" + std::string(dtype_name(dtype_)));
+    }
+
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
-        if (input_shape.empty() || input_shape.back() == 0)
-            throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
-                                       "; a Dense layer needs inputs with a last axis of at least 1 feature");
+        Shape out = output_shape_for(input_shape);
         const std::size_t in = input_shape.back();
         const double limit = std::sqrt(6.0 / static_cast<double>(in + units_));
         xt::xarray<double> kernel = xt::xarray<double>::from_shape({in, units_});
         for (double& v : kernel) v = detail::uniform(rng, -limit, limit);
         kernel_ = Variable(detail::from_double(kernel, dtype_), name() + "/kernel");
         if (use_bias_) bias_ = Variable(detail::from_double(xt::zeros<double>({units_}), dtype_), name() + "/bias");
+        return out;
+    }
+
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        Shape out = output_shape_for(input_shape);
+        std::vector<WeightSpec> specs{{"kernel", {input_shape.back(), units_}, dtype_}};
+        if (use_bias_) specs.push_back({"bias", {units_}, dtype_});
+        check_bind_weights(weights, specs);
+        kernel_ = std::move(weights[0]);
+        if (use_bias_) bias_ = std::move(weights[1]);
+        return out;
+    }
+
+private:
+    Shape output_shape_for(const Shape& input_shape) const {
+        if (input_shape.empty() || input_shape.back() == 0)
+            throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
+                                       "; a Dense layer needs inputs with a last axis of at least 1 feature");
         Shape out = input_shape;
         out.back() = units_;
         return out;
     }
 
-private:
     std::size_t inputs_features() const { return input_shape().back(); }
 
     std::size_t units_;
@@ -603,17 +733,30 @@ public:
         return out;
     }
 
+    /// @brief `Embedding name=embedding input_dim=5 output_dim=4 dtype=float32 input_shape=(3)`
+    [[nodiscard]] std::string config() const override {
+        return config_line("input_dim=" + std::to_string(input_dim_) + " output_dim=" + std::to_string(output_dim_) +
+                           " dtype=" + std::string(dtype_name(dtype_)));
+    }
+
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
-        xt::xarray<double> table = xt::xarray<double>::from_shape({input_dim_, output_dim_});
-        for (double& v : table) v = detail::uniform(rng, -0.05, 0.05);
-        embeddings_ = Variable(detail::from_double(table, dtype_), name() + "/embeddings");
-        shard_first_rows_.clear();
-        std::int64_t row = 0;
-        for (const auto& shard : embeddings_.shards()) {
-            shard_first_rows_.push_back(row);
-            row += static_cast<std::int64_t>(shard.shape()[0]);
-        }
+        // Drawn straight in the weights' dtype: the table is the largest thing a coordinator creates.
+        Tensor table = Tensor::uninitialized(dtype_, {input_dim_, output_dim_});
+        table.visit_mut([&]<class T>(xt::xarray<T>& values) {
+            for (T& v : values) v = static_cast<T>(detail::uniform(rng, -0.05, 0.05));
+        });
+        embeddings_ = Variable(std::move(table), name() + "/embeddings");
+        index_shards();
+        Shape out = input_shape;
+        out.push_back(output_dim_);
+        return out;
+    }
+
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_bind_weights(weights, {{"embeddings", {input_dim_, output_dim_}, dtype_}});
+        embeddings_ = std::move(weights[0]);
+        index_shards();
         Shape out = input_shape;
         out.push_back(output_dim_);
         return out;
@@ -629,6 +772,16 @@ protected:
     }
 
 private:
+    /// The first row of each shard of the table, for shard_of.
+    void index_shards() {
+        shard_first_rows_.clear();
+        std::int64_t row = 0;
+        for (const auto& shard : embeddings_.shards()) {
+            shard_first_rows_.push_back(row);
+            row += static_cast<std::int64_t>(shard.shape()[0]);
+        }
+    }
+
     std::size_t shard_of(std::int64_t id) const {
         auto it = std::upper_bound(shard_first_rows_.begin(), shard_first_rows_.end(), id);
         return static_cast<std::size_t>(it - shard_first_rows_.begin()) - 1;
@@ -683,8 +836,18 @@ public:
         return out;
     }
 
+    /// @brief `GlobalAveragePooling1D name=global_average_pooling1d input_shape=(3,4)`
+    [[nodiscard]] std::string config() const override { return config_line({}); }
+
 protected:
-    Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override {
+    Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return output_shape_for(input_shape); }
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_bind_weights(weights, {});
+        return output_shape_for(input_shape);
+    }
+
+private:
+    Shape output_shape_for(const Shape& input_shape) const {
         if (input_shape.size() != 2)
             throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
                                        "; it takes inputs of shape (batch, steps, features), so an input shape of "
@@ -692,7 +855,6 @@ protected:
         return {input_shape[1]};
     }
 
-private:
     std::size_t batch_ = 0, steps_ = 0, features_ = 0;
 };
 
@@ -726,11 +888,123 @@ public:
         return out;
     }
 
+    /// @brief `Flatten name=flatten input_shape=(3,2)`
+    [[nodiscard]] std::string config() const override { return config_line({}); }
+
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return {num_elements(input_shape)}; }
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_bind_weights(weights, {});
+        return {num_elements(input_shape)};
+    }
 
 private:
     Shape seen_;
 };
+
+namespace detail {
+
+/// What a layer's config text gives: the layer, not built, and the input shape it was built for.
+struct LayerConfig {
+    std::unique_ptr<Layer> layer;
+    Shape input_shape;
+};
+
+/// The name of a config's `name=` field, `%XX` decoded. @throws InvalidArgumentError for a bad escape.
+inline std::string decode_config_name(const ConfigReader& reader, std::string_view value) {
+    auto digit = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        return -1;
+    };
+    std::string out;
+    for (std::size_t i = 0; i < value.size(); ++i) {
+        if (value[i] != '%') {
+            out += value[i];
+            continue;
+        }
+        if (value.size() - i < 3 || digit(value[i + 1]) < 0 || digit(value[i + 2]) < 0)
+            reader.fail("name " + quote_config(value) + " has a % not followed by two hex digits; a name writes bytes "
+                        "outside printable ASCII, and %, as %XX");
+        out += static_cast<char>(digit(value[i + 1]) * 16 + digit(value[i + 2]));
+        i += 2;
+    }
+    return out;
+}
+
+/// Parses a layer's config() text (see Layer::config) into a layer that is not built, with the same
+/// class, name and parameters, and the input shape it was built for.
+/// @throws InvalidArgumentError quoting the text (at most 200 bytes, non-printable bytes escaped) and
+/// naming what is wrong: an unknown class, a missing, unknown or repeated field, a value that is not a
+/// number, a flag, a shape, a known activation or a float dtype, a number above 2^48. The text may come
+/// from the network: any input gives a layer or this error.
+[[nodiscard]] inline LayerConfig parse_layer_config(std::string_view text) {
+    ConfigReader reader("layer", text);
+    const std::string_view cls = reader.class_name();
+    auto take_dtype = [&] {
+        const std::string_view value = reader.take("dtype");
+        if (value == "float32") return DType::float32;
+        if (value == "float64") return DType::float64;
+        reader.fail("dtype is " + quote_config(value) + "; a layer's weights are float32 or float64");
+    };
+    LayerConfig out;
+    if (cls == "Dense") {
+        reader.expect("name, units, activation, use_bias, dtype and input_shape");
+        const std::uint64_t units = reader.take_count("units", 1);
+        const std::string_view activation = reader.take("activation");
+        Activation a = Activation::linear;
+        bool known = false;
+        for (Activation candidate :
+             {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::softmax})
+            if (activation == activation_name(candidate)) {
+                a = candidate;
+                known = true;
+            }
+        if (!known)
+            reader.fail("activation is " + quote_config(activation) +
+                        "; it is \"linear\", \"relu\", \"sigmoid\", \"tanh\" or \"softmax\"");
+        const bool use_bias = reader.take_flag("use_bias");
+        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), a, use_bias, take_dtype());
+    } else if (cls == "Embedding") {
+        reader.expect("name, input_dim, output_dim, dtype and input_shape");
+        const std::uint64_t input_dim = reader.take_count("input_dim", 1);
+        const std::uint64_t output_dim = reader.take_count("output_dim", 1);
+        out.layer = std::make_unique<Embedding>(static_cast<std::size_t>(input_dim), static_cast<std::size_t>(output_dim),
+                                                take_dtype());
+    } else if (cls == "GlobalAveragePooling1D") {
+        reader.expect("name and input_shape");
+        out.layer = std::make_unique<GlobalAveragePooling1D>();
+    } else if (cls == "Flatten") {
+        reader.expect("name and input_shape");
+        out.layer = std::make_unique<Flatten>();
+    } else {
+        reader.fail("the class " + quote_config(cls) +
+                    " is not known; layer_from_config rebuilds Dense, Embedding, GlobalAveragePooling1D and Flatten");
+    }
+    out.layer->set_name(decode_config_name(reader, reader.take("name")));
+    out.input_shape = reader.take_shape("input_shape");
+    reader.finish();
+    return out;
+}
+
+/// @brief The layer a Layer::config() text describes, not built: same class, name and parameters.
+/// Bind it to the original's variables with `bind(input_shape, weights)` (the input shape is in the
+/// text: parse_layer_config gives it, bind_layer_from_config does both).
+/// @throws InvalidArgumentError for any text that is not a config (see parse_layer_config).
+[[nodiscard]] inline std::unique_ptr<Layer> layer_from_config(std::string_view text) {
+    return parse_layer_config(text).layer;
+}
+
+/// @brief What a worker process does with a layer's config() and its variables' handles: the layer,
+/// bound to `weights` (in the order of weights()) for the input shape in the text. Creates no variable.
+/// @throws InvalidArgumentError for a text that is not a config, or weights bind rejects.
+[[nodiscard]] inline std::unique_ptr<Layer> bind_layer_from_config(std::string_view text, std::vector<Variable> weights) {
+    LayerConfig config = parse_layer_config(text);
+    (void)config.layer->bind(config.input_shape, std::move(weights));
+    return std::move(config.layer);
+}
+
+}  // namespace detail
 
 PSS_NAMESPACE_END

@@ -11,6 +11,8 @@
 #include <initializer_list>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -34,6 +36,7 @@
 #include <pss/config.hpp>
 #include <pss/coordinator.hpp>
 #include <pss/errors.hpp>
+#include <pss/function.hpp>
 #include <pss/keras/layers.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
@@ -187,6 +190,86 @@ inline bool is_terminal(const std::ostream& out) {
     return ::isatty(::fileno(stdout)) != 0;
 #endif
 }
+
+}  // namespace detail
+
+namespace detail {
+
+/// One training step: pull, forward, loss, backward, push. Returns the slice's loss (0 for an empty
+/// slice, which still pulls and pushes: a synchronous step needs every worker).
+inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
+                               const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
+                               double scale) {
+    xt::xarray<double> predictions = x;
+    for (auto& layer : layers) predictions = layer->forward(predictions, step);
+    const bool empty = x.shape()[0] == 0;
+    const double value = empty ? 0.0 : loss.value(y, predictions);
+    xt::xarray<double> grad =
+        empty ? xt::xarray<double>(xt::zeros<double>(predictions.shape())) : loss.gradient(y, predictions);
+    if (scale != 1.0) grad *= scale;
+    for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
+        LayerGradients grads = (*it)->backward(grad);
+        for (auto& g : grads.variables) {
+            const DType dtype = g.variable.dtype();
+            if (g.sparse)
+                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids),
+                                                       from_double(g.values, dtype), step);
+            else
+                (void)g.variable.apply_gradient(from_double(g.values, dtype), step);
+        }
+        grad = std::move(grads.inputs);
+    }
+    return value;
+}
+
+/// A model as a worker process rebuilds it from its description: layers bound to the coordinator's
+/// variables, and the loss.
+struct RemoteModel {
+    std::vector<std::unique_ptr<Layer>> layers;
+    std::shared_ptr<const Loss> loss;
+};
+
+/// The training step a worker process runs for Sequential::fit. The model arrives as its layers'
+/// config() lines, each layer's weight count, the weights' handles and the loss's config(); the worker
+/// keeps the rebuilt model for the next steps (a worker runs one call at a time; a few models at most).
+inline double keras_remote_train_step(std::vector<std::string> layer_configs, std::vector<std::int64_t> weight_counts,
+                                      std::vector<Variable> weights, std::string loss_config, xt::xarray<double> x,
+                                      xt::xarray<double> y, std::uint64_t step, double scale) {
+    static std::mutex mutex;
+    static std::map<std::string, RemoteModel> models;
+    std::string key = loss_config;
+    for (const auto& c : layer_configs) key += "\n" + c;
+    for (const auto& w : weights) key += "\n" + w.name() + "#" + std::to_string(w.id());
+    std::lock_guard lock(mutex);
+    auto it = models.find(key);
+    if (it == models.end()) {
+        if (weight_counts.size() != layer_configs.size())
+            throw InvalidArgumentError("pss: Sequential::fit on a worker: " + std::to_string(layer_configs.size()) +
+                                       " layers but " + std::to_string(weight_counts.size()) + " weight counts");
+        RemoteModel model;
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < layer_configs.size(); ++i) {
+            const auto n = weight_counts[i];
+            if (n < 0 || static_cast<std::size_t>(n) > weights.size() - at)
+                throw InvalidArgumentError("pss: Sequential::fit on a worker: layer " + std::to_string(i) + " claims " +
+                                           std::to_string(n) + " of the " + std::to_string(weights.size() - at) +
+                                           " weights left");
+            std::vector<Variable> own(weights.begin() + static_cast<std::ptrdiff_t>(at),
+                                      weights.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(n)));
+            at += static_cast<std::size_t>(n);
+            model.layers.push_back(bind_layer_from_config(layer_configs[i], std::move(own)));
+        }
+        model.loss = loss_from_config(loss_config);
+        if (models.size() >= 8) models.clear();
+        it = models.emplace(std::move(key), std::move(model)).first;
+    }
+    return keras_train_step(it->second.layers, *it->second.loss, x, y, step, scale);
+}
+
+/// Registered in every program that includes this header, so that worker processes know it.
+inline const RegisteredFunction<double(std::vector<std::string>, std::vector<std::int64_t>, std::vector<Variable>,
+                                       std::string, xt::xarray<double>, xt::xarray<double>, std::uint64_t, double)>
+    keras_remote_train_step_function = register_function("pss.keras.Sequential.train_step", &keras_remote_train_step);
 
 }  // namespace detail
 
@@ -449,29 +532,35 @@ private:
         return x;
     }
 
-    /// One training step on a worker: pull, forward, loss, backward, push. Returns the slice's loss
-    /// (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker).
     double train_step(Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
                       double scale) const {
-        xt::xarray<double> predictions = run_forward(replica.layers, x, step);
-        const bool empty = x.shape()[0] == 0;
-        const double loss = empty ? 0.0 : loss_->value(y, predictions);
-        xt::xarray<double> grad = empty ? xt::xarray<double>(xt::zeros<double>(predictions.shape()))
-                                        : loss_->gradient(y, predictions);
-        if (scale != 1.0) grad *= scale;
-        for (auto it = replica.layers.rbegin(); it != replica.layers.rend(); ++it) {
-            LayerGradients grads = (*it)->backward(grad);
-            for (auto& g : grads.variables) {
-                const DType dtype = g.variable.dtype();
-                if (g.sparse)
-                    (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids),
-                                                           detail::from_double(g.values, dtype), step);
-                else
-                    (void)g.variable.apply_gradient(detail::from_double(g.values, dtype), step);
+        return detail::keras_train_step(replica.layers, *loss_, x, y, step, scale);
+    }
+
+    /// Schedules one step on a worker: as a closure on the embedded cluster, as the registered step
+    /// with the model's description when the workers are other processes.
+    RemoteValue<double> schedule_step(xt::xarray<double> xs, xt::xarray<double> ys, std::uint64_t step, double scale) {
+        if (strategy_->remote_workers() != nullptr) {
+            if (!description_) {
+                Description d;
+                for (const auto& layer : layers_) {
+                    d.layer_configs.push_back(layer->config());
+                    const auto w = layer->weights();
+                    d.weight_counts.push_back(static_cast<std::int64_t>(w.size()));
+                    d.weights.insert(d.weights.end(), w.begin(), w.end());
+                }
+                d.loss_config = loss_->config();
+                description_ = std::move(d);
             }
-            grad = std::move(grads.inputs);
+            return coordinator_->schedule(detail::keras_remote_train_step_function, description_->layer_configs,
+                                          description_->weight_counts, description_->weights, description_->loss_config,
+                                          std::move(xs), std::move(ys), step, scale);
         }
-        return loss;
+        return coordinator_->schedule(
+            [this, step, scale](Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y) {
+                return train_step(replica, x, y, step, scale);
+            },
+            *replicas_, std::move(xs), std::move(ys));
     }
 
     void ensure_workers() {
@@ -492,6 +581,14 @@ private:
     std::shared_ptr<const Loss> loss_;
     std::uint64_t step_ = 0;  // synchronous steps run so far: the next is step_ + 1
     std::optional<PerWorkerValues<Replica>> replicas_;
+    /// What a worker process needs to rebuild the model (made at the first remote step).
+    struct Description {
+        std::vector<std::string> layer_configs;
+        std::vector<std::int64_t> weight_counts;
+        std::vector<Variable> weights;
+        std::string loss_config;
+    };
+    std::optional<Description> description_;
     std::unique_ptr<ClusterCoordinator> coordinator_;  // last: its threads stop before the rest goes
 };
 
@@ -531,8 +628,8 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
         if (verbose) out << "Epoch " << epoch + 1 << "/" << epochs << "\n" << std::flush;
         detail::ProgressLine progress(out, terminal, steps);
 
-        // One RemoteValue per closure; batch b's loss is the sum of its closures' (already weighted).
-        std::vector<std::vector<RemoteValue<double>>> results(steps);
+        // One RemoteValue per closure with its weight; batch b's loss is the weighted sum of its closures'.
+        std::vector<std::vector<std::pair<RemoteValue<double>, double>>> results(steps);
         for (std::size_t b = 0; b < steps; ++b) {
             const std::size_t begin = b * batch_size;
             const std::size_t count = std::min(batch_size, examples - begin);
@@ -542,20 +639,18 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
                     const std::size_t slice = count / workers + (w < count % workers ? 1 : 0);
                     const double weight = static_cast<double>(slice) / static_cast<double>(count);
                     const double scale = static_cast<double>(workers) * weight;
-                    results[b].push_back(coordinator_->schedule(
-                        [this, step, scale, weight](Replica& replica, const xt::xarray<double>& xs,
-                                                    const xt::xarray<double>& ys) {
-                            return weight * train_step(replica, xs, ys, step, scale);
-                        },
-                        *replicas_, detail::take_rows(xd, order, at, slice), detail::take_rows(yd, order, at, slice)));
+                    // The slice's loss weighted by its share of the batch: their sum is the batch's loss.
+                    results[b].push_back(
+                        {schedule_step(detail::take_rows(xd, order, at, slice), detail::take_rows(yd, order, at, slice),
+                                       step, scale),
+                         weight});
                     at += slice;
                 }
             } else {
-                results[b].push_back(coordinator_->schedule(
-                    [this](Replica& replica, const xt::xarray<double>& xs, const xt::xarray<double>& ys) {
-                        return train_step(replica, xs, ys, 0, 1.0);
-                    },
-                    *replicas_, detail::take_rows(xd, order, begin, count), detail::take_rows(yd, order, begin, count)));
+                results[b].push_back(
+                    {schedule_step(detail::take_rows(xd, order, begin, count), detail::take_rows(yd, order, begin, count),
+                                   0, 1.0),
+                     1.0});
             }
         }
 
@@ -563,7 +658,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
         try {
             for (std::size_t b = 0; b < steps; ++b) {
                 double batch_loss = 0;
-                for (const auto& r : results[b]) batch_loss += r.fetch();
+                for (const auto& [r, weight] : results[b]) batch_loss += weight * r.fetch();
                 sum += batch_loss;
                 progress.update(b + 1, sum / static_cast<double>(b + 1));
             }
