@@ -419,7 +419,9 @@ private:
             for (int local = 0; local < tasks_per_node_[node]; ++local) {
                 if (static_cast<int>(addresses.size()) == rank_) {
                     for (int gpu = local * gpus_per_task_; gpu < (local + 1) * gpus_per_task_; ++gpu) {
-                        cuda_visible_devices_ += (cuda_visible_devices_.empty() ? "" : ",") + std::to_string(gpu);
+                        // Appended piece by piece: GCC 12 at -O3 warns falsely (-Wrestrict) on "," + string&&.
+                        if (!cuda_visible_devices_.empty()) cuda_visible_devices_.push_back(',');
+                        cuda_visible_devices_.append(std::to_string(gpu));
                     }
                 }
                 addresses.push_back(hosts_[node] + ":" + std::to_string(port_base_ + local));
