@@ -21,6 +21,7 @@
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
+#include <pss/detail/step_profile.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/message.hpp>
@@ -428,6 +429,14 @@ inline std::vector<Variable> Variable::shards() const {
 }
 
 inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request>> outgoing) const {
+    // Profiled (when a benchmark enables it) as a pull or a push by what the first request does.
+    const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
+    const bool pull = first_op == Op::read || first_op == Op::gather;
+    const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
+                      first_op == Op::scatter_add || first_op == Op::scatter_sub || first_op == Op::scatter_update ||
+                      first_op == Op::apply_dense || first_op == Op::apply_sparse;
+    const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
+                                           pull || push);
     std::vector<std::future<Reply>> futures(outgoing.size());
     std::vector<Request> again(outgoing.size());  // what to send if the reply is "not ready"
     std::vector<Tensor> out(outgoing.size());

@@ -200,6 +200,7 @@ namespace detail {
 inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
                                const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
                                double scale) {
+    const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
     xt::xarray<double> predictions = x;
     for (auto& layer : layers) predictions = layer->forward(predictions, step);
     const bool empty = x.shape()[0] == 0;
