@@ -26,6 +26,9 @@ PSS_NAMESPACE_BEGIN
 /// }
 /// strategy.join();  // ps and worker processes serve here until the chief's join() ends the cluster
 /// @endcode
+///
+/// A worker process runs calls as soon as its strategy is constructed: register the functions, and set
+/// up what they use, before (at namespace scope, or earlier in main).
 template <Partitioner PartitionerPolicy = NoPartitioner, Optimizer OptimizerPolicy = SGD,
           Consistency ConsistencyPolicy = Asynchronous>
 using ClusterStrategy =

@@ -4137,6 +4137,58 @@ void read_now_or_later(Socket& socket, const Buffers& buffers, Next next) {
     asio::async_read(socket, std::move(rest), [next = std::move(next)](std::error_code ec2, std::size_t) { next(ec2); });
 }
 
+/// Bytes read ahead from a socket: a frame's header is read together with what follows it (its small
+/// sections, a small payload, the next frames), so that a small frame costs one read system call, not
+/// one per section. Used on one strand only.
+class TcpReadAhead {
+public:
+    /// Calls `next(ec)` once `header` is filled, from the bytes read ahead or from the socket.
+    template <class Socket, class Next>
+    void read_header(Socket& socket, std::array<std::byte, frame_header_size>& header, Next next) {
+        if (end_ - begin_ >= header.size()) {
+            std::memcpy(header.data(), stage_.data() + begin_, header.size());
+            begin_ += header.size();
+            // Frames already here are handled in turn; every few, through the io context, so that a
+            // burst of pipelined frames does not deepen the stack.
+            if (++depth_ < 8) return next(std::error_code{});
+            depth_ = 0;
+            return asio::post(socket.get_executor(), [next = std::move(next)] { next(std::error_code{}); });
+        }
+        depth_ = 0;
+        if (begin_ != 0) {  // keep the partial header at the front
+            std::memmove(stage_.data(), stage_.data() + begin_, end_ - begin_);
+            end_ -= begin_;
+            begin_ = 0;
+        }
+        socket.async_read_some(asio::buffer(stage_.data() + end_, stage_.size() - end_),
+                               [this, &socket, &header, next = std::move(next)](std::error_code ec, std::size_t n) mutable {
+                                   if (ec) return next(ec);
+                                   end_ += n;
+                                   read_header(socket, header, std::move(next));
+                               });
+    }
+
+    /// Fills `buffers` from the bytes read ahead, then from the socket; then `next(ec)`.
+    template <class Socket, class Buffers, class Next>
+    void fill(Socket& socket, const Buffers& buffers, Next next) {
+        std::vector<asio::mutable_buffer> rest;
+        for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it) {
+            asio::mutable_buffer b = *it;
+            const std::size_t n = std::min(b.size(), end_ - begin_);
+            if (n != 0) std::memcpy(b.data(), stage_.data() + begin_, n);
+            begin_ += n;
+            if (n < b.size()) rest.push_back(b + n);
+        }
+        if (rest.empty()) return next(std::error_code{});
+        read_now_or_later(socket, rest, std::move(next));
+    }
+
+private:
+    std::vector<std::byte> stage_ = std::vector<std::byte>(16 << 10);
+    std::size_t begin_ = 0, end_ = 0;
+    int depth_ = 0;
+};
+
 inline void reshape_in_place(Tensor& tensor, const Shape& shape) {
     tensor.visit_mut([&](auto& array) { array.resize(shape); });  // same element count: the buffer is kept
 }
@@ -4187,8 +4239,7 @@ private:
     };
 
     void read_header() {
-        asio::async_read(socket_, asio::buffer(header_bytes_),
-                         [self = shared_from_this()](std::error_code ec, std::size_t) { self->on_header(ec); });
+        ahead_.read_header(socket_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
     }
 
     void on_header(std::error_code ec) {
@@ -4202,8 +4253,8 @@ private:
         } catch (const WireError& e) {
             return refuse(e);
         }
-        read_now_or_later(socket_, body_buffers(header_, body_),
-                          [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
+        ahead_.fill(socket_, body_buffers(header_, body_),
+                    [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
     }
 
     void on_body(std::error_code ec) {
@@ -4224,8 +4275,8 @@ private:
         }
         incoming_ = payload_buffer(header_, body_, std::move(reuse));
         if (header_.payload_length == 0) return on_payload({});
-        read_now_or_later(socket_, asio::buffer(incoming_.bytes(), static_cast<std::size_t>(header_.payload_length)),
-                          [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        ahead_.fill(socket_, asio::buffer(incoming_.bytes(), static_cast<std::size_t>(header_.payload_length)),
+                    [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
     }
 
     void on_payload(std::error_code ec) {
@@ -4322,6 +4373,7 @@ private:
     std::shared_ptr<TcpServedTask> task_;
     asio::ip::tcp::socket socket_;
     std::array<std::byte, frame_header_size> header_bytes_{};
+    TcpReadAhead ahead_;
     FrameHeader header_;
     FrameBody body_;
     Tensor incoming_;
@@ -4687,8 +4739,7 @@ private:
     // ---- reading (strand) ----
 
     void read_header() {
-        asio::async_read(socket_, asio::buffer(header_bytes_),
-                         [self = shared_from_this()](std::error_code ec, std::size_t) { self->on_header(ec); });
+        ahead_.read_header(socket_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
     }
 
     void on_header(std::error_code ec) {
@@ -4701,8 +4752,8 @@ private:
         } catch (const WireError& e) {
             return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
         }
-        read_now_or_later(socket_, body_buffers(header_, body_),
-                          [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
+        ahead_.fill(socket_, body_buffers(header_, body_),
+                    [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
     }
 
     void on_body(std::error_code ec) {
@@ -4733,7 +4784,7 @@ private:
             incoming_ = payload_buffer(header_, body_);
         }
         if (header_.payload_length == 0) return on_payload({});
-        read_now_or_later(socket_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
+        ahead_.fill(socket_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
                           [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
     }
 
@@ -4788,6 +4839,7 @@ private:
     std::chrono::milliseconds backoff_{1};
     int attempts_ = 0;
     std::array<std::byte, frame_header_size> header_bytes_{};
+    TcpReadAhead ahead_;
     FrameHeader header_;
     FrameBody body_;
     Tensor incoming_;
@@ -6897,6 +6949,9 @@ PSS_NAMESPACE_BEGIN
 /// }
 /// strategy.join();  // ps and worker processes serve here until the chief's join() ends the cluster
 /// @endcode
+///
+/// A worker process runs calls as soon as its strategy is constructed: register the functions, and set
+/// up what they use, before (at namespace scope, or earlier in main).
 template <Partitioner PartitionerPolicy = NoPartitioner, Optimizer OptimizerPolicy = SGD,
           Consistency ConsistencyPolicy = Asynchronous>
 using ClusterStrategy =

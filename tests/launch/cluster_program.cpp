@@ -34,7 +34,8 @@ double fails(int code) {
 }
 const auto fail = pss::register_function("cluster_program.fails", &fails);
 
-bool distributed = false;  // set by main in every process: is each task its own process?
+// Is each task its own process? Known before main: a worker serves calls as soon as its strategy exists.
+const bool distributed = std::getenv("TF_CONFIG") != nullptr;
 
 /// The first call loses its worker (the process ends, or the embedded cluster's test hook); the
 /// coordinator runs it again on the other worker, where `lost` is 1 already.
@@ -53,7 +54,6 @@ const auto lose = pss::register_function("cluster_program.lose_first_worker", &l
 
 int main() {
     Strategy strategy;
-    distributed = strategy.is_distributed();
     if (!strategy.is_chief()) {
         strategy.join();  // ps and workers serve until the chief ends the cluster
         return 0;
