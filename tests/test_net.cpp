@@ -266,6 +266,17 @@ TEST_SUITE("net") {
                       put_u64(b, 84, std::uint64_t{1} << 32);
                   })) == "pss: wire: frame shape (4294967296, 4294967296) of float32 exceeds the payload limit "
                          "1073741824 bytes");
+            // An empty axis does not excuse the others: the strides of (0, 2^32, 2^32) would overflow.
+            CHECK(decode_error(with([](Bytes& b) {
+                      b[37] = std::byte{3};
+                      put_u32(b, 40, 0);
+                      put_u64(b, 48, 0);
+                      put_u64(b, 56, 0);  // no payload bytes: the shape has no element
+                      put_u64(b, 76, 0);
+                      put_u64(b, 84, std::uint64_t{1} << 32);
+                      put_u64(b, 92, std::uint64_t{1} << 32);
+                  })) == "pss: wire: frame shape (0, 4294967296, 4294967296) of float32 exceeds the payload limit "
+                         "1073741824 bytes");
         }
         SUBCASE("a truncated frame") {
             CHECK(decode_error(Bytes(good.begin(), good.begin() + 40)) ==

@@ -254,6 +254,34 @@ TEST_SUITE("Remote calls") {
         CHECK(pss::detail::Codec<std::vector<std::string>>::decode(r, {}) == std::vector<std::string>{"a", "", "ccc"});
         CHECK(pss::detail::Codec<std::uint64_t>::decode(r, {}) == (1ull << 60));
         CHECK(r.remaining() == 0);
+        // Every dtype, an empty batch (0, 4) and an empty Tensor round-trip; an int64 array keeps its values.
+        pss::detail::ByteWriter w2;
+        pss::detail::Codec<xt::xarray<std::int64_t>>::encode(w2, xt::xarray<std::int64_t>{-(1ll << 40), 3});
+        pss::detail::Codec<xt::xarray<std::int32_t>>::encode(w2, xt::xarray<std::int32_t>{7});
+        pss::detail::Codec<xt::xarray<double>>::encode(w2, xt::xarray<double>(xt::zeros<double>({0, 4})));
+        pss::detail::Codec<pss::Tensor>::encode(w2, pss::Tensor());
+        pss::detail::ByteReader r2(w2.data(), "test");
+        CHECK(pss::detail::Codec<xt::xarray<std::int64_t>>::decode(r2, {}) == xt::xarray<std::int64_t>{-(1ll << 40), 3});
+        CHECK(pss::detail::Codec<xt::xarray<std::int32_t>>::decode(r2, {}) == xt::xarray<std::int32_t>{7});
+        const auto empty = pss::detail::Codec<xt::xarray<double>>::decode(r2, {});
+        CHECK(pss::Shape(empty.shape().begin(), empty.shape().end()) == pss::Shape{0, 4});
+        CHECK(!pss::detail::Codec<pss::Tensor>::decode(r2, {}).has_value());
+        CHECK(r2.remaining() == 0);
+    }
+    TEST_CASE("Codec: a bool byte other than 0 or 1, and an empty axis beside 2^50 rows, are refused (found by fuzz_call)") {
+        pss::detail::ByteWriter w;
+        w.raw(pss::detail::tag::arithmetic<bool>);
+        w.raw(std::uint8_t{2});
+        pss::detail::ByteReader r(w.data(), "test");
+        CHECK_THROWS_WITH_AS(pss::detail::Codec<bool>::decode(r, {}), doctest::Contains("a bool is 2; it is 0 or 1"),
+                             pss::InvalidArgumentError);
+        pss::detail::ByteWriter t;
+        t.raw(pss::detail::tag::tensor);
+        t.raw(std::uint8_t{1});  // float32
+        pss::detail::encode_shape(t, {0, std::size_t{1} << 50});
+        pss::detail::ByteReader rt(t.data(), "test");
+        CHECK_THROWS_WITH_AS(pss::detail::decode_tensor(rt), doctest::Contains("has too many elements"),
+                             pss::InvalidArgumentError);
     }
     TEST_CASE("Codec: a value of another type, a truncated list, a lying count or extra bytes is an InvalidArgumentError") {
         static const auto describe = pss::register_function("test_training.describe_values_2", &describe_values);

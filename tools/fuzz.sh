@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# tools/fuzz.sh: fuzz the wire decoder. Builds tests/fuzz/fuzz_frame.cpp with clang's libFuzzer,
-# AddressSanitizer and UndefinedBehaviorSanitizer into build-fuzz/, then runs it for a bounded time on
-# a working copy of the seed corpus tests/fuzz/corpus/ (new inputs it finds stay in build-fuzz/corpus/).
+# tools/fuzz.sh: fuzz what a process decodes from the network: the wire's frames (tests/fuzz/fuzz_frame.cpp)
+# and a call's encoded arguments (tests/fuzz/fuzz_call.cpp). Builds each with clang's libFuzzer,
+# AddressSanitizer and UndefinedBehaviorSanitizer into build-fuzz/, then runs each for a bounded time on a
+# working copy of its seed corpus, tests/fuzz/corpus/ and tests/fuzz/corpus_call/ (new inputs it finds
+# stay in build-fuzz/).
 #
-#   tools/fuzz.sh              run for 60 s
-#   tools/fuzz.sh 600          run for 600 s
-#   tools/fuzz.sh --seeds      rewrite tests/fuzz/corpus/ with the frames the library's encoder makes
+#   tools/fuzz.sh              run each target for 60 s
+#   tools/fuzz.sh 600          run each for 600 s
+#   tools/fuzz.sh --seeds      rewrite both seed corpora with what the library's encoders make
 #   PSS_FUZZ_ARGS="-jobs=2" tools/fuzz.sh    extra libFuzzer flags
 #
 # Needs clang++ and its runtime (Debian: clang, libclang-rt-<version>-dev). Exits non-zero when the fuzzer
@@ -23,15 +25,21 @@ if [[ ${1:-} == --seeds ]]; then
     "$CXX" "${common[@]}" -DPSS_FUZZ_WRITE_SEEDS tests/fuzz/fuzz_frame.cpp -o "$build/write_seeds"
     rm -f tests/fuzz/corpus/*
     "./$build/write_seeds" tests/fuzz/corpus
+    "$CXX" "${common[@]}" -DPSS_FUZZ_WRITE_SEEDS tests/fuzz/fuzz_call.cpp -o "$build/write_call_seeds"
+    mkdir -p tests/fuzz/corpus_call
+    rm -f tests/fuzz/corpus_call/*
+    "./$build/write_call_seeds" tests/fuzz/corpus_call
     exit 0
 fi
 
 seconds=${1:-60}
-"$CXX" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    tests/fuzz/fuzz_frame.cpp -o "$build/fuzz_frame"
-mkdir -p "$build/corpus"
-cp -n tests/fuzz/corpus/* "$build/corpus/" 2>/dev/null || true
 read -r -a extra <<<"${PSS_FUZZ_ARGS:-}"
-cd "$build"
-./fuzz_frame -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    "${extra[@]}" corpus
+for target in frame:corpus call:corpus_call; do
+    name=${target%%:*} corpus=${target##*:}
+    "$CXX" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+        "tests/fuzz/fuzz_$name.cpp" -o "$build/fuzz_$name"
+    mkdir -p "$build/$corpus"
+    cp -n "tests/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true
+    (cd "$build" && "./fuzz_$name" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 "${extra[@]}" "$corpus")
+done

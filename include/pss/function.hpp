@@ -138,7 +138,7 @@ inline Shape decode_shape(ByteReader& r) {
 inline void encode_tensor(ByteWriter& w, const Tensor& t) {
     w.raw(tag::tensor);
     if (!t.has_value()) return w.raw(std::uint8_t{0});
-    w.raw(static_cast<std::uint8_t>(static_cast<int>(t.dtype()) + 1));
+    w.raw(static_cast<std::uint8_t>(t.dtype()));  // 1 to 4; 0 is the empty tensor
     encode_shape(w, t.shape());
     w.bytes(t.bytes(), t.nbytes());
 }
@@ -147,13 +147,18 @@ inline Tensor decode_tensor(ByteReader& r) {
     const auto code = r.raw<std::uint8_t>();
     if (code == 0) return {};
     if (code > 4) r.fail("dtype code " + std::to_string(code) + " is unknown");
-    const auto dtype = static_cast<DType>(code - 1);
+    const auto dtype = static_cast<DType>(code);
     const Shape shape = decode_shape(r);
-    std::size_t elements = 1;
+    // The axes that are not empty must fit in the bytes sent even when an empty axis makes the count 0:
+    // the array's strides are their products.
+    std::size_t extent = 1;
+    bool empty = false;
     for (auto d : shape) {
-        if (d != 0 && elements > r.remaining() / d) r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
-        elements *= d;
+        if (d == 0) empty = true;
+        else if (extent > (std::size_t{1} << 48) / d) r.fail("shape " + format_shape(shape) + " has too many elements");
+        else extent *= d;
     }
+    const std::size_t elements = empty ? 0 : extent;
     if (elements > r.remaining() / dtype_size(dtype)) r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
     Tensor t = Tensor::uninitialized(dtype, shape);
     r.bytes(t.bytes(), t.nbytes());
@@ -172,7 +177,13 @@ struct Codec<T> {
     }
     static T decode(ByteReader& r, const CallContext&) {
         r.expect(tag::arithmetic<T>, "a number of this type");
-        return r.raw<T>();
+        if constexpr (std::is_same_v<T, bool>) {  // a bool's byte other than 0 or 1 is not a bool
+            const auto byte = r.raw<std::uint8_t>();
+            if (byte > 1) r.fail("a bool is " + std::to_string(byte) + "; it is 0 or 1");
+            return byte == 1;
+        } else {
+            return r.raw<T>();
+        }
     }
 };
 template <>
@@ -198,7 +209,7 @@ template <Element T>
 struct Codec<xt::xarray<T>> {
     static void encode(ByteWriter& w, const xt::xarray<T>& a) {
         w.raw(tag::tensor);
-        w.raw(static_cast<std::uint8_t>(static_cast<int>(dtype_of<T>) + 1));
+        w.raw(static_cast<std::uint8_t>(dtype_of<T>));
         encode_shape(w, Shape(a.shape().begin(), a.shape().end()));
         w.bytes(a.data(), a.size() * sizeof(T));
     }
@@ -254,7 +265,7 @@ struct Codec<Variable> {
         info->id = r.raw<std::uint64_t>();
         info->name = Codec<std::string>::decode(r, c);
         const auto dtype = r.raw<std::uint8_t>();
-        if (dtype > 3) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
+        if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
         info->shape = decode_shape(r);
         const std::size_t shards = r.count(24);

@@ -148,7 +148,7 @@ public:
     [[nodiscard]] std::size_t num_shards() const noexcept { return shards_.size(); }
 
 private:
-    template <Element T>
+    template <class T>  // unconstrained: clang 14 crashes on a constrained member template in std::variant
     struct State {
         xt::xarray<T> value;
         // Slots exist for float shards only, and only once the first gradient arrives: a variable that is

@@ -421,17 +421,19 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     // The element count of an untrusted shape, refusing it before it can overflow.
     const std::size_t element_size = dtype_size(header.dtype);
     const std::uint64_t max_elements = limits.max_payload_bytes / element_size;
+    // An empty axis makes the count 0, but the other axes must still fit: the array's strides are their
+    // products (a shape (0, 2^62, 2^62) would overflow them).
     std::uint64_t elements = 1;
-    bool over = false;
+    bool over = false, empty = false;
     for (std::uint64_t d : body.shape) {
         if (d == 0) {
-            elements = 0;
-            over = false;
-            break;
+            empty = true;
+            continue;
         }
         if (over || elements > max_elements / d) over = true;
         else elements *= d;
     }
+    if (empty) elements = 0;
     const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
     if (over)
         fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
