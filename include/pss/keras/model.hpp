@@ -566,7 +566,8 @@ private:
 
     void ensure_workers() {
         if (!coordinator_) coordinator_ = std::make_unique<ClusterCoordinator>(*strategy_);
-        if (!replicas_)
+        // Worker processes rebuild the layers themselves (schedule_step): only in-process workers get clones.
+        if (!replicas_ && strategy_->remote_workers() == nullptr)
             replicas_.emplace(coordinator_->create_per_worker_dataset([this](int) {
                 Replica replica;
                 for (const auto& layer : layers_) replica.layers.push_back(layer->clone());
