@@ -227,6 +227,33 @@ std::string describe_values(std::vector<std::int32_t> counts, std::string label,
 double throws_out_of_range(double) { throw pss::OutOfRangeError("pss: test: id 9 is out of range"); }
 double throws_std(double) { throw std::runtime_error("plain failure"); }
 int worker_of_call() { return pss::worker_index(); }
+float read_whole(pss::Variable v) { return xt::sum(v.read<float>())(); }
+float read_into_buffer(pss::Variable v) {
+    xt::xarray<float> out;
+    v.read_into(out);
+    return xt::sum(out)();
+}
+float gather_rows(pss::Variable v) { return xt::sum(v.sparse_read(std::vector<std::int64_t>{0, 2}).get<float>())(); }
+
+/// A handle as a stranger would forge it: the id and tasks of `real`, but the shape `claimed`, its rows
+/// split as `rows_of` says.
+pss::Tensor forged_handle(const pss::Variable& real, const pss::Shape& claimed, const std::vector<std::size_t>& rows_of) {
+    auto info = std::make_shared<pss::detail::VariableInfo>();
+    info->name = "forged";
+    info->id = real.id();
+    info->dtype = real.dtype();
+    info->shape = claimed;
+    info->channel = pss::detail::Codec<pss::Variable>::channel_of(real);
+    info->borrowed = true;
+    std::size_t offset = 0;
+    for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
+        pss::Shape shape = claimed;
+        if (!shape.empty()) shape[0] = rows_of[i];
+        info->shards.push_back({i, real.shard_tasks()[i], shape, offset});
+        offset += rows_of[i];
+    }
+    return pss::detail::encode_values(pss::Variable(std::move(info)));
+}
 
 /// Runs a registered function as a worker process would, on `arguments` encoded here.
 template <class R, class... Args>
@@ -364,6 +391,50 @@ TEST_SUITE("Remote calls") {
         pss::detail::ByteReader no_cluster(w.data(), "test");
         CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(no_cluster, {}),
                              doctest::Contains("a Variable reached a process that has no cluster"), pss::InvalidArgumentError);
+    }
+    TEST_CASE("Codec: a forged Variable handle whose shape lies is refused before any byte is copied by its shape "
+              "(was a heap overflow on the worker)") {
+        static const auto whole = pss::register_function("test_training.read_whole", &read_whole);
+        static const auto into = pss::register_function("test_training.read_into_buffer", &read_into_buffer);
+        static const auto gather = pss::register_function("test_training.gather_rows", &gather_rows);
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner> strategy(
+            {}, pss::FixedShardsPartitioner(2));
+        auto scope = strategy.scope();
+        pss::Variable table(xt::xarray<float>{{1, 2}, {3, 4}, {5, 6}}, "table");  // shards of 2 and 1 rows
+        pss::Variable single(xt::xarray<float>{1, 2, 3, 4}, "single");           // one shard
+        const auto channel = pss::detail::Codec<pss::Variable>::channel_of(table);
+        // The honest handle works.
+        CHECK(call_as_worker<float>(whole.name(), forged_handle(table, {3, 2}, {2, 1}), channel) == 21.0f);
+        CHECK(call_as_worker<float>(gather.name(), forged_handle(table, {3, 2}, {2, 1}), channel) == 14.0f);
+        // Rows narrower than the real ones: the shards' bytes would overflow a buffer of 3 x 1 floats.
+        CHECK_THROWS_WITH_AS(call_as_worker<float>(whole.name(), forged_handle(table, {3, 1}, {2, 1}), channel),
+                             "pss: read on variable 'forged:0': shard 0 answered shape (2, 2) dtype float32 where shape "
+                             "(2, 1) dtype float32 was asked for; this handle does not describe the variable its "
+                             "parameter servers hold",
+                             pss::InvalidArgumentError);
+        // Rows wider than the real ones: copying rows of 64 floats would read past the reply.
+        CHECK_THROWS_WITH_AS(call_as_worker<float>(gather.name(), forged_handle(table, {3, 64}, {2, 1}), channel),
+                             doctest::Contains("gather on variable 'forged:0': shard 0 answered shape (1, 2) dtype "
+                                               "float32 where shape (1, 64) dtype float32 was asked for"),
+                             pss::InvalidArgumentError);
+        // Another split of the same rows, and another dtype.
+        CHECK_THROWS_WITH_AS(call_as_worker<float>(whole.name(), forged_handle(table, {3, 2}, {1, 2}), channel),
+                             doctest::Contains("shard 0 answered shape (2, 2) dtype float32 where shape (1, 2)"),
+                             pss::InvalidArgumentError);
+        // One shard, through read_into: the reply must have the claimed shape too.
+        CHECK(call_as_worker<float>(into.name(), forged_handle(single, {4}, {4}), channel) == 10.0f);
+        CHECK_THROWS_WITH_AS(call_as_worker<float>(into.name(), forged_handle(single, {2}, {2}), channel),
+                             doctest::Contains("shard 0 answered shape (4,) dtype float32 where shape (2,) dtype "
+                                               "float32 was asked for"),
+                             pss::InvalidArgumentError);
+        // A shape whose element count overflows is refused when the handle is decoded.
+        CHECK_THROWS_WITH_AS(
+            call_as_worker<float>(whole.name(), forged_handle(single, {std::size_t{1} << 32, std::size_t{1} << 32}, {std::size_t{1} << 32}), channel),
+            doctest::Contains("a Variable of shape (4294967296, 4294967296) has too many elements"),
+            pss::InvalidArgumentError);
+        // Nothing changed.
+        CHECK(table.read<float>() == xt::xarray<float>{{1, 2}, {3, 4}, {5, 6}});
+        CHECK(single.read<float>() == xt::xarray<float>{1, 2, 3, 4});
     }
     TEST_CASE("ParameterServerStrategy: with TCP, a resolver naming no task keeps the cluster in this process; a ps "
               "task's process refuses to create variables" *

@@ -149,17 +149,10 @@ inline Tensor decode_tensor(ByteReader& r) {
     if (code > 4) r.fail("dtype code " + std::to_string(code) + " is unknown");
     const auto dtype = static_cast<DType>(code);
     const Shape shape = decode_shape(r);
-    // The axes that are not empty must fit in the bytes sent even when an empty axis makes the count 0:
-    // the array's strides are their products.
-    std::size_t extent = 1;
-    bool empty = false;
-    for (auto d : shape) {
-        if (d == 0) empty = true;
-        else if (extent > (std::size_t{1} << 48) / d) r.fail("shape " + format_shape(shape) + " has too many elements");
-        else extent *= d;
-    }
-    const std::size_t elements = empty ? 0 : extent;
-    if (elements > r.remaining() / dtype_size(dtype)) r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
+    const std::int64_t elements = bounded_elements(shape, std::uint64_t{1} << 48);
+    if (elements < 0) r.fail("shape " + format_shape(shape) + " has too many elements");
+    if (static_cast<std::size_t>(elements) > r.remaining() / dtype_size(dtype))
+        r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
     Tensor t = Tensor::uninitialized(dtype, shape);
     r.bytes(t.bytes(), t.nbytes());
     return t;
@@ -268,6 +261,9 @@ struct Codec<Variable> {
         if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
         info->shape = decode_shape(r);
+        // Only a sane size is checked here; what the ps really holds is checked on every reply.
+        if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
+            r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
         const std::size_t shards = r.count(24);
         if (shards == 0 || (shards > 1 && (info->shape.empty() || shards > info->shape[0])))
             r.fail(std::to_string(shards) + " shards for shape " + format_shape(info->shape));

@@ -32,6 +32,22 @@ using Shape = std::vector<std::size_t>;
     return n;
 }
 
+namespace detail {
+/// The element count of an untrusted shape, or -1 when it exceeds `max_elements`. An empty axis makes
+/// the count 0, but the other axes must still fit: an array's strides are their products, so a shape
+/// (0, 2^62, 2^62) would overflow them.
+[[nodiscard]] inline std::int64_t bounded_elements(const Shape& shape, std::uint64_t max_elements) noexcept {
+    std::uint64_t elements = 1;
+    bool empty = false;
+    for (std::uint64_t d : shape) {
+        if (d == 0) empty = true;
+        else if (elements > max_elements / d) return -1;
+        else elements *= d;
+    }
+    return empty ? 0 : static_cast<std::int64_t>(elements);
+}
+}  // namespace detail
+
 /// @brief Python's tuple spelling of a shape, as TensorFlow prints it: `()`, `(5,)`, `(1024, 1024)`.
 [[nodiscard]] inline std::string format_shape(const Shape& shape) {
     std::string out = "(";

@@ -244,6 +244,19 @@ private:
 
     std::string describe(Op op) const { return std::string(op_name(op)) + " on variable '" + name() + "'"; }
 
+    /// A reply's value must be what was asked for before any byte of it is copied by this handle's
+    /// shapes: a handle received from a peer may lie about them, and a ps (or a peer posing as one)
+    /// may answer anything.
+    void check_reply(Op op, const Tensor& part, const Shape& expected, std::uint32_t shard) const {
+        if (part.has_value() && part.dtype() == dtype() && part.shape() == expected) return;
+        throw InvalidArgumentError(
+            "pss: " + describe(op) + ": shard " + std::to_string(shard) + " answered " +
+            (part.has_value() ? "shape " + format_shape(part.shape()) + " dtype " + std::string(dtype_name(part.dtype()))
+                              : std::string("no value")) +
+            " where shape " + format_shape(expected) + " dtype " + std::string(dtype_name(dtype())) +
+            " was asked for; this handle does not describe the variable its parameter servers hold");
+    }
+
     Request request(Op op, std::uint32_t shard, std::uint64_t step = 0) const {
         Request r;
         r.op = op;
@@ -488,6 +501,7 @@ inline Tensor Variable::read_value(std::uint64_t step) const {
     std::vector<std::pair<int, Request>> outgoing;
     for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s.index, step));
     auto parts = exchange(std::move(outgoing));
+    for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
@@ -504,7 +518,9 @@ void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
         r.payload = std::move(out);
         std::vector<std::pair<int, Request>> outgoing;
         outgoing.emplace_back(info().shards.front().task, std::move(r));
-        out = std::move(exchange(std::move(outgoing)).front().template get<T>());
+        Tensor part = std::move(exchange(std::move(outgoing)).front());
+        check_reply(Op::read, part, info().shards.front().shape, info().shards.front().index);
+        out = std::move(part.template get<T>());
         return;
     }
     out = std::move(read_value(step).get<T>());
@@ -574,6 +590,9 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
         asked.push_back(s);
     }
     auto parts = exchange(std::move(outgoing));
+    for (std::size_t p = 0; p < parts.size(); ++p)
+        check_reply(Op::gather, parts[p], detail::rows_shape(shards[asked[p]].shape, picked[asked[p]].size()),
+                    shards[asked[p]].index);
     if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
     Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());

@@ -418,27 +418,13 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     body.shape.resize(header.rank);
     for (std::size_t a = 0; a < header.rank; ++a) body.shape[a] = detail::get_le<8>(body.shape_bytes.data() + 8 * a);
     if (!header.has_payload()) return;
-    // The element count of an untrusted shape, refusing it before it can overflow.
     const std::size_t element_size = dtype_size(header.dtype);
-    const std::uint64_t max_elements = limits.max_payload_bytes / element_size;
-    // An empty axis makes the count 0, but the other axes must still fit: the array's strides are their
-    // products (a shape (0, 2^62, 2^62) would overflow them).
-    std::uint64_t elements = 1;
-    bool over = false, empty = false;
-    for (std::uint64_t d : body.shape) {
-        if (d == 0) {
-            empty = true;
-            continue;
-        }
-        if (over || elements > max_elements / d) over = true;
-        else elements *= d;
-    }
-    if (empty) elements = 0;
+    const std::int64_t elements = detail::bounded_elements(body.shape, limits.max_payload_bytes / element_size);
     const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
-    if (over)
+    if (elements < 0)
         fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
              " bytes");
-    const std::uint64_t needed = elements * element_size;
+    const std::uint64_t needed = static_cast<std::uint64_t>(elements) * element_size;
     if (!header.payload_elided() && header.payload_length != needed)
         fail("payload length " + std::to_string(header.payload_length) + " does not match shape " + described +
              ", which needs " + std::to_string(needed) + " bytes");
