@@ -401,8 +401,13 @@ TEST_SUITE("Remote calls") {
             {}, pss::FixedShardsPartitioner(2));
         auto scope = strategy.scope();
         pss::Variable table(xt::xarray<float>{{1, 2}, {3, 4}, {5, 6}}, "table");  // shards of 2 and 1 rows
-        pss::Variable single(xt::xarray<float>{1, 2, 3, 4}, "single");           // one shard
         const auto channel = pss::detail::Codec<pss::Variable>::channel_of(table);
+        pss::ParameterServerStrategy<> unpartitioned;
+        const pss::Variable single = [&] {
+            auto unpartitioned_scope = unpartitioned.scope();
+            return pss::Variable(xt::xarray<float>{1, 2, 3, 4}, "single");  // one shard
+        }();
+        const auto single_channel = pss::detail::Codec<pss::Variable>::channel_of(single);
         // The honest handle works.
         CHECK(call_as_worker<float>(whole.name(), forged_handle(table, {3, 2}, {2, 1}), channel) == 21.0f);
         CHECK(call_as_worker<float>(gather.name(), forged_handle(table, {3, 2}, {2, 1}), channel) == 14.0f);
@@ -414,22 +419,22 @@ TEST_SUITE("Remote calls") {
                              pss::InvalidArgumentError);
         // Rows wider than the real ones: copying rows of 64 floats would read past the reply.
         CHECK_THROWS_WITH_AS(call_as_worker<float>(gather.name(), forged_handle(table, {3, 64}, {2, 1}), channel),
-                             doctest::Contains("gather on variable 'forged:0': shard 0 answered shape (1, 2) dtype "
+                             doctest::Contains("sparse_read on variable 'forged:0': shard 0 answered shape (1, 2) dtype "
                                                "float32 where shape (1, 64) dtype float32 was asked for"),
                              pss::InvalidArgumentError);
-        // Another split of the same rows, and another dtype.
+        // Another split of the same rows.
         CHECK_THROWS_WITH_AS(call_as_worker<float>(whole.name(), forged_handle(table, {3, 2}, {1, 2}), channel),
                              doctest::Contains("shard 0 answered shape (2, 2) dtype float32 where shape (1, 2)"),
                              pss::InvalidArgumentError);
         // One shard, through read_into: the reply must have the claimed shape too.
-        CHECK(call_as_worker<float>(into.name(), forged_handle(single, {4}, {4}), channel) == 10.0f);
-        CHECK_THROWS_WITH_AS(call_as_worker<float>(into.name(), forged_handle(single, {2}, {2}), channel),
+        CHECK(call_as_worker<float>(into.name(), forged_handle(single, {4}, {4}), single_channel) == 10.0f);
+        CHECK_THROWS_WITH_AS(call_as_worker<float>(into.name(), forged_handle(single, {2}, {2}), single_channel),
                              doctest::Contains("shard 0 answered shape (4,) dtype float32 where shape (2,) dtype "
                                                "float32 was asked for"),
                              pss::InvalidArgumentError);
         // A shape whose element count overflows is refused when the handle is decoded.
         CHECK_THROWS_WITH_AS(
-            call_as_worker<float>(whole.name(), forged_handle(single, {std::size_t{1} << 32, std::size_t{1} << 32}, {std::size_t{1} << 32}), channel),
+            call_as_worker<float>(whole.name(), forged_handle(single, {std::size_t{1} << 32, std::size_t{1} << 32}, {std::size_t{1} << 32}), single_channel),
             doctest::Contains("a Variable of shape (4294967296, 4294967296) has too many elements"),
             pss::InvalidArgumentError);
         // Nothing changed.

@@ -215,6 +215,22 @@ using Shape = std::vector<std::size_t>;
     return n;
 }
 
+namespace detail {
+/// The element count of an untrusted shape, or -1 when it exceeds `max_elements`. An empty axis makes
+/// the count 0, but the other axes must still fit: an array's strides are their products, so a shape
+/// (0, 2^62, 2^62) would overflow them.
+[[nodiscard]] inline std::int64_t bounded_elements(const Shape& shape, std::uint64_t max_elements) noexcept {
+    std::uint64_t elements = 1;
+    bool empty = false;
+    for (std::uint64_t d : shape) {
+        if (d == 0) empty = true;
+        else if (elements > max_elements / d) return -1;
+        else elements *= d;
+    }
+    return empty ? 0 : static_cast<std::int64_t>(elements);
+}
+}  // namespace detail
+
 /// @brief Python's tuple spelling of a shape, as TensorFlow prints it: `()`, `(5,)`, `(1024, 1024)`.
 [[nodiscard]] inline std::string format_shape(const Shape& shape) {
     std::string out = "(";
@@ -3881,27 +3897,13 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     body.shape.resize(header.rank);
     for (std::size_t a = 0; a < header.rank; ++a) body.shape[a] = detail::get_le<8>(body.shape_bytes.data() + 8 * a);
     if (!header.has_payload()) return;
-    // The element count of an untrusted shape, refusing it before it can overflow.
     const std::size_t element_size = dtype_size(header.dtype);
-    const std::uint64_t max_elements = limits.max_payload_bytes / element_size;
-    // An empty axis makes the count 0, but the other axes must still fit: the array's strides are their
-    // products (a shape (0, 2^62, 2^62) would overflow them).
-    std::uint64_t elements = 1;
-    bool over = false, empty = false;
-    for (std::uint64_t d : body.shape) {
-        if (d == 0) {
-            empty = true;
-            continue;
-        }
-        if (over || elements > max_elements / d) over = true;
-        else elements *= d;
-    }
-    if (empty) elements = 0;
+    const std::int64_t elements = detail::bounded_elements(body.shape, limits.max_payload_bytes / element_size);
     const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
-    if (over)
+    if (elements < 0)
         fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
              " bytes");
-    const std::uint64_t needed = elements * element_size;
+    const std::uint64_t needed = static_cast<std::uint64_t>(elements) * element_size;
     if (!header.payload_elided() && header.payload_length != needed)
         fail("payload length " + std::to_string(header.payload_length) + " does not match shape " + described +
              ", which needs " + std::to_string(needed) + " bytes");
@@ -5821,6 +5823,19 @@ private:
 
     std::string describe(Op op) const { return std::string(op_name(op)) + " on variable '" + name() + "'"; }
 
+    /// A reply's value must be what was asked for before any byte of it is copied by this handle's
+    /// shapes: a handle received from a peer may lie about them, and a ps (or a peer posing as one)
+    /// may answer anything.
+    void check_reply(Op op, const Tensor& part, const Shape& expected, std::uint32_t shard) const {
+        if (part.has_value() && part.dtype() == dtype() && part.shape() == expected) return;
+        throw InvalidArgumentError(
+            "pss: " + describe(op) + ": shard " + std::to_string(shard) + " answered " +
+            (part.has_value() ? "shape " + format_shape(part.shape()) + " dtype " + std::string(dtype_name(part.dtype()))
+                              : std::string("no value")) +
+            " where shape " + format_shape(expected) + " dtype " + std::string(dtype_name(dtype())) +
+            " was asked for; this handle does not describe the variable its parameter servers hold");
+    }
+
     Request request(Op op, std::uint32_t shard, std::uint64_t step = 0) const {
         Request r;
         r.op = op;
@@ -6065,6 +6080,7 @@ inline Tensor Variable::read_value(std::uint64_t step) const {
     std::vector<std::pair<int, Request>> outgoing;
     for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s.index, step));
     auto parts = exchange(std::move(outgoing));
+    for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
@@ -6081,7 +6097,9 @@ void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
         r.payload = std::move(out);
         std::vector<std::pair<int, Request>> outgoing;
         outgoing.emplace_back(info().shards.front().task, std::move(r));
-        out = std::move(exchange(std::move(outgoing)).front().template get<T>());
+        Tensor part = std::move(exchange(std::move(outgoing)).front());
+        check_reply(Op::read, part, info().shards.front().shape, info().shards.front().index);
+        out = std::move(part.template get<T>());
         return;
     }
     out = std::move(read_value(step).get<T>());
@@ -6151,6 +6169,9 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
         asked.push_back(s);
     }
     auto parts = exchange(std::move(outgoing));
+    for (std::size_t p = 0; p < parts.size(); ++p)
+        check_reply(Op::gather, parts[p], detail::rows_shape(shards[asked[p]].shape, picked[asked[p]].size()),
+                    shards[asked[p]].index);
     if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
     Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
@@ -6287,17 +6308,10 @@ inline Tensor decode_tensor(ByteReader& r) {
     if (code > 4) r.fail("dtype code " + std::to_string(code) + " is unknown");
     const auto dtype = static_cast<DType>(code);
     const Shape shape = decode_shape(r);
-    // The axes that are not empty must fit in the bytes sent even when an empty axis makes the count 0:
-    // the array's strides are their products.
-    std::size_t extent = 1;
-    bool empty = false;
-    for (auto d : shape) {
-        if (d == 0) empty = true;
-        else if (extent > (std::size_t{1} << 48) / d) r.fail("shape " + format_shape(shape) + " has too many elements");
-        else extent *= d;
-    }
-    const std::size_t elements = empty ? 0 : extent;
-    if (elements > r.remaining() / dtype_size(dtype)) r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
+    const std::int64_t elements = bounded_elements(shape, std::uint64_t{1} << 48);
+    if (elements < 0) r.fail("shape " + format_shape(shape) + " has too many elements");
+    if (static_cast<std::size_t>(elements) > r.remaining() / dtype_size(dtype))
+        r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
     Tensor t = Tensor::uninitialized(dtype, shape);
     r.bytes(t.bytes(), t.nbytes());
     return t;
@@ -6406,6 +6420,9 @@ struct Codec<Variable> {
         if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
         info->shape = decode_shape(r);
+        // Only a sane size is checked here; what the ps really holds is checked on every reply.
+        if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
+            r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
         const std::size_t shards = r.count(24);
         if (shards == 0 || (shards > 1 && (info->shape.empty() || shards > info->shape[0])))
             r.fail(std::to_string(shards) + " shards for shape " + format_shape(info->shape));
