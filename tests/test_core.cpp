@@ -13,6 +13,7 @@
 #include <xtensor/xview.hpp>
 
 #include <archetypes/cluster_resolver.hpp>
+#include <archetypes/consistency.hpp>
 #include <archetypes/optimizer.hpp>
 #include <archetypes/partitioner.hpp>
 #include <archetypes/transport.hpp>
@@ -263,10 +264,11 @@ TEST_SUITE("ParameterServerStrategy") {
                              pss::InvalidArgumentError);
         CHECK_THROWS_AS(S(pss::SimpleClusterResolver(pss::ClusterSpec{{"ps", {"p:1"}}})), pss::InvalidArgumentError);
     }
-    TEST_CASE("ParameterServerStrategy: composes from the four archetypes, using nothing undocumented") {
+    TEST_CASE("ParameterServerStrategy: composes from the five archetypes, using nothing undocumented") {
         using S = pss::ParameterServerStrategy<pss::archetypes::TransportArchetype, pss::archetypes::PartitionerArchetype,
                                                pss::archetypes::OptimizerArchetype,
-                                               pss::archetypes::ClusterResolverArchetype>;
+                                               pss::archetypes::ClusterResolverArchetype,
+                                               pss::archetypes::ConsistencyArchetype>;
         static_assert(std::is_base_of_v<pss::Strategy, S>);
         // The archetype transport runs requests on the caller's thread, so the whole path is exercised.
         S strategy(pss::archetypes::ClusterResolverArchetype{}, pss::archetypes::PartitionerArchetype(0),

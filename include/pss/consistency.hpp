@@ -1,9 +1,9 @@
-// pss/consistency.hpp: when a parameter server applies the gradients workers push (a strategy argument).
+// pss/consistency.hpp: the models of Consistency: Asynchronous, BoundedStaleness<S> and Synchronous.
 #pragma once
 
-#include <concepts>
 #include <cstdint>
 
+#include <pss/concepts/consistency.hpp>
 #include <pss/config.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -28,11 +28,6 @@ struct BoundedStaleness {
 /// pull for step k + 1 sees it. The same as BoundedStaleness<0>.
 using Synchronous = BoundedStaleness<0>;
 
-/// @brief The consistency models: Asynchronous and BoundedStaleness<S> (Synchronous is S = 0).
-template <class C>
-concept Consistency = requires {
-    { C::synchronous } -> std::convertible_to<bool>;
-    { C::staleness } -> std::convertible_to<std::uint64_t>;
-};
+static_assert(Consistency<Asynchronous> && Consistency<Synchronous> && Consistency<BoundedStaleness<3>>);
 
 PSS_NAMESPACE_END

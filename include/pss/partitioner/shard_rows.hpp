@@ -2,7 +2,7 @@
 #pragma once
 
 #include <cstddef>
-#include <ranges>
+#include <vector>
 
 #include <pss/config.hpp>
 
@@ -35,11 +35,14 @@ struct ShardRow {
     return shard * (dim0 / num_shards) + (shard < extra ? shard : extra);
 }
 
-/// @brief The row counts of all `num_shards` shards, as a random-access view (no allocation):
-/// `shard_row_counts(10, 3)` is [4, 3, 3].
-[[nodiscard]] constexpr auto shard_row_counts(std::size_t dim0, std::size_t num_shards) noexcept {
-    return std::views::iota(std::size_t{0}, num_shards) |
-           std::views::transform([dim0, num_shards](std::size_t i) { return shard_rows(dim0, num_shards, i); });
+/// @brief The row counts of all `num_shards` shards: `shard_row_counts(10, 3)` is [4, 3, 3].
+/// (A vector, usable in constant expressions, rather than a view: clang 14 cannot compile libstdc++ 12's
+/// `iota | transform`.)
+[[nodiscard]] constexpr std::vector<std::size_t> shard_row_counts(std::size_t dim0, std::size_t num_shards) {
+    std::vector<std::size_t> counts;  // filled by push_back: clang 14 cannot evaluate a sized vector's fill
+    counts.reserve(num_shards);
+    for (std::size_t i = 0; i < num_shards; ++i) counts.push_back(shard_rows(dim0, num_shards, i));
+    return counts;
 }
 
 /// @brief The shard holding row `row` of the whole variable, and the row's index inside it.
