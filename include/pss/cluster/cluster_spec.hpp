@@ -5,13 +5,12 @@
 #include <cstddef>
 #include <initializer_list>
 #include <map>
-#include <ostream>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
@@ -85,8 +84,9 @@ public:
     ///   - `pss: <what>: job "worker" task 1 must be a "host:port" string, got number`
     ///   - `pss: <what>: job "worker" task 1 has an empty address; give it as "host:port"`
     ///   - `pss: <what>: job name "1x" is not valid; a job name starts with a letter and has only ...`
-    [[nodiscard]] static ClusterSpec from_json(const nlohmann::json& json,
-                                               std::string_view what = "ClusterSpec JSON") {
+    /// (A template on the JSON type, nlohmann::json, so that this header needs only its declaration.)
+    template <class Json>
+    [[nodiscard]] static ClusterSpec from_json(const Json& json, std::string_view what = "ClusterSpec JSON") {
         const std::string where(what);
         if (!json.is_object()) {
             throw InvalidArgumentError("pss: " + where +
@@ -106,7 +106,7 @@ public:
                     throw InvalidArgumentError("pss: " + where + ": job \"" + job + "\" task " + std::to_string(i) +
                                                " must be a \"host:port\" string, got " + tasks[i].type_name());
                 }
-                addresses.push_back(tasks[i].get<std::string>());
+                addresses.push_back(tasks[i].template get<std::string>());
             }
             spec.jobs_.emplace(job, std::move(addresses));
         }
@@ -115,8 +115,9 @@ public:
     }
 
     /// @brief The JSON object `{"job": ["host:port", ...], ...}` that `from_json` reads back.
-    [[nodiscard]] nlohmann::json to_json() const {
-        nlohmann::json json = nlohmann::json::object();
+    template <class Json = nlohmann::json>
+    [[nodiscard]] Json to_json() const {
+        Json json = Json::object();
         for (const auto& [job, addresses] : jobs_) json[job] = addresses;
         return json;
     }
@@ -182,12 +183,15 @@ public:
 
     friend bool operator==(const ClusterSpec&, const ClusterSpec&) = default;
 
-    /// @brief Prints the JSON form, e.g. `{"ps":["ps0:2222"],"worker":["w0:2222"]}`.
-    friend std::ostream& operator<<(std::ostream& os, const ClusterSpec& spec) { return os << spec.to_json().dump(); }
-
     /// @brief nlohmann/json conversions, so that `nlohmann::json j = spec;` and `j.get<ClusterSpec>()` work.
-    friend void to_json(nlohmann::json& json, const ClusterSpec& spec) { json = spec.to_json(); }
-    friend void from_json(const nlohmann::json& json, ClusterSpec& spec) { spec = ClusterSpec::from_json(json); }
+    template <class Json>
+    friend void to_json(Json& json, const ClusterSpec& spec) {
+        json = spec.template to_json<Json>();
+    }
+    template <class Json>
+    friend void from_json(const Json& json, ClusterSpec& spec) {
+        spec = ClusterSpec::from_json(json);
+    }
 
 private:
     static bool is_valid_job_name(std::string_view name) noexcept {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <pss/cluster/cluster_spec.hpp>
+#include <pss/cluster/cluster_spec_json.hpp>
 #include <pss/config.hpp>
 #include <pss/detail/environment.hpp>
 #include <pss/errors.hpp>
