@@ -109,6 +109,22 @@ TEST_SUITE("ClusterCoordinator") {
         CHECK(values[3].ready());
         CHECK_THROWS_AS((void)pss::RemoteValue<int>().fetch(), pss::FailedPreconditionError);
     }
+    TEST_CASE("ClusterCoordinator: a closure runs under its strategy's scope: its variables go to the ps tasks") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy;
+        pss::ClusterCoordinator coordinator(strategy);
+        CHECK(!pss::has_strategy());
+        auto same = coordinator.schedule([&] { return &pss::get_strategy() == &strategy; });
+        auto tasks = coordinator.schedule([] {
+            pss::Variable a(xt::xarray<float>{1}, "a");
+            pss::Variable b(xt::xarray<float>{2}, "b");
+            return std::vector<int>{a.shard_tasks().front(), b.shard_tasks().front()};
+        });
+        CHECK(same.fetch());
+        CHECK(tasks.fetch() == std::vector<int>{0, 1});  // round-robin over the ps tasks, not the coordinator (-1)
+        CHECK(!pss::has_strategy());
+    }
     TEST_CASE("ClusterCoordinator: an error is raised by the next join, queued closures are cancelled, then work resumes") {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
                                      pss::LocalClusterResolver<1, 1>>
@@ -387,7 +403,8 @@ TEST_SUITE("Remote calls") {
         bad[bad.size() - 8] = std::byte{9};  // the last shard's row count
         pss::detail::ByteReader r(bad, "test");
         CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(r, pss::detail::CallContext{channel, 0}),
-                             doctest::Contains("the shards do not cover the rows"), pss::InvalidArgumentError);
+                             doctest::Contains("shard 1 (index 1, task 1, rows 2 + 9) is not how 2 shards split shape (3, 2)"),
+                             pss::InvalidArgumentError);
         pss::detail::ByteReader no_cluster(w.data(), "test");
         CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(no_cluster, {}),
                              doctest::Contains("a Variable reached a process that has no cluster"), pss::InvalidArgumentError);
@@ -422,9 +439,9 @@ TEST_SUITE("Remote calls") {
                              doctest::Contains("sparse_read on variable 'forged:0': shard 0 answered shape (1, 2) dtype "
                                                "float32 where shape (1, 64) dtype float32 was asked for"),
                              pss::InvalidArgumentError);
-        // Another split of the same rows.
+        // Another split of the same rows than every strategy makes (TensorFlow's): refused when decoded.
         CHECK_THROWS_WITH_AS(call_as_worker<float>(whole.name(), forged_handle(table, {3, 2}, {1, 2}), channel),
-                             doctest::Contains("shard 0 answered shape (2, 2) dtype float32 where shape (1, 2)"),
+                             doctest::Contains("shard 0 (index 0, task 0, rows 0 + 1) is not how 2 shards split shape (3, 2)"),
                              pss::InvalidArgumentError);
         // One shard, through read_into: the reply must have the claimed shape too.
         CHECK(call_as_worker<float>(into.name(), forged_handle(single, {4}, {4}), single_channel) == 10.0f);
@@ -459,6 +476,27 @@ TEST_SUITE("Remote calls") {
                              "the chief. A ps or worker process calls strategy.join() and serves until the chief ends "
                              "the cluster",
                              pss::FailedPreconditionError);
+        // rpc_layer "inproc" keeps the whole cluster here even when the resolver names a task.
+        S named_inproc{pss::SimpleClusterResolver(spec, "ps", 0, "inproc")};
+        CHECK(named_inproc.is_chief());
+        CHECK(!named_inproc.is_distributed());
+    }
+    TEST_CASE("AutoTransport: threads for the embedded cluster, TCP for host:port addresses, and never a mix" *
+              doctest::timeout(30)) {
+        pss::AutoTransport embedded(pss::LocalClusterResolver<2, 2>{}.cluster_spec());
+        CHECK(embedded.in_process());
+        pss::AutoTransport tcp(pss::ClusterSpec{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}});
+        CHECK(!tcp.in_process());
+        CHECK_THROWS_WITH_AS(pss::AutoTransport(pss::ClusterSpec{{"ps", {"inproc:ps:0"}}, {"worker", {"127.0.0.1:0"}}}),
+                             "pss: AutoTransport: 1 of the 2 addresses of the cluster are embedded (\"inproc:...\") "
+                             "and the others are not; a cluster runs in one process or over the network, not both",
+                             pss::InvalidArgumentError);
+        pss::ClusterStrategy<> alone;  // no launcher in this test's environment: the embedded cluster
+        CHECK(!alone.is_distributed());
+        auto scope = alone.scope();
+        pss::Variable v(xt::xarray<float>{1, 2}, "v");
+        v.assign_add(xt::xarray<float>{1, 1});
+        CHECK(v.read<float>() == xt::xarray<float>{2, 3});
     }
 }
 

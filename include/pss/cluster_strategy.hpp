@@ -9,13 +9,13 @@
 #include <pss/optimizer/sgd.hpp>
 #include <pss/partitioner/no_partition.hpp>
 #include <pss/strategy.hpp>
-#include <pss/transport/tcp.hpp>
+#include <pss/transport/auto.hpp>
 
 PSS_NAMESPACE_BEGIN
 
 /// @brief A ParameterServerStrategy whose cluster is found at run time (AutoClusterResolver: TF_CONFIG,
 /// Slurm, MPI, else the embedded cluster of 2 ps and 2 workers) and whose tasks talk over TCP when they
-/// are separate processes. One binary runs alone on a laptop and as every task of a cluster:
+/// are separate processes (AutoTransport: threads of this process for the embedded cluster). One binary runs alone on a laptop and as every task of a cluster:
 ///
 /// @code
 /// pss::ClusterStrategy<> strategy;
@@ -32,6 +32,6 @@ PSS_NAMESPACE_BEGIN
 template <Partitioner PartitionerPolicy = NoPartitioner, Optimizer OptimizerPolicy = SGD,
           Consistency ConsistencyPolicy = Asynchronous>
 using ClusterStrategy =
-    ParameterServerStrategy<TcpTransport, PartitionerPolicy, OptimizerPolicy, AutoClusterResolver, ConsistencyPolicy>;
+    ParameterServerStrategy<AutoTransport, PartitionerPolicy, OptimizerPolicy, AutoClusterResolver, ConsistencyPolicy>;
 
 PSS_NAMESPACE_END

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include <pss/config.hpp>
+#include <pss/detail/closure_context.hpp>
+#include <pss/distribute.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
 #include <pss/variable.hpp>
@@ -47,10 +49,6 @@ struct RemoteState {
 };
 
 }  // namespace detail
-
-/// @brief The index of the worker running the current closure, or -1 outside a closure (on the
-/// coordinator). Use it to shard data by worker.
-[[nodiscard]] inline int worker_index() noexcept { return detail::current_worker; }
 
 /// @brief The result of a scheduled closure, kept on the coordinator once computed (tf RemoteValue).
 template <class R>
@@ -148,7 +146,10 @@ public:
         }
     explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
         : max_queue_(max_queue), alive_(static_cast<std::size_t>(strategy.num_workers())) {
-        if constexpr (std::derived_from<StrategyType, Strategy>) remote_ = strategy.remote_workers();
+        if constexpr (std::derived_from<StrategyType, Strategy>) {
+            remote_ = strategy.remote_workers();
+            strategy_ = &strategy;
+        }
         if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
         for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
     }
@@ -326,7 +327,11 @@ private:
     }
 
     void run_worker(int index) {
-        detail::current_worker = index;
+        // Closures run under the strategy's scope, with the context their variable operations read.
+        std::optional<Strategy::Scope> scope;
+        if (strategy_ != nullptr) scope.emplace(*strategy_);
+        detail::ClosureContext context{index, &failures_, 0};
+        const detail::ClosureContext::Guard current(context);
         std::unique_lock lock(mutex_);
         for (;;) {
             // After an error no new closure starts: the queued ones wait to be cancelled by the call
@@ -338,8 +343,7 @@ private:
             queue_.pop_front();
             lock.unlock();
             if (was_full) space_.notify_one();
-            detail::cancel_counter = &failures_;
-            detail::cancel_seen = failures_.load();
+            context.failures_seen = failures_.load();
             try {
                 if (remote_ != nullptr) closure->run_remote(*remote_, index);
                 else closure->run(index);
@@ -369,6 +373,7 @@ private:
 
     std::size_t max_queue_;
     detail::RemoteWorkers* remote_ = nullptr;  // set when the workers are other processes
+    Strategy* strategy_ = nullptr;             // whose scope the closures run under
     std::mutex mutex_;
     std::condition_variable work_, space_, finished_;
     std::deque<Closure> queue_;

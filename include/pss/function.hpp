@@ -23,6 +23,7 @@
 #include <pss/config.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/partitioner/shard_rows.hpp>
 #include <pss/tensor.hpp>
 #include <pss/variable.hpp>
 
@@ -276,12 +277,16 @@ struct Codec<Variable> {
             const auto rows = static_cast<std::size_t>(r.raw<std::uint64_t>());
             s.shape = info->shape;
             if (!s.shape.empty()) s.shape[0] = rows;
-            // The shards must tile the rows in order: the handle indexes rows by these offsets.
-            if (s.index != i || s.task < 0 || s.row_offset != next_row) r.fail("shard " + std::to_string(i) + " is inconsistent");
+            // The shards must split the rows as every strategy does (TensorFlow's rule): the handle finds
+            // a row's shard by that rule.
+            if (s.index != i || s.task < 0 || s.row_offset != next_row ||
+                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards, i)))
+                r.fail("shard " + std::to_string(i) + " (index " + std::to_string(s.index) + ", task " +
+                       std::to_string(s.task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
+                       ") is not how " + std::to_string(shards) + " shards split shape " + format_shape(info->shape));
             next_row += rows;
             info->shards.push_back(std::move(s));
         }
-        if (!info->shape.empty() && next_row != info->shape[0]) r.fail("the shards do not cover the rows");
         info->channel = c.channel;
         info->borrowed = true;
         return Variable(std::move(info));

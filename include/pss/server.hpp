@@ -20,6 +20,7 @@
 #include <xtensor/xnoalias.hpp>
 
 #include <pss/concepts/optimizer.hpp>
+#include <pss/detail/request_rules.hpp>
 #include <pss/config.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
@@ -29,52 +30,6 @@
 PSS_NAMESPACE_BEGIN
 
 namespace detail {
-
-/// Row-major stride of axis 0: the elements of one row.
-inline std::size_t row_elements(const Shape& shape) {
-    std::size_t n = 1;
-    for (std::size_t a = 1; a < shape.size(); ++a) n *= shape[a];
-    return n;
-}
-
-/// The shape of `count` rows of a variable of `shape`.
-inline Shape rows_shape(const Shape& shape, std::size_t count) {
-    Shape out = shape;
-    out[0] = count;
-    return out;
-}
-
-/// Checks an operation's payload and ids against a shard (or variable) of `shape` and `dtype` before
-/// anything changes. `what` names the variable in the message: "scatter_add on variable 'emb'".
-inline void validate_request(Op op, const std::string& what, const Shape& shape, DType dtype, const Tensor& payload,
-                             std::span<const std::int64_t> ids) {
-    auto mismatch = [&](const Shape& expected_shape) {
-        if (!payload.has_value())
-            throw InvalidArgumentError("pss: " + what + ": expected a value of shape " + format_shape(expected_shape) +
-                                       " dtype " + std::string(dtype_name(dtype)) + ", got none");
-        if (payload.dtype() != dtype || payload.shape() != expected_shape)
-            throw InvalidArgumentError("pss: " + what + ": expected shape " + format_shape(expected_shape) + " dtype " +
-                                       std::string(dtype_name(dtype)) + ", got shape " +
-                                       format_shape(payload.shape()) + " dtype " +
-                                       std::string(dtype_name(payload.dtype())));
-    };
-    const bool sparse = op == Op::scatter_add || op == Op::scatter_sub || op == Op::scatter_update ||
-                        op == Op::gather || op == Op::apply_sparse;
-    if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
-        throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
-                                      std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
-    if (sparse) {
-        if (shape.empty())
-            throw InvalidArgumentError("pss: " + what + ": row operations need a variable of rank 1 or more, got a scalar");
-        for (std::int64_t id : ids)
-            if (id < 0 || static_cast<std::uint64_t>(id) >= shape[0])
-                throw OutOfRangeError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
-                                      format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) + ")");
-        if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
-    } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
-        mismatch(shape);
-    }
-}
 
 /// Sums the rows of repeated ids: returns the unique ids (first-seen order) and their summed rows.
 template <class T>

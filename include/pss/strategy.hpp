@@ -24,6 +24,8 @@
 #include <pss/concepts/transport.hpp>
 #include <pss/config.hpp>
 #include <pss/consistency.hpp>
+#include <pss/detail/closure_context.hpp>
+#include <pss/distribute.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
 #include <pss/optimizer/sgd.hpp>
@@ -122,7 +124,8 @@ public:
                     return Reply::error(ErrorCode::invalid_argument,
                                         "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
-                current_worker = self_.index;
+                const ClosureContext context{self_.index};
+                const ClosureContext::Guard current(context);
                 return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
             });
         }
@@ -193,14 +196,6 @@ private:
     bool stop_ = false;
 };
 
-/// True when every address of `spec` is an embedded one ("inproc:ps:0"): the cluster is this process.
-[[nodiscard]] inline bool is_embedded_cluster(const ClusterSpec& spec) {
-    for (const auto& job : spec.jobs())
-        for (int i = 0; i < spec.num_tasks(job); ++i)
-            if (!spec.task_address(TaskId{job, i}).starts_with("inproc:")) return false;
-    return true;
-}
-
 /// A Transport that reaches other processes says so with `static constexpr bool crosses_processes = true`.
 template <class T>
 concept transport_crosses_processes = requires {
@@ -247,11 +242,11 @@ public:
 
     /// @brief Resolves the cluster and takes this process's part in it.
     ///
-    /// When the Transport crosses processes (TcpTransport), the cluster's addresses are real and the
-    /// resolver names this task, this process is that task alone: a ps task starts serving its shards, a
-    /// worker starts serving calls, and the chief coordinates; ps and worker processes then call join().
-    /// Otherwise the whole cluster runs in this process (the embedded cluster's "inproc:" addresses
-    /// always do, whatever the Transport).
+    /// When the Transport crosses processes (TcpTransport, AutoTransport) and the resolver names this
+    /// task with an rpc_layer other than "inproc", this process is that task alone: a ps task starts
+    /// serving its shards, a worker starts serving calls, and the chief coordinates; ps and worker
+    /// processes then call join(). Otherwise (rpc_layer "inproc", as LocalClusterResolver says, or no
+    /// task named) the whole cluster runs in this process, through the Transport it was given.
     /// @throws InvalidArgumentError when the cluster has no ps or no worker task, more than one chief, or a
     /// job other than chief, worker, ps and evaluator (TensorFlow's rules).
     explicit ParameterServerStrategy(ClusterResolverPolicy cluster_resolver = {},
@@ -263,9 +258,12 @@ public:
           task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
         const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
                                ConsistencyPolicy::staleness};
-        const bool embedded = detail::is_embedded_cluster(spec_);
+        // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded
+        // cluster), or no task named. Otherwise a Transport that crosses processes makes this process
+        // the one task the resolver names.
+        const bool whole_cluster_here = std::string(resolver_.rpc_layer()) == "inproc" || task_.type.empty();
         if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
-            if (!embedded && !task_.type.empty()) {
+            if (!whole_cluster_here) {
                 auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
                     spec_, task_, optimizer_, sync);
                 channel->start();
@@ -275,13 +273,6 @@ public:
             }
         }
         task_ = TaskId{"chief", 0};
-        if constexpr (!std::same_as<TransportPolicy, InProcessTransport>) {
-            if (embedded) {
-                channel_ = std::make_shared<detail::TransportChannel<InProcessTransport, OptimizerPolicy>>(
-                    spec_, optimizer_, sync);
-                return;
-            }
-        }
         channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
     }
 

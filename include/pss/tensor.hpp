@@ -46,18 +46,34 @@ namespace detail {
     }
     return empty ? 0 : static_cast<std::int64_t>(elements);
 }
+
+/// Row-major stride of axis 0: the elements of one row.
+inline std::size_t row_elements(const Shape& shape) {
+    std::size_t n = 1;
+    for (std::size_t a = 1; a < shape.size(); ++a) n *= shape[a];
+    return n;
+}
+
+/// The shape of `count` rows of a value of `shape` (a Shape, or an xtensor shape).
+template <class S>
+Shape rows_shape(const S& shape, std::size_t count) {
+    Shape out(shape.begin(), shape.end());
+    out[0] = count;
+    return out;
+}
 }  // namespace detail
 
 /// @brief Python's tuple spelling of a shape, as TensorFlow prints it: `()`, `(5,)`, `(1024, 1024)`.
-[[nodiscard]] inline std::string format_shape(const Shape& shape) {
+/// Takes any sequence of extents (a Shape, an xtensor shape).
+template <class S>
+[[nodiscard]] std::string format_shape(const S& shape) {
     std::string out = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (i > 0) out += ", ";
-        out += std::to_string(shape[i]);
-    }
-    if (shape.size() == 1) out += ",";
-    return out + ")";
+    std::size_t rank = 0;
+    for (auto extent : shape) out += (rank++ == 0 ? "" : ", ") + std::to_string(extent);
+    return out + (rank == 1 ? ",)" : ")");
 }
+/// @brief The same for a Shape, or a braced list: `format_shape({2, 3})` is "(2, 3)".
+[[nodiscard]] inline std::string format_shape(const Shape& shape) { return format_shape<Shape>(shape); }
 
 /// @brief A dense value of one of the four dtypes, owning its elements in an `xt::xarray<T>`.
 ///

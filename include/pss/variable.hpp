@@ -1,4 +1,4 @@
-// pss/variable.hpp: Variable (sharded or not), the Strategy interface, scopes and get_strategy().
+// pss/variable.hpp: Variable, the client handle of a variable (sharded or not) held by ps tasks.
 #pragma once
 
 #include <algorithm>
@@ -25,8 +25,9 @@
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/message.hpp>
-#include <pss/optimizer/sgd.hpp>
-#include <pss/server.hpp>
+#include <pss/detail/closure_context.hpp>
+#include <pss/detail/request_rules.hpp>
+#include <pss/partitioner/shard_rows.hpp>
 #include <pss/tensor.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -49,22 +50,6 @@ public:
     /// TensorFlow's device string of a task: "/job:ps/replica:0/task:1/device:CPU:0".
     [[nodiscard]] virtual std::string device(int task) const = 0;
 };
-
-/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`.
-class RemoteWorkers {
-public:
-    virtual ~RemoteWorkers() = default;
-    virtual std::future<Reply> call(int worker, Request request) = 0;
-};
-
-/// The worker task running the current closure (a coordinator's worker thread, or a worker process
-/// serving a call); -1 elsewhere.
-inline thread_local int current_worker = -1;
-
-/// Set by a ClusterCoordinator on its worker threads: a synchronous pull that waits for a step gives up
-/// when the counter moves past the value seen when the closure started (another closure failed).
-inline thread_local const std::atomic<std::uint64_t>* cancel_counter = nullptr;
-inline thread_local std::uint64_t cancel_seen = 0;
 
 /// Where one shard lives and which rows of the whole variable it holds.
 struct ShardInfo {
@@ -99,20 +84,6 @@ struct VariableInfo {
     }
 };
 
-/// Copies rows [begin, begin + count) of `value` into a new tensor.
-inline Tensor slice_rows(const Tensor& value, std::size_t begin, std::size_t count) {
-    return value.visit(
-        [&](const auto& a) {
-            using T = typename std::decay_t<decltype(a)>::value_type;
-            const Shape shape(a.shape().begin(), a.shape().end());
-            const std::size_t width = row_elements(shape);
-            xt::xarray<T> out = xt::xarray<T>::from_shape(rows_shape(shape, count));
-            std::memcpy(out.data(), a.data() + begin * width, count * width * sizeof(T));
-            return Tensor(std::move(out));
-        },
-        Tensor{});
-}
-
 }  // namespace detail
 
 /// @brief A handle to a variable held by parameter-server tasks (or by the coordinator), as tf.Variable.
@@ -136,6 +107,8 @@ public:
 
     /// @brief Creates a variable with `initial_value` through `get_strategy()`: on the ps tasks of the
     /// strategy whose scope is active, else on the coordinator. Moves the value: no element is copied.
+    /// Defined in <pss/distribute.hpp> (which <pss/pss.hpp> includes), beside get_strategy(): the
+    /// handle itself knows no strategy and no server.
     explicit Variable(Tensor initial_value, std::string name = "Variable");
 
     /// @brief Used by strategies: a handle over already created shards.
@@ -156,6 +129,12 @@ public:
         std::vector<int> tasks;
         for (const auto& s : info().shards) tasks.push_back(s.task);
         return tasks;
+    }
+    /// @brief The shard holding row `row` of the whole variable, and the row's index inside it. Shards
+    /// split the rows by TensorFlow's rule (see shard_rows()), every handle's shards included.
+    /// @pre the variable has rank 1 or more and row < shape()[0]
+    [[nodiscard]] ShardRow shard_of_row(std::size_t row) const {
+        return pss::shard_of_row(shape().empty() ? 0 : shape()[0], num_shards(), row);
     }
     /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`).
     [[nodiscard]] std::vector<Variable> shards() const;
@@ -270,13 +249,6 @@ private:
     /// first error is thrown after every reply has arrived, so no request is left running.
     std::vector<Tensor> exchange(std::vector<std::pair<int, Request>> outgoing) const;
 
-    /// The shard holding row `row`: shards hold consecutive row ranges in order.
-    std::size_t shard_of_row(std::size_t row) const {
-        const auto& shards = info().shards;
-        auto it = std::upper_bound(shards.begin(), shards.end(), row,
-                                   [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
-        return static_cast<std::size_t>(it - shards.begin()) - 1;
-    }
 
     Tensor update(Op op, Tensor payload, std::uint64_t step = 0);
     Tensor update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step = 0);
@@ -292,65 +264,7 @@ using ShardedVariable = Variable;
     return params.sparse_read(ids);
 }
 
-/// @brief The distribution strategy interface (tf.distribute.Strategy): places the variables created
-/// while its scope is active.
-class Strategy {
-public:
-    Strategy() = default;
-    Strategy(const Strategy&) = delete;
-    Strategy& operator=(const Strategy&) = delete;
-    virtual ~Strategy() = default;
-
-    /// @brief Replicas that compute one step in lockstep: 1 for parameter-server training on CPU workers.
-    [[nodiscard]] virtual int num_replicas_in_sync() const = 0;
-
-    /// @brief Creates a variable from `initial_value` (moved) and places its shards.
-    virtual Variable create_variable(Tensor initial_value, std::string name) = 0;
-
-    /// @brief RAII guard of a strategy's scope (Python's `with strategy.scope():`).
-    class [[nodiscard]] Scope {
-    public:
-        explicit Scope(Strategy& strategy) : previous_(current()) { current() = &strategy; }
-        Scope(const Scope&) = delete;
-        Scope& operator=(const Scope&) = delete;
-        ~Scope() { current() = previous_; }
-
-    private:
-        Strategy* previous_;
-    };
-
-    /// @brief Makes this strategy current on this thread until the returned guard is destroyed.
-    [[nodiscard]] Scope scope() { return Scope(*this); }
-
-    /// @brief The strategy whose scope is active on this thread, or nullptr.
-    [[nodiscard]] static Strategy*& current() noexcept {
-        thread_local Strategy* strategy = nullptr;
-        return strategy;
-    }
-
-    /// @brief The worker tasks when they are other processes; nullptr when they are threads of this one.
-    [[nodiscard]] virtual detail::RemoteWorkers* remote_workers() noexcept { return nullptr; }
-};
-
 namespace detail {
-
-/// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
-class LocalChannel final : public Channel {
-public:
-    std::future<Reply> send(int, Request request) override {
-        std::promise<Reply> p;
-        {
-            std::lock_guard lock(mutex_);
-            p.set_value(server_.handle(std::move(request)));
-        }
-        return p.get_future();
-    }
-    [[nodiscard]] std::string device(int) const override { return "/job:localhost/replica:0/task:0/device:CPU:0"; }
-
-private:
-    std::mutex mutex_;
-    ParameterServer<SGD> server_;
-};
 
 /// Creates a variable's shards through `channel`: shard i holds rows_of[i] rows and lives on task tasks[i].
 inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name,
@@ -391,38 +305,9 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
 
 }  // namespace detail
 
-/// @brief The strategy used outside any scope (TensorFlow's default strategy): variables live on the
-/// coordinator, in this process.
-class DefaultStrategy final : public Strategy {
-public:
-    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
-    Variable create_variable(Tensor initial_value, std::string name) override {
-        const std::uint64_t id = next_id_.fetch_add(1);
-        return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {1}, {-1});
-    }
-
-private:
-    std::shared_ptr<detail::Channel> channel_ = std::make_shared<detail::LocalChannel>();
-    std::atomic<std::uint64_t> next_id_{1};
-};
-
-/// @brief The strategy whose scope is active on this thread; outside any scope, the process's
-/// DefaultStrategy (variables on the coordinator), as tf.distribute.get_strategy().
-[[nodiscard]] inline Strategy& get_strategy() {
-    if (Strategy* s = Strategy::current()) return *s;
-    static DefaultStrategy default_strategy;
-    return default_strategy;
-}
-
-/// @brief True when a strategy's scope is active on this thread (tf.distribute.has_strategy()).
-[[nodiscard]] inline bool has_strategy() noexcept { return Strategy::current() != nullptr; }
-
 // ---------------------------------------------------------------------------------------------------
 // Implementation
 // ---------------------------------------------------------------------------------------------------
-
-inline Variable::Variable(Tensor initial_value, std::string name)
-    : Variable(get_strategy().create_variable(std::move(initial_value), std::move(name))) {}
 
 inline std::vector<Variable> Variable::shards() const {
     if (!is_sharded()) return {*this};
@@ -482,8 +367,8 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                 if (!error) error = std::current_exception();
             }
         }
-        if (!error && !retry.empty() && detail::cancel_counter != nullptr &&
-            detail::cancel_counter->load() != detail::cancel_seen)
+        if (!error && !retry.empty() && detail::ClosureContext::current() != nullptr &&
+            detail::ClosureContext::current()->cancelled())
             error = std::make_exception_ptr(CancelledError(
                 "pss: " + describe(again[retry.front()].op) + " for step " + std::to_string(again[retry.front()].step) +
                 " was abandoned: another closure failed, so the step may never complete"));
@@ -558,7 +443,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     // Group the rows by shard, keeping their order within each shard (scatter_update's last row wins).
     std::vector<std::vector<std::size_t>> picked(shards.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i]))].push_back(i);
+    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty() && step == 0) continue;
@@ -579,7 +464,7 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
     detail::validate_request(Op::gather, describe(Op::gather), shape(), dtype(), {}, ids);
     const auto& shards = info().shards;
     std::vector<std::vector<std::size_t>> picked(shards.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i]))].push_back(i);
+    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
     std::vector<std::pair<int, Request>> outgoing;
     std::vector<std::size_t> asked;
     for (std::size_t s = 0; s < shards.size(); ++s) {

@@ -13,7 +13,7 @@
 
 namespace {
 
-using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::AutoClusterResolver>;
+using Strategy = pss::ClusterStrategy<>;
 
 int add_to(pss::Variable v, float amount) {
     v.assign_add(xt::xarray<float>{amount});

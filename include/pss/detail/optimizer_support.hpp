@@ -17,6 +17,7 @@
 
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
+#include <pss/tensor.hpp>
 
 /// Marks an optimizer's block kernel: every call inside it (xtensor's assignment loops included) is
 /// inlined, so the expression objects never escape and their data pointers stay in registers. Without
@@ -94,23 +95,6 @@ inline void for_each_sparse_block(std::span<const std::int64_t> rows, std::size_
         for_each_block(row_elements, optimizer_block_elements<T>,
                        [&](std::size_t offset, std::size_t count) { f(value_row + offset, grad_row + offset, count); });
     }
-}
-
-/// @brief "(2, 3)": a shape as numpy prints it.
-template <class S>
-[[nodiscard]] inline std::string format_shape(const S& shape) {
-    std::string s = "(";
-    std::size_t i = 0;
-    for (auto d : shape) s += (i++ ? ", " : "") + std::to_string(d);
-    return s + (i == 1 ? ",)" : ")");
-}
-
-/// @brief `shape` with its first dimension replaced by `rows`.
-template <class S>
-[[nodiscard]] inline std::vector<std::size_t> rows_shape(const S& shape, std::size_t rows) {
-    std::vector<std::size_t> out(shape.begin(), shape.end());
-    out[0] = rows;
-    return out;
 }
 
 /// @brief Checks that a dense gradient has the shard's shape.

@@ -1,0 +1,126 @@
+// pss/distribute.hpp: the distribution strategy interface (tf.distribute.Strategy), its scope, and the
+// default strategy that holds the variables made outside any scope.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <pss/config.hpp>
+#include <pss/message.hpp>
+#include <pss/optimizer/sgd.hpp>
+#include <pss/server.hpp>
+#include <pss/tensor.hpp>
+#include <pss/variable.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`.
+class RemoteWorkers {
+public:
+    virtual ~RemoteWorkers() = default;
+    virtual std::future<Reply> call(int worker, Request request) = 0;
+};
+
+}  // namespace detail
+
+/// @brief The distribution strategy interface (tf.distribute.Strategy): places the variables created
+/// while its scope is active.
+class Strategy {
+public:
+    Strategy() = default;
+    Strategy(const Strategy&) = delete;
+    Strategy& operator=(const Strategy&) = delete;
+    virtual ~Strategy() = default;
+
+    /// @brief Replicas that compute one step in lockstep: 1 for parameter-server training on CPU workers.
+    [[nodiscard]] virtual int num_replicas_in_sync() const = 0;
+
+    /// @brief Creates a variable from `initial_value` (moved) and places its shards.
+    virtual Variable create_variable(Tensor initial_value, std::string name) = 0;
+
+    /// @brief RAII guard of a strategy's scope (Python's `with strategy.scope():`).
+    class [[nodiscard]] Scope {
+    public:
+        explicit Scope(Strategy& strategy) : previous_(current()) { current() = &strategy; }
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+        ~Scope() { current() = previous_; }
+
+    private:
+        Strategy* previous_;
+    };
+
+    /// @brief Makes this strategy current on this thread until the returned guard is destroyed.
+    [[nodiscard]] Scope scope() { return Scope(*this); }
+
+    /// @brief The strategy whose scope is active on this thread, or nullptr.
+    [[nodiscard]] static Strategy*& current() noexcept {
+        thread_local Strategy* strategy = nullptr;
+        return strategy;
+    }
+
+    /// @brief The worker tasks when they are other processes; nullptr when they are threads of this one.
+    [[nodiscard]] virtual detail::RemoteWorkers* remote_workers() noexcept { return nullptr; }
+};
+
+namespace detail {
+
+/// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
+class LocalChannel final : public Channel {
+public:
+    std::future<Reply> send(int, Request request) override {
+        std::promise<Reply> p;
+        {
+            std::lock_guard lock(mutex_);
+            p.set_value(server_.handle(std::move(request)));
+        }
+        return p.get_future();
+    }
+    [[nodiscard]] std::string device(int) const override { return "/job:localhost/replica:0/task:0/device:CPU:0"; }
+
+private:
+    std::mutex mutex_;
+    ParameterServer<SGD> server_;
+};
+
+}  // namespace detail
+
+
+/// @brief The strategy used outside any scope (TensorFlow's default strategy): variables live on the
+/// coordinator, in this process.
+class DefaultStrategy final : public Strategy {
+public:
+    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
+    Variable create_variable(Tensor initial_value, std::string name) override {
+        const std::uint64_t id = next_id_.fetch_add(1);
+        return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {1}, {-1});
+    }
+
+private:
+    std::shared_ptr<detail::Channel> channel_ = std::make_shared<detail::LocalChannel>();
+    std::atomic<std::uint64_t> next_id_{1};
+};
+
+/// @brief The strategy whose scope is active on this thread; outside any scope, the process's
+/// DefaultStrategy (variables on the coordinator), as tf.distribute.get_strategy().
+[[nodiscard]] inline Strategy& get_strategy() {
+    if (Strategy* s = Strategy::current()) return *s;
+    static DefaultStrategy default_strategy;
+    return default_strategy;
+}
+
+/// @brief True when a strategy's scope is active on this thread (tf.distribute.has_strategy()).
+[[nodiscard]] inline bool has_strategy() noexcept { return Strategy::current() != nullptr; }
+
+// Declared in variable.hpp: creating a variable from a value goes through the current strategy.
+inline Variable::Variable(Tensor initial_value, std::string name)
+    : Variable(get_strategy().create_variable(std::move(initial_value), std::move(name))) {}
+
+PSS_NAMESPACE_END
