@@ -19,7 +19,7 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xview.hpp>
 
-#include <pss/pss.hpp>
+#include <pss/keras.hpp>
 
 #include "ratio_report.hpp"
 

@@ -8,7 +8,7 @@
 #include <iostream>
 #include <random>
 
-#include <pss/pss.hpp>
+#include <pss/keras.hpp>
 
 int main() {
     constexpr std::size_t examples = 20'000;

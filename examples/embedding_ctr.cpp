@@ -11,7 +11,7 @@
 #include <iostream>
 #include <random>
 
-#include <pss/pss.hpp>
+#include <pss/keras.hpp>
 
 namespace {
 

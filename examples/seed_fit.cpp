@@ -4,7 +4,7 @@
 #include <iomanip>
 #include <iostream>
 
-#include <pss/pss.hpp>
+#include <pss/keras.hpp>
 
 int main() {
     pss::ClusterStrategy<> strategy;  // alone: 2 ps tasks, 2 workers; SGD(learning_rate=0.01)

@@ -14,7 +14,7 @@
 #include <doctest/doctest.h>
 #include <xtensor/xarray.hpp>
 
-#include <pss/pss.hpp>
+#include <pss/keras.hpp>
 
 namespace {
 

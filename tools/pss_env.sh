@@ -4,9 +4,10 @@
 PSS_DEBIAN_PACKAGES=(g++ cmake ninja-build pkg-config python3 meson libxtensor-dev xtl-dev libxsimd-dev
                      libasio-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
 
+# pss_ensure_packages [extra packages...]: the packages above, and any named.
 pss_ensure_packages() {
     local missing=() pkg
-    for pkg in "${PSS_DEBIAN_PACKAGES[@]}"; do
+    for pkg in "${PSS_DEBIAN_PACKAGES[@]}" "$@"; do
         if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
             missing+=("$pkg")
         fi

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# tools/test.sh: configure, build and run every pss test. The command the README gives.
+# tools/test.sh: configure, build and run every pss test. The command the README gives; .ci/run runs it.
 #
-#   tools/test.sh          build/       (Debug) all tests, examples, benchmarks (built, not run)
-#   tools/test.sh asan     build-asan/  the same under AddressSanitizer + UndefinedBehaviorSanitizer
-#   tools/test.sh tsan     build-tsan/  the same under ThreadSanitizer
+#   tools/test.sh          both of the next two, in order (what CI runs)
+#   tools/test.sh plain    build/        (Debug, g++) all tests, examples, benchmarks (built, not run)
+#   tools/test.sh clang    build-clang/  (Debug, clang++) the doctest suite, examples and launched clusters
+#   tools/test.sh asan     build-asan/   the same as plain under AddressSanitizer + UndefinedBehaviorSanitizer
+#   tools/test.sh tsan     build-tsan/   the same as plain under ThreadSanitizer
 #
 # Extra arguments after the mode go to ctest (e.g. `tools/test.sh plain -L net`, `-LE consumer`).
 # Installs missing Debian packages first (apt-get; sudo when not root). Exits non-zero on any failure.
@@ -11,21 +13,30 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/pss_env.sh
 
-mode=${1:-plain}
+mode=${1:-all}
 if (($# > 0)); then shift; fi
+if [[ $mode == all ]]; then
+    bash tools/test.sh plain "$@"
+    exec bash tools/test.sh clang "$@"
+fi
+compiler=() extra=() packages=()
 case "$mode" in
     plain) build=build; sanitize="" ;;
+    clang) build=build-clang; sanitize=""; packages=(clang)
+           compiler=(-DCMAKE_CXX_COMPILER=clang++)
+           # The g++ build covers the header checks, benchmarks and consumers; clang proves the code.
+           extra=(-DPSS_BUILD_BENCHMARKS=OFF -DPSS_HEADER_CHECKS=OFF -DPSS_INSTALL=OFF -DPSS_TEST_CONSUMERS=OFF) ;;
     asan) build=build-asan; sanitize="address,undefined" ;;
     tsan) build=build-tsan; sanitize="thread" ;;
-    *) echo "usage: tools/test.sh [plain|asan|tsan] [ctest arguments...]" >&2; exit 2 ;;
+    *) echo "usage: tools/test.sh [all|plain|clang|asan|tsan] [ctest arguments...]" >&2; exit 2 ;;
 esac
 
-pss_ensure_packages
+pss_ensure_packages "${packages[@]}"
 
 cmake -S . -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Debug \
     -DPSS_BUILD_TESTS=ON -DPSS_BUILD_EXAMPLES=ON -DPSS_BUILD_BENCHMARKS=ON \
-    "-DPSS_SANITIZE=$sanitize"
+    "-DPSS_SANITIZE=$sanitize" "${compiler[@]}" "${extra[@]}"
 cmake --build "$build" -j "$PSS_JOBS"
 cd "$build"
 set +e

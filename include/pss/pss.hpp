@@ -1,4 +1,5 @@
-// pss/pss.hpp: the whole library; the root of the generated single header.
+// pss/pss.hpp: the library without its Keras-style layer (that is pss/keras.hpp); the root of the generated
+// single header.
 #pragma once
 
 #include <pss/config.hpp>
@@ -10,12 +11,14 @@
 #include <pss/tensor.hpp>
 
 #include <pss/concepts/cluster_resolver.hpp>
+#include <pss/concepts/consistency.hpp>
 #include <pss/concepts/optimizer.hpp>
 #include <pss/concepts/partitioner.hpp>
 #include <pss/concepts/transport.hpp>
 
 #include <pss/cluster/auto.hpp>
 #include <pss/cluster/cluster_spec.hpp>
+#include <pss/cluster/cluster_spec_json.hpp>
 #include <pss/cluster/local.hpp>
 #include <pss/cluster/mpi.hpp>
 #include <pss/cluster/simple.hpp>
@@ -33,18 +36,17 @@
 #include <pss/partitioner/no_partition.hpp>
 #include <pss/partitioner/shard_rows.hpp>
 
+#include <pss/transport/auto.hpp>
 #include <pss/transport/in_process.hpp>
 #include <pss/transport/tcp.hpp>
 
 #include <pss/cluster_strategy.hpp>
 #include <pss/consistency.hpp>
 #include <pss/coordinator.hpp>
+#include <pss/distribute.hpp>
 #include <pss/function.hpp>
 #include <pss/server.hpp>
 #include <pss/strategy.hpp>
 #include <pss/variable.hpp>
 #include <pss/wire.hpp>
 
-#include <pss/keras/layers.hpp>
-#include <pss/keras/losses.hpp>
-#include <pss/keras/model.hpp>

@@ -1,7 +1,7 @@
 // expect-error: the optimizer must be the strategy's Optimizer policy type
 // In pss the parameter servers apply the strategy's optimizer: compiling a model with another optimizer
 // type is refused at compile time (another instance of the same type is checked when it runs).
-#include <pss/pss.hpp>
+#include <pss/keras.hpp>
 
 int main() {
     pss::ParameterServerStrategy<> strategy;  // SGD on the ps tasks

@@ -17,6 +17,7 @@
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
+#include <pss/distribute.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/keras/losses.hpp>
