@@ -1,11 +1,13 @@
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their config texts.
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their Keras configs (JSON).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -14,11 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/keras/config.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
 #include <pss/variable.hpp>
@@ -34,15 +38,37 @@ enum class Activation {
     softmax,  ///< y = exp(z) / sum(exp(z)) over the last axis
 };
 
+namespace detail {
+/// Every activation with Keras' name for it: the one list that both directions read.
+inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activation_names{{
+    {Activation::linear, "linear"},
+    {Activation::relu, "relu"},
+    {Activation::sigmoid, "sigmoid"},
+    {Activation::tanh, "tanh"},
+    {Activation::softmax, "softmax"},
+}};
+
+/// The activation named `name`, if one is.
+[[nodiscard]] constexpr std::optional<Activation> find_activation(std::string_view name) noexcept {
+    for (const auto& [activation, known] : activation_names)
+        if (name == known) return activation;
+    return std::nullopt;
+}
+
+/// `"linear", "relu", "sigmoid", "tanh" or "softmax"`, for messages.
+[[nodiscard]] inline std::string activation_list() {
+    std::string out;
+    for (std::size_t i = 0; i < activation_names.size(); ++i)
+        out += std::string(i == 0 ? "" : i + 1 == activation_names.size() ? " or " : ", ") + "\"" +
+               std::string(activation_names[i].second) + "\"";
+    return out;
+}
+}  // namespace detail
+
 /// @brief Keras' name of an activation: "linear", "relu", "sigmoid", "tanh", "softmax".
 [[nodiscard]] constexpr std::string_view activation_name(Activation activation) noexcept {
-    switch (activation) {
-        case Activation::relu: return "relu";
-        case Activation::sigmoid: return "sigmoid";
-        case Activation::tanh: return "tanh";
-        case Activation::softmax: return "softmax";
-        case Activation::linear: break;
-    }
+    for (const auto& [a, name] : detail::activation_names)
+        if (a == activation) return name;
     return "linear";
 }
 
@@ -50,11 +76,10 @@ enum class Activation {
 /// @throws InvalidArgumentError `pss: activation "gelu" is not known; use "linear", "relu", "sigmoid",
 /// "tanh" or "softmax"`
 [[nodiscard]] inline Activation activation_from_name(std::string_view name) {
-    for (Activation a : {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::softmax})
-        if (name == activation_name(a)) return a;
     if (name.empty()) return Activation::linear;
-    throw InvalidArgumentError("pss: activation \"" + std::string(name) +
-                               "\" is not known; use \"linear\", \"relu\", \"sigmoid\", \"tanh\" or \"softmax\"");
+    if (const auto a = detail::find_activation(name)) return *a;
+    throw InvalidArgumentError("pss: activation \"" + std::string(name) + "\" is not known; use " +
+                               detail::activation_list());
 }
 
 namespace detail {
@@ -118,24 +143,6 @@ inline std::string snake_case(std::string_view name) {
             out += static_cast<char>(c - 'A' + 'a');
         } else {
             out += c;
-        }
-    }
-    return out;
-}
-
-/// A layer's name as a config text writes it: bytes outside printable ASCII, and `%`, become `%XX`
-/// (upper-case hex), so that any name is one word and round-trips: "my layer" gives "my%20layer".
-inline std::string encode_config_name(std::string_view name) {
-    constexpr char hex[] = "0123456789ABCDEF";
-    std::string out;
-    for (char ch : name) {
-        const auto c = static_cast<unsigned char>(ch);
-        if (c < 0x21 || c > 0x7e || c == '%') {
-            out += '%';
-            out += hex[c >> 4];
-            out += hex[c & 0xf];
-        } else {
-            out += ch;
         }
     }
     return out;
@@ -208,26 +215,25 @@ public:
 
     [[nodiscard]] bool built() const noexcept { return built_; }
 
-    /// @brief One line of text that describes the layer completely (class, name, constructor parameters,
-    /// built input shape), from which detail::layer_from_config rebuilds it, in a worker process that has
-    /// no model object: `Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)`.
-    ///
-    /// Words are separated by one space; the first is class_name(); then `name=` (the name with bytes
-    /// outside printable ASCII, and `%`, written `%XX`), the layer's parameters, and `input_shape=` as
-    /// `(3,2)` (`(3)` for rank 1, `()` for a scalar). Embedding: `input_dim=5 output_dim=4
-    /// dtype=float32`; GlobalAveragePooling1D and Flatten have no parameters.
-    /// @throws FailedPreconditionError before build, or when the layer's class does not override it.
-    [[nodiscard]] virtual std::string config() const {
-        require_built("config");
-        throw FailedPreconditionError("pss: " + describe() +
-                                      ": config() is not implemented by this class; a layer trained by worker "
-                                      "processes overrides config() and do_bind(), and detail::layer_from_config "
-                                      "must know its class");
+    /// @brief Keras' `get_config()`: the layer's constructor parameters, its name and, once built, the
+    /// input shape it was built for: `{"name": "dense", "units": 4, "activation": "relu", "use_bias":
+    /// true, "dtype": "float32", "batch_input_shape": [null, 3]}`. From serialize(layer), which wraps it
+    /// with the class name, detail::layer_from_config rebuilds the layer in a worker process that has no
+    /// model object. This gives `name` and `batch_input_shape` (when built); a layer class adds its own
+    /// parameters, and detail::layer_from_config must know the class to rebuild it.
+    [[nodiscard]] virtual nlohmann::json get_config() const {
+        nlohmann::json config = {{"name", name_}};
+        if (built_) {
+            nlohmann::json shape = nlohmann::json::array({nullptr});
+            for (auto d : input_shape_) shape.push_back(d);
+            config["batch_input_shape"] = std::move(shape);
+        }
+        return config;
     }
 
     /// @brief Marks the layer built for inputs of `input_shape` (batch axis excluded) over existing
     /// variables, in the order of weights(), instead of creating them: how a worker process rebuilds a
-    /// layer from its config() and the handles of the coordinator's variables. No variable is created;
+    /// layer from serialize(layer) and the handles of the coordinator's variables. No variable is created;
     /// afterwards forward, backward and weights() work as on the layer whose variables these are.
     /// Returns the output shape, as build.
     /// @throws FailedPreconditionError when built already (or the class does not override do_bind);
@@ -338,14 +344,6 @@ protected:
         throw FailedPreconditionError("pss: " + describe() +
                                       ": bind is not implemented by this class; override do_bind() to let a layer "
                                       "take existing variables");
-    }
-
-    /// `<class> name=<name> <parameters> input_shape=(...)`: config() of a built layer.
-    [[nodiscard]] std::string config_line(std::string_view parameters) const {
-        require_built("config");
-        std::string out = std::string(class_name()) + " name=" + detail::encode_config_name(name_);
-        if (!parameters.empty()) (out += ' ') += parameters;
-        return out + " input_shape=" + detail::format_config_shape(input_shape_);
     }
 
     /// What do_build would create for one weight: for bind's checks.
@@ -592,10 +590,15 @@ public:
         return out;
     }
 
-    /// @brief `Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)`
-    [[nodiscard]] std::string config() const override {
-        return config_line("units=" + std::to_string(units_) + " activation=" + std::string(activation_name(activation_)) +
-                           " use_bias=" + (use_bias_ ? "1" : "0") + " dtype=" + std::string(dtype_name(dtype_)));
+    /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "dtype": "float32", "name": "dense",
+    /// "units": 4, "use_bias": true}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["units"] = units_;
+        config["activation"] = std::string(activation_name(activation_));
+        config["use_bias"] = use_bias_;
+        config["dtype"] = std::string(dtype_name(dtype_));
+        return config;
     }
 
 protected:
@@ -733,10 +736,14 @@ public:
         return out;
     }
 
-    /// @brief `Embedding name=embedding input_dim=5 output_dim=4 dtype=float32 input_shape=(3)`
-    [[nodiscard]] std::string config() const override {
-        return config_line("input_dim=" + std::to_string(input_dim_) + " output_dim=" + std::to_string(output_dim_) +
-                           " dtype=" + std::string(dtype_name(dtype_)));
+    /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "input_dim": 5, "name": "embedding",
+    /// "output_dim": 4}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["input_dim"] = input_dim_;
+        config["output_dim"] = output_dim_;
+        config["dtype"] = std::string(dtype_name(dtype_));
+        return config;
     }
 
 protected:
@@ -836,9 +843,6 @@ public:
         return out;
     }
 
-    /// @brief `GlobalAveragePooling1D name=global_average_pooling1d input_shape=(3,4)`
-    [[nodiscard]] std::string config() const override { return config_line({}); }
-
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return output_shape_for(input_shape); }
     Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
@@ -888,9 +892,6 @@ public:
         return out;
     }
 
-    /// @brief `Flatten name=flatten input_shape=(3,2)`
-    [[nodiscard]] std::string config() const override { return config_line({}); }
-
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return {num_elements(input_shape)}; }
     Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
@@ -902,105 +903,83 @@ private:
     Shape seen_;
 };
 
+/// @brief Keras' `tf.keras.layers.serialize(layer)`: `{"class_name": "Dense", "config":
+/// layer.get_config()}`.
+[[nodiscard]] inline nlohmann::json serialize(const Layer& layer) {
+    return {{"class_name", std::string(layer.class_name())}, {"config", layer.get_config()}};
+}
+
 namespace detail {
 
-/// What a layer's config text gives: the layer, not built, and the input shape it was built for.
+/// What a layer's config gives: the layer, not built, and the input shape it was built for.
 struct LayerConfig {
     std::unique_ptr<Layer> layer;
     Shape input_shape;
 };
 
-/// The name of a config's `name=` field, `%XX` decoded. @throws InvalidArgumentError for a bad escape.
-inline std::string decode_config_name(const ConfigReader& reader, std::string_view value) {
-    auto digit = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        return -1;
-    };
-    std::string out;
-    for (std::size_t i = 0; i < value.size(); ++i) {
-        if (value[i] != '%') {
-            out += value[i];
-            continue;
-        }
-        if (value.size() - i < 3 || digit(value[i + 1]) < 0 || digit(value[i + 2]) < 0)
-            reader.fail("name " + quote_config(value) + " has a % not followed by two hex digits; a name writes bytes "
-                        "outside printable ASCII, and %, as %XX");
-        out += static_cast<char>(digit(value[i + 1]) * 16 + digit(value[i + 2]));
-        i += 2;
-    }
-    return out;
-}
-
-/// Parses a layer's config() text (see Layer::config) into a layer that is not built, with the same
-/// class, name and parameters, and the input shape it was built for.
-/// @throws InvalidArgumentError quoting the text (at most 200 bytes, non-printable bytes escaped) and
-/// naming what is wrong: an unknown class, a missing, unknown or repeated field, a value that is not a
-/// number, a flag, a shape, a known activation or a float dtype, a number above 2^48. The text may come
-/// from the network: any input gives a layer or this error.
-[[nodiscard]] inline LayerConfig parse_layer_config(std::string_view text) {
-    ConfigReader reader("layer", text);
-    const std::string_view cls = reader.class_name();
-    auto take_dtype = [&] {
-        const std::string_view value = reader.take("dtype");
-        if (value == "float32") return DType::float32;
-        if (value == "float64") return DType::float64;
-        reader.fail("dtype is " + quote_config(value) + "; a layer's weights are float32 or float64");
-    };
+/// Parses serialize(layer) (see Layer::get_config) into a layer that is not built, with the same
+/// class, name and parameters, and the input shape it was built for (`batch_input_shape` without its
+/// batch axis).
+/// @throws InvalidArgumentError naming the field and its value: not an object, an unknown class, a
+/// missing, unknown or wrongly typed field, a number out of range, an unknown activation, a dtype that
+/// is not float32 or float64. The config may come from the network: any JSON value gives a layer or
+/// this error.
+[[nodiscard]] inline LayerConfig parse_layer_config(const nlohmann::json& serialized) {
+    ConfigFields outer("layer", serialized, "class_name and config");
+    const std::string cls = outer.take_string("class_name");
+    const nlohmann::json& config = outer.take("config");
+    outer.finish();
     LayerConfig out;
+    auto fields_of = [&](std::string list) { return ConfigFields(cls + " config", config, std::move(list)); };
+    auto finish = [&](ConfigFields& fields) {
+        out.layer->set_name(fields.take_string("name"));
+        out.input_shape = fields.take_batch_input_shape("batch_input_shape");
+        fields.finish();
+    };
     if (cls == "Dense") {
-        reader.expect("name, units, activation, use_bias, dtype and input_shape");
-        const std::uint64_t units = reader.take_count("units", 1);
-        const std::string_view activation = reader.take("activation");
-        Activation a = Activation::linear;
-        bool known = false;
-        for (Activation candidate :
-             {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::softmax})
-            if (activation == activation_name(candidate)) {
-                a = candidate;
-                known = true;
-            }
-        if (!known)
-            reader.fail("activation is " + quote_config(activation) +
-                        "; it is \"linear\", \"relu\", \"sigmoid\", \"tanh\" or \"softmax\"");
-        const bool use_bias = reader.take_flag("use_bias");
-        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), a, use_bias, take_dtype());
+        ConfigFields fields = fields_of("name, units, activation, use_bias, dtype and batch_input_shape");
+        const std::uint64_t units = fields.take_count("units", 1);
+        const std::string activation = fields.take_string("activation");
+        const auto a = find_activation(activation);
+        if (!a) fields.fail("\"activation\" is " + json_text(activation) + "; it is " + activation_list());
+        const bool use_bias = fields.take_bool("use_bias");
+        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), *a, use_bias, fields.take_float_dtype("dtype"));
+        finish(fields);
     } else if (cls == "Embedding") {
-        reader.expect("name, input_dim, output_dim, dtype and input_shape");
-        const std::uint64_t input_dim = reader.take_count("input_dim", 1);
-        const std::uint64_t output_dim = reader.take_count("output_dim", 1);
+        ConfigFields fields = fields_of("name, input_dim, output_dim, dtype and batch_input_shape");
+        const std::uint64_t input_dim = fields.take_count("input_dim", 1);
+        const std::uint64_t output_dim = fields.take_count("output_dim", 1);
         out.layer = std::make_unique<Embedding>(static_cast<std::size_t>(input_dim), static_cast<std::size_t>(output_dim),
-                                                take_dtype());
-    } else if (cls == "GlobalAveragePooling1D") {
-        reader.expect("name and input_shape");
-        out.layer = std::make_unique<GlobalAveragePooling1D>();
-    } else if (cls == "Flatten") {
-        reader.expect("name and input_shape");
-        out.layer = std::make_unique<Flatten>();
+                                                fields.take_float_dtype("dtype"));
+        finish(fields);
+    } else if (cls == "GlobalAveragePooling1D" || cls == "Flatten") {
+        ConfigFields fields = fields_of("name and batch_input_shape");
+        if (cls == "Flatten") out.layer = std::make_unique<Flatten>();
+        else out.layer = std::make_unique<GlobalAveragePooling1D>();
+        finish(fields);
     } else {
-        reader.fail("the class " + quote_config(cls) +
-                    " is not known; layer_from_config rebuilds Dense, Embedding, GlobalAveragePooling1D and Flatten");
+        outer.fail("\"class_name\" is " + json_text(cls) +
+                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\" and "
+                   "\"Flatten\"");
     }
-    out.layer->set_name(decode_config_name(reader, reader.take("name")));
-    out.input_shape = reader.take_shape("input_shape");
-    reader.finish();
     return out;
 }
 
-/// @brief The layer a Layer::config() text describes, not built: same class, name and parameters.
-/// Bind it to the original's variables with `bind(input_shape, weights)` (the input shape is in the
-/// text: parse_layer_config gives it, bind_layer_from_config does both).
-/// @throws InvalidArgumentError for any text that is not a config (see parse_layer_config).
-[[nodiscard]] inline std::unique_ptr<Layer> layer_from_config(std::string_view text) {
-    return parse_layer_config(text).layer;
+/// @brief The layer serialize(layer) describes, not built: same class, name and parameters. Bind it to
+/// the original's variables with `bind(input_shape, weights)` (parse_layer_config gives the input shape,
+/// bind_layer_from_config does both).
+/// @throws InvalidArgumentError for any value that is not such a config (see parse_layer_config).
+[[nodiscard]] inline std::unique_ptr<Layer> layer_from_config(const nlohmann::json& serialized) {
+    return parse_layer_config(serialized).layer;
 }
 
-/// @brief What a worker process does with a layer's config() and its variables' handles: the layer,
-/// bound to `weights` (in the order of weights()) for the input shape in the text. Creates no variable.
-/// @throws InvalidArgumentError for a text that is not a config, or weights bind rejects.
-[[nodiscard]] inline std::unique_ptr<Layer> bind_layer_from_config(std::string_view text, std::vector<Variable> weights) {
-    LayerConfig config = parse_layer_config(text);
+/// @brief What a worker process does with serialize(layer) and the layer's variables' handles: the
+/// layer, bound to `weights` (in the order of weights()) for the input shape of the config. Creates no
+/// variable.
+/// @throws InvalidArgumentError for a value that is not a config, or weights bind rejects.
+[[nodiscard]] inline std::unique_ptr<Layer> bind_layer_from_config(const nlohmann::json& serialized,
+                                                                   std::vector<Variable> weights) {
+    LayerConfig config = parse_layer_config(serialized);
     (void)config.layer->bind(config.input_shape, std::move(weights));
     return std::move(config.layer);
 }
