@@ -7380,12 +7380,19 @@ PSS_NAMESPACE_END
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbroadcast.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
+#include <xtensor/xview.hpp>
 
 // pss/keras/config.hpp: reading Keras configs (get_config() as JSON) that may come from a peer: every fault is an InvalidArgumentError naming the field and its value.
 
@@ -7551,6 +7558,11 @@ PSS_NAMESPACE_END
 
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xmanipulation.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -7577,30 +7589,48 @@ public:
         return {{"name", std::string(name())}, {"reduction", "auto"}};
     }
 
-    /// @brief The loss of a batch (the mean over its examples).
+    /// @brief The loss of a batch (the mean over its examples), computed in the predictions' dtype
+    /// (float32 or float64; targets of another dtype are converted to it) and summed in double.
     /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
-    [[nodiscard]] virtual double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const = 0;
-    /// @brief d value / d y_pred, of y_pred's shape.
-    [[nodiscard]] virtual xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                                      const xt::xarray<double>& y_pred) const = 0;
+    [[nodiscard]] virtual double value(const Tensor& y_true, const Tensor& y_pred) const = 0;
+    /// @brief d value / d y_pred, of y_pred's shape and dtype.
+    [[nodiscard]] virtual Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const = 0;
     /// @brief The same as value(), as Keras' `loss(y_true, y_pred)`.
-    [[nodiscard]] double operator()(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
-        return value(y_true, y_pred);
-    }
+    [[nodiscard]] double operator()(const Tensor& y_true, const Tensor& y_pred) const { return value(y_true, y_pred); }
 
     /// @brief Checks targets for predictions of shape (batch, `output_shape`...) before training.
     /// @throws InvalidArgumentError naming the loss, what it expects and what it got.
-    virtual void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const = 0;
+    virtual void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const = 0;
 
 protected:
     Loss() = default;
     Loss(const Loss&) = default;
     Loss& operator=(const Loss&) = default;
 
+    /// Calls `f(y_true, y_pred)` as two `xt::xarray<T>` of the predictions' dtype T (float or double):
+    /// targets of another dtype are converted (a copy; fit gives float32 targets to a float32 model).
+    /// @throws InvalidArgumentError for an empty tensor or predictions that are not float32 or float64.
+    template <class F>
+    decltype(auto) in_dtype(const Tensor& y_true, const Tensor& y_pred, F&& f) const {
+        if (!y_true.has_value() || !y_pred.has_value())
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": an empty tensor of " +
+                                       (y_true.has_value() ? "predictions" : "targets"));
+        auto run = [&]<class T>(const xt::xarray<T>& p) -> decltype(auto) {
+            if (y_true.dtype() == dtype_of<T>) return f(y_true.get<T>(), p);
+            const xt::xarray<T> y = y_true.visit([](const auto& a) { return xt::xarray<T>(xt::cast<T>(a)); }, xt::xarray<T>());
+            return f(y, p);
+        };
+        if (y_pred.dtype() == DType::float32) return run(y_pred.get<float>());
+        if (y_pred.dtype() != DType::float64)
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": predictions of dtype " +
+                                       std::string(dtype_name(y_pred.dtype())) + "; a loss takes float32 or float64");
+        return run(y_pred.get<double>());
+    }
+
     /// Elementwise losses take targets with one value per prediction: (batch, output_shape...), or the
     /// same values in any shape with the batch axis first ((batch,) for outputs (batch, 1), as Keras
     /// squeezes).
-    void check_same_size(const xt::xarray<double>& y_true, const Shape& output_shape) const {
+    void check_same_size(const xt::xarray<float>& y_true, const Shape& output_shape) const {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         const std::size_t batch = got.empty() ? 0 : got.front();
         if (got.empty() || y_true.size() != batch * num_elements(output_shape)) {
@@ -7611,11 +7641,18 @@ protected:
                                        "; give one target per prediction, batch axis first");
         }
     }
-    static void check_value_count(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred, std::string_view loss) {
+    /// @throws InvalidArgumentError unless there are as many targets as predictions, and some.
+    template <class T>
+    void check_value_count(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) const {
         if (y_true.size() != y_pred.size() || y_pred.size() == 0)
-            throw InvalidArgumentError("pss: " + std::string(loss) + ": " + std::to_string(y_true.size()) +
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": " + std::to_string(y_true.size()) +
                                        " targets for " + std::to_string(y_pred.size()) +
                                        " predictions; give one target per prediction (and at least one)");
+    }
+    /// The targets in the predictions' shape (they may be (batch,) for predictions (batch, 1)).
+    template <class T>
+    static auto as_shape_of(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) {
+        return xt::reshape_view(y_true, Shape(y_pred.shape().begin(), y_pred.shape().end()));
     }
 };
 
@@ -7625,24 +7662,20 @@ public:
     [[nodiscard]] std::string_view name() const noexcept override { return "mean_squared_error"; }
     [[nodiscard]] std::string_view class_name() const noexcept override { return "MeanSquaredError"; }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        double sum = 0;
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double d = y_pred.data()[i] - y_true.data()[i];
-            sum += d * d;
-        }
-        return sum / static_cast<double>(y_pred.size());
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+            check_value_count(y, p);
+            return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
+        });
     }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 2.0 / static_cast<double>(y_pred.size());
-        for (std::size_t i = 0; i < y_pred.size(); ++i) out.data()[i] = scale * (y_pred.data()[i] - y_true.data()[i]);
-        return out;
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+            check_value_count(y, p);
+            const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
+            return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
     }
 };
@@ -7665,33 +7698,28 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        double sum = 0;
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double p = std::clamp(y_pred.data()[i], epsilon, 1.0 - epsilon);
-            const double y = y_true.data()[i];
-            sum -= y * std::log(p + epsilon) + (1.0 - y) * std::log(1.0 - p + epsilon);
-        }
-        return sum / static_cast<double>(y_pred.size());
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
+            check_value_count(y_in, p_in);
+            const T e = static_cast<T>(epsilon), one = T{1};
+            const auto y = as_shape_of(y_in, p_in);
+            const auto p = xt::clip(p_in, e, one - e);
+            return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
+        });
     }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 1.0 / static_cast<double>(y_pred.size());
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double p = y_pred.data()[i];
-            const double y = y_true.data()[i];
-            out.data()[i] = (p < epsilon || p > 1.0 - epsilon)
-                                ? 0.0
-                                : -scale * (y / (p + epsilon) - (1.0 - y) / (1.0 - p + epsilon));
-        }
-        return out;
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
+            check_value_count(y_in, p);
+            const T e = static_cast<T>(epsilon), one = T{1};
+            const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+            const auto y = as_shape_of(y_in, p);
+            return Tensor(xt::xarray<T>(
+                xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
-        for (double y : y_true)
+        for (float y : y_true)
             if (!(y >= 0.0 && y <= 1.0))
                 throw InvalidArgumentError("pss: binary_crossentropy: a target is " + std::to_string(y) +
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
@@ -7720,42 +7748,42 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        const std::size_t classes = check_counts(y_true, y_pred);
-        const std::size_t rows = y_pred.size() / classes;
-        double sum = 0;
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* p = y_pred.data() + r * classes;
-            double total = 0;
-            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
-            const auto t = static_cast<std::size_t>(y_true.data()[r]);
-            sum += -std::log(std::clamp(p[t], epsilon, 1.0 - epsilon)) + std::log(total);
-        }
-        return sum / static_cast<double>(rows);
-    }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        const std::size_t classes = check_counts(y_true, y_pred);
-        const std::size_t rows = y_pred.size() / classes;
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 1.0 / static_cast<double>(rows);
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* p = y_pred.data() + r * classes;
-            double* g = out.data() + r * classes;
-            double total = 0;
-            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
-            const auto t = static_cast<std::size_t>(y_true.data()[r]);
-            for (std::size_t j = 0; j < classes; ++j) {
-                if (p[j] < epsilon || p[j] > 1.0 - epsilon) {
-                    g[j] = 0.0;
-                    continue;
-                }
-                g[j] = scale * (1.0 / total - (j == t ? 1.0 / p[j] : 0.0));
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+            const std::size_t classes = check_counts(y, probs);
+            const std::size_t rows = probs.size() / classes;
+            const T e = static_cast<T>(epsilon), high = T{1} - e;
+            double sum = 0;
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* p = probs.data() + r * classes;
+                T total = 0;
+                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+                const auto t = static_cast<std::size_t>(y.data()[r]);
+                sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
             }
-        }
-        return out;
+            return sum / static_cast<double>(rows);
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+            const std::size_t classes = check_counts(y, probs);
+            const std::size_t rows = probs.size() / classes;
+            const T e = static_cast<T>(epsilon), high = T{1} - e;
+            xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
+            const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* p = probs.data() + r * classes;
+                T* g = out.data() + r * classes;
+                T total = 0;
+                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+                const auto t = static_cast<std::size_t>(y.data()[r]);
+                for (std::size_t j = 0; j < classes; ++j)
+                    g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
+            }
+            return Tensor(std::move(out));
+        });
+    }
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         if (output_shape.empty() || got.empty() ||
             y_true.size() * output_shape.back() != got.front() * num_elements(output_shape)) {
@@ -7775,7 +7803,8 @@ public:
     }
 
 private:
-    std::size_t check_counts(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
+    template <class T>
+    std::size_t check_counts(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) const {
         if (y_pred.dimension() == 0 || y_pred.size() == 0 || y_pred.shape().back() == 0 ||
             y_true.size() * y_pred.shape().back() != y_pred.size())
             throw InvalidArgumentError("pss: sparse_categorical_crossentropy: " + std::to_string(y_true.size()) +
@@ -7928,17 +7957,20 @@ inline xt::xarray<double> to_double(const Tensor& tensor) {
         xt::xarray<double>());
 }
 
-/// Pulls a whole float variable into `out` as doubles; `staging` is the float32 buffer reused across
-/// steps (read_into then touches no fresh page).
-inline void pull_as_double(const Variable& variable, std::uint64_t step, xt::xarray<float>& staging,
-                           xt::xarray<double>& out) {
-    if (variable.dtype() == DType::float64) {
-        variable.read_into(out, step);
-        return;
-    }
-    variable.read_into(staging, step);
-    if (out.shape() != staging.shape()) out = xt::xarray<double>::from_shape(staging.shape());
-    std::transform(staging.begin(), staging.end(), out.begin(), [](float v) { return static_cast<double>(v); });
+/// The array of `tensor` as `xt::xarray<T>`: moved out when its dtype is T, else converted (xt::cast).
+/// @throws InvalidArgumentError for an empty tensor.
+template <class T>
+xt::xarray<T> take_as(Tensor&& tensor) {
+    if (!tensor.has_value()) throw InvalidArgumentError("pss: an empty tensor was given where an array was expected");
+    if (tensor.dtype() == dtype_of<T>) return std::move(tensor.get<T>());
+    return tensor.visit([](const auto& a) { return xt::xarray<T>(xt::cast<T>(a)); }, xt::xarray<T>());
+}
+
+/// Calls `f(std::type_identity<T>{})` with T float for float32 and double for float64.
+template <class F>
+decltype(auto) with_float_type(DType dtype, F&& f) {
+    if (dtype == DType::float64) return f(std::type_identity<double>{});
+    return f(std::type_identity<float>{});
 }
 
 /// `value` converted to `dtype` (float32 or float64), as Keras' set_weights converts numpy arrays.
@@ -7983,7 +8015,7 @@ inline void check_float_dtype(DType dtype, std::string_view layer) {
 /// Variable::apply_sparse_gradient, which reaches only the shards holding those rows.
 struct VariableGradient {
     Variable variable;
-    xt::xarray<double> values;
+    Tensor values;  ///< in the variable's dtype
     std::vector<std::int64_t> ids;
     bool sparse = false;
 };
@@ -7991,7 +8023,7 @@ struct VariableGradient {
 /// @brief What a layer's backward pass returns: the gradient with respect to its inputs, and one
 /// VariableGradient per weight, in the order of Layer::weights().
 struct LayerGradients {
-    xt::xarray<double> inputs;
+    Tensor inputs;
     std::vector<VariableGradient> variables;
 };
 
@@ -7999,9 +8031,9 @@ struct LayerGradients {
 ///
 /// A layer's weights are pss::Variables: `build` creates them through get_strategy(), so built inside
 /// `strategy.scope()` they live on the parameter-server tasks (sharded as the strategy's partitioner
-/// decides). Computation is in double precision on the worker whatever the variables' dtype: a step
-/// pulls the weights (converting float32 to double), and gradients are converted back to the
-/// variables' dtype when pushed.
+/// decides). A layer computes in its dtype, its weights' (Keras' `dtype`): float32 (the default) or
+/// float64. Inputs of another dtype are converted once (a float32 data set fed to a float64 model);
+/// layers without weights compute in their inputs' dtype. Gradients come back in the weights' dtype.
 ///
 /// Shapes exclude the batch axis, as Keras' `input_shape`: a Dense layer built for `{3}` takes inputs
 /// of shape (batch, 3). `forward(inputs, step)` pulls the weights (naming `step` in synchronous
@@ -8098,7 +8130,7 @@ public:
     /// @brief Checks a whole data set before any step runs (shapes, then check_input_values), so that a
     /// bad input fails on the coordinator, not in a closure on a worker.
     /// @throws InvalidArgumentError naming the layer, the shape expected and the shape given.
-    void check_inputs(const xt::xarray<double>& inputs) const {
+    void check_inputs(const xt::xarray<float>& inputs) const {
         require_built("check_inputs");
         const Shape got(inputs.shape().begin(), inputs.shape().end());
         const bool fits = got.size() == input_shape_.size() + 1 && std::equal(input_shape_.begin(), input_shape_.end(), got.begin() + 1);
@@ -8112,11 +8144,12 @@ public:
         check_input_values(inputs);
     }
 
-    /// @brief Computes the outputs of a batch, pulling the weights; keeps what backward needs.
+    /// @brief Computes the outputs of a batch (float32 or float64), pulling the weights; keeps what
+    /// backward needs (taking `inputs` by value, it keeps them without a copy when they are moved in).
     /// @param step in synchronous training the step of this pull (1, 2, ...), else 0
-    [[nodiscard]] virtual xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) = 0;
+    [[nodiscard]] virtual Tensor forward(Tensor inputs, std::uint64_t step = 0) = 0;
     /// @brief The gradients of the batch last given to forward, from the gradient of its outputs.
-    [[nodiscard]] virtual LayerGradients backward(const xt::xarray<double>& grad_outputs) = 0;
+    [[nodiscard]] virtual LayerGradients backward(const Tensor& grad_outputs) = 0;
 
     /// @brief The layer's variables (Keras' `layer.weights`): Dense gives {kernel, bias}.
     [[nodiscard]] virtual std::vector<Variable> weights() const { return {}; }
@@ -8201,7 +8234,7 @@ protected:
     }
 
     /// @brief Rejects input values the layer cannot take (Embedding: ids that are not row numbers).
-    virtual void check_input_values(const xt::xarray<double>& /*inputs*/) const {}
+    virtual void check_input_values(const xt::xarray<float>& /*inputs*/) const {}
 
     /// "Dense 'dense_1'", for messages.
     [[nodiscard]] std::string describe() const {
@@ -8226,65 +8259,53 @@ private:
 namespace detail {
 
 /// Applies `activation` in place to `z`, rows of `units` values (softmax works per row).
-inline void activate(Activation activation, xt::xarray<double>& z, std::size_t units) {
-    double* p = z.data();
-    const std::size_t n = z.size();
+template <class T>
+void activate(Activation activation, xt::xarray<T>& z, std::size_t units) {
     switch (activation) {
         case Activation::linear: return;
-        case Activation::relu:
-            for (std::size_t i = 0; i < n; ++i) p[i] = p[i] > 0 ? p[i] : 0.0;
-            return;
-        case Activation::sigmoid:
-            for (std::size_t i = 0; i < n; ++i) p[i] = 1.0 / (1.0 + std::exp(-p[i]));
-            return;
-        case Activation::tanh:
-            for (std::size_t i = 0; i < n; ++i) p[i] = std::tanh(p[i]);
-            return;
-        case Activation::softmax:
-            for (std::size_t r = 0; r < n; r += units) {
-                double top = p[r];
+        case Activation::relu: xt::noalias(z) = xt::maximum(z, T{0}); return;
+        case Activation::sigmoid: xt::noalias(z) = T{1} / (T{1} + xt::exp(-z)); return;
+        case Activation::tanh: xt::noalias(z) = xt::tanh(z); return;
+        case Activation::softmax: {
+            T* p = z.data();
+            for (std::size_t r = 0; r < z.size(); r += units) {
+                T top = p[r];
                 for (std::size_t j = 1; j < units; ++j) top = std::max(top, p[r + j]);
-                double sum = 0;
+                T sum = 0;
                 for (std::size_t j = 0; j < units; ++j) sum += (p[r + j] = std::exp(p[r + j] - top));
                 for (std::size_t j = 0; j < units; ++j) p[r + j] /= sum;
             }
             return;
+        }
     }
 }
 
 /// The gradient with respect to the pre-activation z, from the activation's output `y` and the gradient
 /// `g` of y (same shape, rows of `units`).
-inline xt::xarray<double> activation_gradient(Activation activation, const xt::xarray<double>& y,
-                                              const xt::xarray<double>& g, std::size_t units) {
-    xt::xarray<double> out = xt::xarray<double>::from_shape(g.shape());
-    const double* py = y.data();
-    const double* pg = g.data();
-    double* po = out.data();
-    const std::size_t n = g.size();
+template <class T>
+xt::xarray<T> activation_gradient(Activation activation, const xt::xarray<T>& y, const xt::xarray<T>& g,
+                                  std::size_t units) {
     switch (activation) {
-        case Activation::linear: std::copy(pg, pg + n, po); break;
-        case Activation::relu:
-            for (std::size_t i = 0; i < n; ++i) po[i] = py[i] > 0 ? pg[i] : 0.0;
-            break;
-        case Activation::sigmoid:
-            for (std::size_t i = 0; i < n; ++i) po[i] = pg[i] * py[i] * (1.0 - py[i]);
-            break;
-        case Activation::tanh:
-            for (std::size_t i = 0; i < n; ++i) po[i] = pg[i] * (1.0 - py[i] * py[i]);
-            break;
-        case Activation::softmax:
-            for (std::size_t r = 0; r < n; r += units) {
-                double dot = 0;
-                for (std::size_t j = 0; j < units; ++j) dot += pg[r + j] * py[r + j];
-                for (std::size_t j = 0; j < units; ++j) po[r + j] = py[r + j] * (pg[r + j] - dot);
-            }
-            break;
+        case Activation::linear: return g;
+        case Activation::relu: return xt::where(y > T{0}, g, T{0});
+        case Activation::sigmoid: return g * y * (T{1} - y);
+        case Activation::tanh: return g * (T{1} - y * y);
+        case Activation::softmax: break;
+    }
+    xt::xarray<T> out = xt::xarray<T>::from_shape(g.shape());
+    const T* py = y.data();
+    const T* pg = g.data();
+    T* po = out.data();
+    for (std::size_t r = 0; r < g.size(); r += units) {
+        T dot = 0;
+        for (std::size_t j = 0; j < units; ++j) dot += pg[r + j] * py[r + j];
+        for (std::size_t j = 0; j < units; ++j) po[r + j] = py[r + j] * (pg[r + j] - dot);
     }
     return out;
 }
 
-inline void check_grad_shape(const xt::xarray<double>& grad, const Shape& expected, const std::string& layer) {
-    const Shape got(grad.shape().begin(), grad.shape().end());
+inline void check_grad_shape(const Tensor& grad, const Shape& expected, const std::string& layer) {
+    const Shape got = grad.shape();
     if (got != expected)
         throw InvalidArgumentError("pss: " + layer + ": backward got a gradient of shape " + format_shape(got) +
                                    ", but the last forward returned shape " + format_shape(expected));
@@ -8343,69 +8364,24 @@ public:
         return {kernel_};
     }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
         require_built("forward");
         const std::size_t in = inputs_features();
-        if (inputs.dimension() < 2 || inputs.shape().back() != in)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " +
-                                       format_shape(Shape(inputs.shape().begin(), inputs.shape().end())) +
+        if (inputs.rank() < 2 || inputs.shape().back() != in)
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
                                        ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
-        detail::pull_as_double(kernel_, step, staging_, w_);
-        if (use_bias_) detail::pull_as_double(bias_, step, staging_, b_);
-        const std::size_t rows = inputs.size() / in;
-        Shape out_shape(inputs.shape().begin(), inputs.shape().end());
-        out_shape.back() = units_;
-        xt::xarray<double> out = xt::xarray<double>::from_shape(out_shape);
-        const double* x = inputs.data();
-        const double* w = w_.data();
-        double* y = out.data();
-        for (std::size_t r = 0; r < rows; ++r) {
-            double* yr = y + r * units_;
-            for (std::size_t j = 0; j < units_; ++j) yr[j] = use_bias_ ? b_.data()[j] : 0.0;
-            for (std::size_t i = 0; i < in; ++i) {
-                const double xi = x[r * in + i];
-                const double* wi = w + i * units_;
-                for (std::size_t j = 0; j < units_; ++j) yr[j] += xi * wi[j];
-            }
-        }
-        detail::activate(activation_, out, units_);
-        inputs_ = inputs;
-        outputs_ = out;
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            return Tensor(forward_as<T>(std::move(inputs), step));
+        });
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
-        detail::check_grad_shape(grad_outputs, Shape(outputs_.shape().begin(), outputs_.shape().end()), describe());
-        const std::size_t in = inputs_features();
-        const std::size_t rows = inputs_.size() / in;
-        const xt::xarray<double> gz = detail::activation_gradient(activation_, outputs_, grad_outputs, units_);
-        LayerGradients out;
-        out.inputs = xt::xarray<double>::from_shape(inputs_.shape());
-        xt::xarray<double> gw = xt::zeros<double>({in, units_});
-        xt::xarray<double> gb = xt::zeros<double>({units_});
-        const double* x = inputs_.data();
-        const double* w = w_.data();
-        const double* g = gz.data();
-        double* gx = out.inputs.data();
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* gr = g + r * units_;
-            for (std::size_t i = 0; i < in; ++i) {
-                const double xi = x[r * in + i];
-                const double* wi = w + i * units_;
-                double* gwi = gw.data() + i * units_;
-                double sum = 0;
-                for (std::size_t j = 0; j < units_; ++j) {
-                    gwi[j] += xi * gr[j];
-                    sum += gr[j] * wi[j];
-                }
-                gx[r * in + i] = sum;
-            }
-            for (std::size_t j = 0; j < units_; ++j) gb.data()[j] += gr[j];
-        }
-        out.variables.push_back({kernel_, std::move(gw), {}, false});
-        if (use_bias_) out.variables.push_back({bias_, std::move(gb), {}, false});
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            detail::check_grad_shape(grad_outputs, Shape(state<T>().y.shape().begin(), state<T>().y.shape().end()),
+                                     describe());
+            return backward_as<T>(grad_outputs);
+        });
     }
 
     /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "dtype": "float32", "name": "dense",
@@ -8453,14 +8429,88 @@ private:
 
     std::size_t inputs_features() const { return input_shape().back(); }
 
+    /// One step's state in the layer's dtype: the pulled weights, the inputs and the outputs.
+    template <class T>
+    struct State {
+        xt::xarray<T> w, b, x, y;
+    };
+    template <class T>
+    State<T>& state() {
+        if constexpr (std::is_same_v<T, float>) return f32_;
+        else return f64_;
+    }
+
+    template <class T>
+    xt::xarray<T> forward_as(Tensor&& inputs, std::uint64_t step) {
+        State<T>& s = state<T>();
+        s.x = detail::take_as<T>(std::move(inputs));
+        kernel_.read_into(s.w, step);  // into the buffer of the last step: no fresh pages
+        if (use_bias_) bias_.read_into(s.b, step);
+        const std::size_t in = inputs_features();
+        const std::size_t rows = s.x.size() / in;
+        Shape out_shape(s.x.shape().begin(), s.x.shape().end());
+        out_shape.back() = units_;
+        xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
+        const T* x = s.x.data();
+        const T* w = s.w.data();
+        T* y = out.data();
+        for (std::size_t r = 0; r < rows; ++r) {
+            T* yr = y + r * units_;
+            for (std::size_t j = 0; j < units_; ++j) yr[j] = use_bias_ ? s.b.data()[j] : T{0};
+            for (std::size_t i = 0; i < in; ++i) {
+                const T xi = x[r * in + i];
+                const T* wi = w + i * units_;
+                for (std::size_t j = 0; j < units_; ++j) yr[j] += xi * wi[j];
+            }
+        }
+        detail::activate(activation_, out, units_);
+        s.y = out;
+        return out;
+    }
+
+    template <class T>
+    LayerGradients backward_as(const Tensor& grad_outputs) {
+        State<T>& s = state<T>();
+        const std::size_t in = inputs_features();
+        const std::size_t rows = s.x.size() / in;
+        const xt::xarray<T> gz = detail::activation_gradient(
+            activation_, s.y, detail::take_as<T>(Tensor(grad_outputs)), units_);
+        xt::xarray<T> gx = xt::xarray<T>::from_shape(s.x.shape());
+        xt::xarray<T> gw = xt::zeros<T>({in, units_});
+        xt::xarray<T> gb = xt::zeros<T>({units_});
+        const T* x = s.x.data();
+        const T* w = s.w.data();
+        const T* g = gz.data();
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* gr = g + r * units_;
+            for (std::size_t i = 0; i < in; ++i) {
+                const T xi = x[r * in + i];
+                const T* wi = w + i * units_;
+                T* gwi = gw.data() + i * units_;
+                T sum = 0;
+                for (std::size_t j = 0; j < units_; ++j) {
+                    gwi[j] += xi * gr[j];
+                    sum += gr[j] * wi[j];
+                }
+                gx.data()[r * in + i] = sum;
+            }
+            for (std::size_t j = 0; j < units_; ++j) gb.data()[j] += gr[j];
+        }
+        LayerGradients out;
+        out.inputs = Tensor(std::move(gx));
+        out.variables.push_back({kernel_, Tensor(std::move(gw)), {}, false});
+        if (use_bias_) out.variables.push_back({bias_, Tensor(std::move(gb)), {}, false});
+        return out;
+    }
+
     std::size_t units_;
     Activation activation_;
     bool use_bias_;
     DType dtype_;
     Variable kernel_, bias_;
-    // Per step: the pulled weights, the float32 staging buffer, and what backward needs.
-    xt::xarray<float> staging_;
-    xt::xarray<double> w_, b_, inputs_, outputs_;
+    // Per step, in the layer's dtype.
+    State<float> f32_;
+    State<double> f64_;
 };
 
 /// @brief A lookup table of `input_dim` rows of `output_dim` values (Keras' `Embedding(input_dim,
@@ -8509,11 +8559,18 @@ public:
         return {embeddings_};
     }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
         require_built("forward");
-        check_input_values(inputs);
-        ids_.resize(inputs.size());
-        std::transform(inputs.begin(), inputs.end(), ids_.begin(), [](double v) { return static_cast<std::int64_t>(v); });
+        if (!inputs.has_value() || (inputs.dtype() != DType::float32 && inputs.dtype() != DType::float64))
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of dtype " +
+                                       (inputs.has_value() ? std::string(dtype_name(inputs.dtype())) : "none") +
+                                       "; an Embedding takes ids stored as float32 or float64");
+        detail::with_float_type(inputs.dtype(), [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T>& ids = inputs.get<T>();
+            check_ids(ids);
+            ids_.resize(ids.size());
+            std::transform(ids.begin(), ids.end(), ids_.begin(), [](T v) { return static_cast<std::int64_t>(v); });
+        });
         // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
         std::vector<std::int64_t> unique;
         std::vector<std::size_t> slot_of(ids_.size());
@@ -8529,29 +8586,33 @@ public:
             for (std::size_t s = 0; s < touched.size(); ++s)
                 if (!touched[s]) unique.push_back(shard_first_rows_[s]);
         }
-        const xt::xarray<double> rows =
-            unique.empty() ? xt::xarray<double>(xt::zeros<double>({std::size_t{0}, output_dim_}))
-                           : detail::to_double(embeddings_.sparse_read(std::span<const std::int64_t>(unique), step));
-        Shape out_shape(inputs.shape().begin(), inputs.shape().end());
+        input_shape_seen_ = inputs.shape();
+        Shape out_shape = input_shape_seen_;
         out_shape.push_back(output_dim_);
-        xt::xarray<double> out = xt::xarray<double>::from_shape(out_shape);
-        for (std::size_t i = 0; i < ids_.size(); ++i)
-            std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
-        input_shape_seen_.assign(inputs.shape().begin(), inputs.shape().end());
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const Tensor pulled = unique.empty() ? Tensor(xt::xarray<T>(xt::zeros<T>({std::size_t{0}, output_dim_})))
+                                                 : embeddings_.sparse_read(std::span<const std::int64_t>(unique), step);
+            const xt::xarray<T>& rows = pulled.get<T>();
+            xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
+            for (std::size_t i = 0; i < ids_.size(); ++i)
+                std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
+            return Tensor(std::move(out));
+        });
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
         Shape expected = input_shape_seen_;
         expected.push_back(output_dim_);
         detail::check_grad_shape(grad_outputs, expected, describe());
-        LayerGradients out;
-        out.inputs = xt::zeros<double>(input_shape_seen_);
-        xt::xarray<double> rows = xt::xarray<double>::from_shape({ids_.size(), output_dim_});
-        std::copy(grad_outputs.begin(), grad_outputs.end(), rows.begin());
-        out.variables.push_back({embeddings_, std::move(rows), ids_, true});
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            LayerGradients out;
+            out.inputs = Tensor(xt::xarray<T>(xt::zeros<T>(input_shape_seen_)));
+            xt::xarray<T> rows = detail::take_as<T>(Tensor(grad_outputs));
+            rows.reshape({ids_.size(), output_dim_});
+            out.variables.push_back({embeddings_, Tensor(std::move(rows)), ids_, true});
+            return out;
+        });
     }
 
     /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "input_dim": 5, "name": "embedding",
@@ -8587,16 +8648,19 @@ protected:
         return out;
     }
 
-    void check_input_values(const xt::xarray<double>& inputs) const override {
-        const double* p = inputs.data();
+    void check_input_values(const xt::xarray<float>& inputs) const override { check_ids(inputs); }
+
+private:
+    template <class T>
+    void check_ids(const xt::xarray<T>& inputs) const {
+        const T* p = inputs.data();
         for (std::size_t i = 0; i < inputs.size(); ++i)
-            if (!(p[i] >= 0 && p[i] < static_cast<double>(input_dim_)) || p[i] != std::floor(p[i]))
+            if (!(p[i] >= 0 && static_cast<double>(p[i]) < static_cast<double>(input_dim_)) || p[i] != std::floor(p[i]))
                 throw InvalidArgumentError("pss: " + describe() + ": input " + std::to_string(i) + " (in row-major order) is " +
                                            std::to_string(p[i]) + ", not an id; an Embedding takes integer ids in [0, " +
                                            std::to_string(input_dim_) + ") stored as floats");
     }
 
-private:
     /// The first row of each shard of the table, for shard_of.
     void index_shards() {
         shard_first_rows_.clear();
@@ -8630,35 +8694,34 @@ public:
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<GlobalAveragePooling1D>(*this); }
     [[nodiscard]] std::string_view class_name() const noexcept override { return "GlobalAveragePooling1D"; }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t /*step*/ = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
         require_built("forward");
-        if (inputs.dimension() != 3)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " +
-                                       format_shape(Shape(inputs.shape().begin(), inputs.shape().end())) +
+        if (inputs.rank() != 3)
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
                                        "; it takes (batch, steps, features)");
-        batch_ = inputs.shape()[0];
-        steps_ = inputs.shape()[1];
-        features_ = inputs.shape()[2];
-        xt::xarray<double> out = xt::zeros<double>({batch_, features_});
-        const double scale = steps_ == 0 ? 0.0 : 1.0 / static_cast<double>(steps_);
-        for (std::size_t b = 0; b < batch_; ++b)
-            for (std::size_t s = 0; s < steps_; ++s)
-                for (std::size_t f = 0; f < features_; ++f)
-                    out.data()[b * features_ + f] += inputs.data()[(b * steps_ + s) * features_ + f] * scale;
-        return out;
+        const Shape shape = inputs.shape();
+        batch_ = shape[0];
+        steps_ = shape[1];
+        features_ = shape[2];
+        dtype_ = inputs.dtype();
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
+            if (steps_ == 0) return Tensor(xt::xarray<T>(xt::zeros<T>({batch_, features_})));
+            return Tensor(xt::xarray<T>(xt::mean<T>(x, {1})));
+        });
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
         detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
-        LayerGradients out;
-        out.inputs = xt::xarray<double>::from_shape({batch_, steps_, features_});
-        const double scale = steps_ == 0 ? 0.0 : 1.0 / static_cast<double>(steps_);
-        for (std::size_t b = 0; b < batch_; ++b)
-            for (std::size_t s = 0; s < steps_; ++s)
-                for (std::size_t f = 0; f < features_; ++f)
-                    out.inputs.data()[(b * steps_ + s) * features_ + f] = grad_outputs.data()[b * features_ + f] * scale;
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
+            const T scale = steps_ == 0 ? T{0} : T{1} / static_cast<T>(steps_);
+            LayerGradients out;
+            out.inputs = Tensor(xt::xarray<T>(
+                xt::broadcast(xt::view(g, xt::all(), xt::newaxis(), xt::all()) * scale, {batch_, steps_, features_})));
+            return out;
+        });
     }
 
 protected:
@@ -8678,6 +8741,7 @@ private:
     }
 
     std::size_t batch_ = 0, steps_ = 0, features_ = 0;
+    DType dtype_ = DType::float32;  // the last inputs'
 };
 
 /// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
@@ -8687,26 +8751,26 @@ public:
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(*this); }
     [[nodiscard]] std::string_view class_name() const noexcept override { return "Flatten"; }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t /*step*/ = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
         require_built("forward");
-        if (inputs.dimension() == 0)
+        if (inputs.rank() == 0)
             throw InvalidArgumentError("pss: " + describe() + ": a scalar input; it takes (batch, ...)");
-        seen_.assign(inputs.shape().begin(), inputs.shape().end());
+        seen_ = inputs.shape();
         const std::size_t batch = seen_.front();
-        xt::xarray<double> out = xt::xarray<double>::from_shape({batch, batch == 0 ? num_elements(output_shape()) : inputs.size() / batch});
-        std::copy(inputs.begin(), inputs.end(), out.begin());
-        return out;
+        const std::size_t width = batch == 0 ? num_elements(output_shape()) : inputs.size() / batch;
+        inputs.visit_mut([&](auto& a) { a.reshape({batch, width}); });  // in place: no copy
+        return inputs;
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
         if (grad_outputs.size() != num_elements(seen_))
             throw InvalidArgumentError("pss: " + describe() + ": backward got a gradient of " +
                                        std::to_string(grad_outputs.size()) + " values for inputs of shape " +
                                        format_shape(seen_));
         LayerGradients out;
-        out.inputs = xt::xarray<double>::from_shape(seen_);
-        std::copy(grad_outputs.begin(), grad_outputs.end(), out.inputs.begin());
+        out.inputs = grad_outputs;
+        out.inputs.visit_mut([&](auto& a) { a.reshape(seen_); });
         return out;
     }
 
@@ -8916,21 +8980,16 @@ bool same_optimizer(const O& a, const O& b) {
         return describe_optimizer(a) == describe_optimizer(b);
 }
 
-/// Rows `order[begin, begin + count)` of `data` (batch axis first), as doubles.
-inline xt::xarray<double> take_rows(const xt::xarray<double>& data, const std::vector<std::size_t>& order,
-                                    std::size_t begin, std::size_t count) {
+/// Rows `order[begin, begin + count)` of `data` (batch axis first): one batch, copied when it is scheduled.
+template <class T>
+xt::xarray<T> take_rows(const xt::xarray<T>& data, const std::vector<std::size_t>& order, std::size_t begin,
+                        std::size_t count) {
     Shape shape(data.shape().begin(), data.shape().end());
     const std::size_t width = shape.front() == 0 ? 0 : data.size() / shape.front();
     shape.front() = count;
-    xt::xarray<double> out = xt::xarray<double>::from_shape(shape);
+    xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
     for (std::size_t r = 0; r < count; ++r)
         std::copy_n(data.data() + order[begin + r] * width, width, out.data() + r * width);
-    return out;
-}
-
-inline xt::xarray<double> widen(const xt::xarray<float>& data) {
-    xt::xarray<double> out = xt::xarray<double>::from_shape(data.shape());
-    std::transform(data.begin(), data.end(), out.begin(), [](float v) { return static_cast<double>(v); });
     return out;
 }
 
@@ -8996,28 +9055,27 @@ inline bool is_terminal(const std::ostream& out) {
 
 namespace detail {
 
-/// One training step: pull, forward, loss, backward, push. Returns the slice's loss (0 for an empty
-/// slice, which still pulls and pushes: a synchronous step needs every worker).
-inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
-                               const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
-                               double scale) {
+/// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
+/// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker).
+inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss, Tensor x, Tensor y,
+                               std::uint64_t step, double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    xt::xarray<double> predictions = x;
-    for (auto& layer : layers) predictions = layer->forward(predictions, step);
-    const bool empty = x.shape()[0] == 0;
+    const bool empty = x.rank() == 0 || x.shape().front() == 0;
+    Tensor predictions = std::move(x);
+    for (auto& layer : layers) predictions = layer->forward(std::move(predictions), step);
     const double value = empty ? 0.0 : loss.value(y, predictions);
-    xt::xarray<double> grad =
-        empty ? xt::xarray<double>(xt::zeros<double>(predictions.shape())) : loss.gradient(y, predictions);
-    if (scale != 1.0) grad *= scale;
+    Tensor grad = empty ? Tensor::zeros(predictions.dtype(), predictions.shape()) : loss.gradient(y, predictions);
+    if (scale != 1.0)
+        grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
     for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
         LayerGradients grads = (*it)->backward(grad);
         for (auto& g : grads.variables) {
-            const DType dtype = g.variable.dtype();
+            Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
+                                                                   : convert_tensor(g.values, g.variable.dtype());
             if (g.sparse)
-                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids),
-                                                       from_double(g.values, dtype), step);
+                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
             else
-                (void)g.variable.apply_gradient(from_double(g.values, dtype), step);
+                (void)g.variable.apply_gradient(std::move(values), step);
         }
         grad = std::move(grads.inputs);
     }
@@ -9141,15 +9199,6 @@ inline void testing_forget_remote_models(int worker = -1) {
     std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
 }
 
-/// A tensor's elements as doubles (the layers compute in double).
-inline xt::xarray<double> tensor_as_double(const Tensor& t, const char* what) {
-    if (!t.has_value() || (t.dtype() != DType::float32 && t.dtype() != DType::float64))
-        throw InvalidArgumentError(std::string("pss: Sequential step: ") + what + " is " +
-                                   (t.has_value() ? "of dtype " + std::string(dtype_name(t.dtype())) : "empty") +
-                                   "; it is float32 or float64");
-    return to_double(t);
-}
-
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
@@ -9169,9 +9218,8 @@ inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::u
         model = it->second;
         model->last_used = ++store.clock;
     }
-    const xt::xarray<double> xd = tensor_as_double(x, "x"), yd = tensor_as_double(y, "y");
     std::lock_guard lock(model->mutex);
-    return keras_train_step(model->layers, *model->loss, xd, yd, step, scale);
+    return keras_train_step(model->layers, *model->loss, std::move(x), std::move(y), step, scale);
 }
 
 /// Registered in every program that includes this header, so that worker processes know them.
@@ -9444,26 +9492,22 @@ private:
                                           "loss) first");
     }
 
-    /// Checks x (and y) against the model, building it from x's shape when needed; returns x as doubles.
-    xt::xarray<double> prepare_inputs(const xt::xarray<float>& x, const char* what) {
+    /// Checks x against the model, building it from x's shape when needed.
+    void prepare_inputs(const xt::xarray<float>& x, const char* what) {
         if (x.dimension() == 0 || x.shape()[0] == 0)
             throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has shape " +
                                        format_shape(Shape(x.shape().begin(), x.shape().end())) +
                                        "; give at least one example, batch axis first");
         if (!input_shape_) build(Shape(x.shape().begin() + 1, x.shape().end()));
-        xt::xarray<double> xd = detail::widen(x);
-        layers_.front()->check_inputs(xd);
-        return xd;
+        layers_.front()->check_inputs(x);
     }
-    xt::xarray<double> prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
+    void prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
         const Shape got(y.shape().begin(), y.shape().end());
         if (got.empty() || got.front() != examples)
             throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has " + std::to_string(examples) +
                                        " examples but y has shape " + format_shape(got) +
                                        "; give one target row per example, batch axis first");
-        xt::xarray<double> yd = detail::widen(y);
-        loss_->check_targets(yd, *output_shape_);
-        return yd;
+        loss_->check_targets(y, *output_shape_);
     }
 
     static void check_batch_size(std::size_t batch_size, const char* what) {
@@ -9473,26 +9517,20 @@ private:
     }
 
     /// Runs the layers forward, from the first.
-    static xt::xarray<double> run_forward(std::vector<std::unique_ptr<Layer>>& layers, xt::xarray<double> x,
-                                          std::uint64_t step) {
-        for (auto& layer : layers) x = layer->forward(x, step);
+    static Tensor run_forward(std::vector<std::unique_ptr<Layer>>& layers, Tensor x, std::uint64_t step) {
+        for (auto& layer : layers) x = layer->forward(std::move(x), step);
         return x;
-    }
-
-    double train_step(Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
-                      double scale) const {
-        return detail::keras_train_step(replica.layers, *loss_, x, y, step, scale);
     }
 
     /// Schedules one step on a worker: as a closure on the embedded cluster, as the registered step
     /// with the model's id when the workers are other processes (which have the model: ensure_remote_model).
-    RemoteValue<double> schedule_step(xt::xarray<double> xs, xt::xarray<double> ys, std::uint64_t step, double scale) {
+    RemoteValue<double> schedule_step(Tensor xs, Tensor ys, std::uint64_t step, double scale) {
         if (strategy_->remote_workers() != nullptr)
-            return coordinator_->schedule(detail::keras_remote_step_function, remote_->id, Tensor(std::move(xs)),
-                                          Tensor(std::move(ys)), step, scale);
+            return coordinator_->schedule(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys),
+                                          step, scale);
         return coordinator_->schedule(
-            [this, step, scale](Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y) {
-                return train_step(replica, x, y, step, scale);
+            [this, step, scale](Replica& replica, Tensor& x, Tensor& y) {
+                return detail::keras_train_step(replica.layers, *loss_, std::move(x), std::move(y), step, scale);
             },
             *replicas_, std::move(xs), std::move(ys));
     }
@@ -9583,9 +9621,9 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
     if (epochs < 0)
         throw InvalidArgumentError("pss: Sequential::fit: epochs is " + std::to_string(epochs) +
                                    "; it must be 0 or more");
-    const xt::xarray<double> xd = prepare_inputs(x, "fit");
-    const std::size_t examples = xd.shape()[0];
-    const xt::xarray<double> yd = prepare_targets(y, examples, "fit");
+    prepare_inputs(x, "fit");
+    const std::size_t examples = x.shape()[0];
+    prepare_targets(y, examples, "fit");
     ensure_workers();
 
     const bool remote = strategy_->remote_workers() != nullptr;
@@ -9624,8 +9662,8 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
         };
         std::deque<Closure> window;
         auto schedule_closure = [&](Closure c) {
-            c.value = schedule_step(detail::take_rows(xd, order, c.begin, c.count),
-                                    detail::take_rows(yd, order, c.begin, c.count), c.step, c.scale);
+            c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                    detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
             window.push_back(std::move(c));
         };
         // A worker process that lost the model: once every closure has ended, send the model again and
@@ -9649,8 +9687,8 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
                 } catch (const NotFoundError& e) {
                     if (!detail::is_remote_model_unknown(e)) throw;
                 }
-                c.value = schedule_step(detail::take_rows(xd, order, c.begin, c.count),
-                                        detail::take_rows(yd, order, c.begin, c.count), c.step, c.scale);
+                c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                        detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
             }
         };
         double sum = 0;
@@ -9712,16 +9750,16 @@ double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::
                                           std::size_t batch_size) {
     require_compiled("evaluate");
     check_batch_size(batch_size, "evaluate");
-    const xt::xarray<double> xd = prepare_inputs(x, "evaluate");
-    const std::size_t examples = xd.shape()[0];
-    const xt::xarray<double> yd = prepare_targets(y, examples, "evaluate");
+    prepare_inputs(x, "evaluate");
+    const std::size_t examples = x.shape()[0];
+    prepare_targets(y, examples, "evaluate");
     std::vector<std::size_t> order(examples);
     std::iota(order.begin(), order.end(), std::size_t{0});
     double total = 0;
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const auto predictions = run_forward(layers_, detail::take_rows(xd, order, begin, count), 0);
-        total += loss_->value(detail::take_rows(yd, order, begin, count), predictions) * static_cast<double>(count);
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        total += loss_->value(detail::take_rows(y, order, begin, count), predictions) * static_cast<double>(count);
     }
     return total / static_cast<double>(examples);
 }
@@ -9729,8 +9767,8 @@ double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::
 template <class StrategyType>
 xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, std::size_t batch_size) {
     check_batch_size(batch_size, "predict");
-    const xt::xarray<double> xd = prepare_inputs(x, "predict");
-    const std::size_t examples = xd.shape()[0];
+    prepare_inputs(x, "predict");
+    const std::size_t examples = x.shape()[0];
     Shape shape = *output_shape_;
     shape.insert(shape.begin(), examples);
     xt::xarray<float> out = xt::xarray<float>::from_shape(shape);
@@ -9739,9 +9777,13 @@ xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, 
     std::iota(order.begin(), order.end(), std::size_t{0});
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const auto predictions = run_forward(layers_, detail::take_rows(xd, order, begin, count), 0);
-        std::transform(predictions.begin(), predictions.end(), out.data() + begin * width,
-                       [](double v) { return static_cast<float>(v); });
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        predictions.visit(
+            [&](const auto& p) {
+                std::transform(p.begin(), p.end(), out.data() + begin * width, [](auto v) { return static_cast<float>(v); });
+                return 0;
+            },
+            0);
     }
     return out;
 }

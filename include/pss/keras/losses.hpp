@@ -12,8 +12,14 @@
 
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xmanipulation.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
 
 #include <pss/config.hpp>
+#include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/keras/config.hpp>
 #include <pss/tensor.hpp>
@@ -43,30 +49,48 @@ public:
         return {{"name", std::string(name())}, {"reduction", "auto"}};
     }
 
-    /// @brief The loss of a batch (the mean over its examples).
+    /// @brief The loss of a batch (the mean over its examples), computed in the predictions' dtype
+    /// (float32 or float64; targets of another dtype are converted to it) and summed in double.
     /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
-    [[nodiscard]] virtual double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const = 0;
-    /// @brief d value / d y_pred, of y_pred's shape.
-    [[nodiscard]] virtual xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                                      const xt::xarray<double>& y_pred) const = 0;
+    [[nodiscard]] virtual double value(const Tensor& y_true, const Tensor& y_pred) const = 0;
+    /// @brief d value / d y_pred, of y_pred's shape and dtype.
+    [[nodiscard]] virtual Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const = 0;
     /// @brief The same as value(), as Keras' `loss(y_true, y_pred)`.
-    [[nodiscard]] double operator()(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
-        return value(y_true, y_pred);
-    }
+    [[nodiscard]] double operator()(const Tensor& y_true, const Tensor& y_pred) const { return value(y_true, y_pred); }
 
     /// @brief Checks targets for predictions of shape (batch, `output_shape`...) before training.
     /// @throws InvalidArgumentError naming the loss, what it expects and what it got.
-    virtual void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const = 0;
+    virtual void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const = 0;
 
 protected:
     Loss() = default;
     Loss(const Loss&) = default;
     Loss& operator=(const Loss&) = default;
 
+    /// Calls `f(y_true, y_pred)` as two `xt::xarray<T>` of the predictions' dtype T (float or double):
+    /// targets of another dtype are converted (a copy; fit gives float32 targets to a float32 model).
+    /// @throws InvalidArgumentError for an empty tensor or predictions that are not float32 or float64.
+    template <class F>
+    decltype(auto) in_dtype(const Tensor& y_true, const Tensor& y_pred, F&& f) const {
+        if (!y_true.has_value() || !y_pred.has_value())
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": an empty tensor of " +
+                                       (y_true.has_value() ? "predictions" : "targets"));
+        auto run = [&]<class T>(const xt::xarray<T>& p) -> decltype(auto) {
+            if (y_true.dtype() == dtype_of<T>) return f(y_true.get<T>(), p);
+            const xt::xarray<T> y = y_true.visit([](const auto& a) { return xt::xarray<T>(xt::cast<T>(a)); }, xt::xarray<T>());
+            return f(y, p);
+        };
+        if (y_pred.dtype() == DType::float32) return run(y_pred.get<float>());
+        if (y_pred.dtype() != DType::float64)
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": predictions of dtype " +
+                                       std::string(dtype_name(y_pred.dtype())) + "; a loss takes float32 or float64");
+        return run(y_pred.get<double>());
+    }
+
     /// Elementwise losses take targets with one value per prediction: (batch, output_shape...), or the
     /// same values in any shape with the batch axis first ((batch,) for outputs (batch, 1), as Keras
     /// squeezes).
-    void check_same_size(const xt::xarray<double>& y_true, const Shape& output_shape) const {
+    void check_same_size(const xt::xarray<float>& y_true, const Shape& output_shape) const {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         const std::size_t batch = got.empty() ? 0 : got.front();
         if (got.empty() || y_true.size() != batch * num_elements(output_shape)) {
@@ -77,11 +101,18 @@ protected:
                                        "; give one target per prediction, batch axis first");
         }
     }
-    static void check_value_count(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred, std::string_view loss) {
+    /// @throws InvalidArgumentError unless there are as many targets as predictions, and some.
+    template <class T>
+    void check_value_count(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) const {
         if (y_true.size() != y_pred.size() || y_pred.size() == 0)
-            throw InvalidArgumentError("pss: " + std::string(loss) + ": " + std::to_string(y_true.size()) +
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": " + std::to_string(y_true.size()) +
                                        " targets for " + std::to_string(y_pred.size()) +
                                        " predictions; give one target per prediction (and at least one)");
+    }
+    /// The targets in the predictions' shape (they may be (batch,) for predictions (batch, 1)).
+    template <class T>
+    static auto as_shape_of(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) {
+        return xt::reshape_view(y_true, Shape(y_pred.shape().begin(), y_pred.shape().end()));
     }
 };
 
@@ -91,24 +122,20 @@ public:
     [[nodiscard]] std::string_view name() const noexcept override { return "mean_squared_error"; }
     [[nodiscard]] std::string_view class_name() const noexcept override { return "MeanSquaredError"; }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        double sum = 0;
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double d = y_pred.data()[i] - y_true.data()[i];
-            sum += d * d;
-        }
-        return sum / static_cast<double>(y_pred.size());
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+            check_value_count(y, p);
+            return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
+        });
     }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 2.0 / static_cast<double>(y_pred.size());
-        for (std::size_t i = 0; i < y_pred.size(); ++i) out.data()[i] = scale * (y_pred.data()[i] - y_true.data()[i]);
-        return out;
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+            check_value_count(y, p);
+            const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
+            return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
     }
 };
@@ -131,33 +158,28 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        double sum = 0;
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double p = std::clamp(y_pred.data()[i], epsilon, 1.0 - epsilon);
-            const double y = y_true.data()[i];
-            sum -= y * std::log(p + epsilon) + (1.0 - y) * std::log(1.0 - p + epsilon);
-        }
-        return sum / static_cast<double>(y_pred.size());
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
+            check_value_count(y_in, p_in);
+            const T e = static_cast<T>(epsilon), one = T{1};
+            const auto y = as_shape_of(y_in, p_in);
+            const auto p = xt::clip(p_in, e, one - e);
+            return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
+        });
     }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 1.0 / static_cast<double>(y_pred.size());
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double p = y_pred.data()[i];
-            const double y = y_true.data()[i];
-            out.data()[i] = (p < epsilon || p > 1.0 - epsilon)
-                                ? 0.0
-                                : -scale * (y / (p + epsilon) - (1.0 - y) / (1.0 - p + epsilon));
-        }
-        return out;
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
+            check_value_count(y_in, p);
+            const T e = static_cast<T>(epsilon), one = T{1};
+            const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+            const auto y = as_shape_of(y_in, p);
+            return Tensor(xt::xarray<T>(
+                xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
-        for (double y : y_true)
+        for (float y : y_true)
             if (!(y >= 0.0 && y <= 1.0))
                 throw InvalidArgumentError("pss: binary_crossentropy: a target is " + std::to_string(y) +
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
@@ -186,42 +208,42 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        const std::size_t classes = check_counts(y_true, y_pred);
-        const std::size_t rows = y_pred.size() / classes;
-        double sum = 0;
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* p = y_pred.data() + r * classes;
-            double total = 0;
-            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
-            const auto t = static_cast<std::size_t>(y_true.data()[r]);
-            sum += -std::log(std::clamp(p[t], epsilon, 1.0 - epsilon)) + std::log(total);
-        }
-        return sum / static_cast<double>(rows);
-    }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        const std::size_t classes = check_counts(y_true, y_pred);
-        const std::size_t rows = y_pred.size() / classes;
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 1.0 / static_cast<double>(rows);
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* p = y_pred.data() + r * classes;
-            double* g = out.data() + r * classes;
-            double total = 0;
-            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
-            const auto t = static_cast<std::size_t>(y_true.data()[r]);
-            for (std::size_t j = 0; j < classes; ++j) {
-                if (p[j] < epsilon || p[j] > 1.0 - epsilon) {
-                    g[j] = 0.0;
-                    continue;
-                }
-                g[j] = scale * (1.0 / total - (j == t ? 1.0 / p[j] : 0.0));
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+            const std::size_t classes = check_counts(y, probs);
+            const std::size_t rows = probs.size() / classes;
+            const T e = static_cast<T>(epsilon), high = T{1} - e;
+            double sum = 0;
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* p = probs.data() + r * classes;
+                T total = 0;
+                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+                const auto t = static_cast<std::size_t>(y.data()[r]);
+                sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
             }
-        }
-        return out;
+            return sum / static_cast<double>(rows);
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+            const std::size_t classes = check_counts(y, probs);
+            const std::size_t rows = probs.size() / classes;
+            const T e = static_cast<T>(epsilon), high = T{1} - e;
+            xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
+            const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* p = probs.data() + r * classes;
+                T* g = out.data() + r * classes;
+                T total = 0;
+                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+                const auto t = static_cast<std::size_t>(y.data()[r]);
+                for (std::size_t j = 0; j < classes; ++j)
+                    g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
+            }
+            return Tensor(std::move(out));
+        });
+    }
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         if (output_shape.empty() || got.empty() ||
             y_true.size() * output_shape.back() != got.front() * num_elements(output_shape)) {
@@ -241,7 +263,8 @@ public:
     }
 
 private:
-    std::size_t check_counts(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
+    template <class T>
+    std::size_t check_counts(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) const {
         if (y_pred.dimension() == 0 || y_pred.size() == 0 || y_pred.shape().back() == 0 ||
             y_true.size() * y_pred.shape().back() != y_pred.size())
             throw InvalidArgumentError("pss: sparse_categorical_crossentropy: " + std::to_string(y_true.size()) +

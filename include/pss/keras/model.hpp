@@ -120,21 +120,16 @@ bool same_optimizer(const O& a, const O& b) {
         return describe_optimizer(a) == describe_optimizer(b);
 }
 
-/// Rows `order[begin, begin + count)` of `data` (batch axis first), as doubles.
-inline xt::xarray<double> take_rows(const xt::xarray<double>& data, const std::vector<std::size_t>& order,
-                                    std::size_t begin, std::size_t count) {
+/// Rows `order[begin, begin + count)` of `data` (batch axis first): one batch, copied when it is scheduled.
+template <class T>
+xt::xarray<T> take_rows(const xt::xarray<T>& data, const std::vector<std::size_t>& order, std::size_t begin,
+                        std::size_t count) {
     Shape shape(data.shape().begin(), data.shape().end());
     const std::size_t width = shape.front() == 0 ? 0 : data.size() / shape.front();
     shape.front() = count;
-    xt::xarray<double> out = xt::xarray<double>::from_shape(shape);
+    xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
     for (std::size_t r = 0; r < count; ++r)
         std::copy_n(data.data() + order[begin + r] * width, width, out.data() + r * width);
-    return out;
-}
-
-inline xt::xarray<double> widen(const xt::xarray<float>& data) {
-    xt::xarray<double> out = xt::xarray<double>::from_shape(data.shape());
-    std::transform(data.begin(), data.end(), out.begin(), [](float v) { return static_cast<double>(v); });
     return out;
 }
 
@@ -200,28 +195,27 @@ inline bool is_terminal(const std::ostream& out) {
 
 namespace detail {
 
-/// One training step: pull, forward, loss, backward, push. Returns the slice's loss (0 for an empty
-/// slice, which still pulls and pushes: a synchronous step needs every worker).
-inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
-                               const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
-                               double scale) {
+/// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
+/// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker).
+inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss, Tensor x, Tensor y,
+                               std::uint64_t step, double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    xt::xarray<double> predictions = x;
-    for (auto& layer : layers) predictions = layer->forward(predictions, step);
-    const bool empty = x.shape()[0] == 0;
+    const bool empty = x.rank() == 0 || x.shape().front() == 0;
+    Tensor predictions = std::move(x);
+    for (auto& layer : layers) predictions = layer->forward(std::move(predictions), step);
     const double value = empty ? 0.0 : loss.value(y, predictions);
-    xt::xarray<double> grad =
-        empty ? xt::xarray<double>(xt::zeros<double>(predictions.shape())) : loss.gradient(y, predictions);
-    if (scale != 1.0) grad *= scale;
+    Tensor grad = empty ? Tensor::zeros(predictions.dtype(), predictions.shape()) : loss.gradient(y, predictions);
+    if (scale != 1.0)
+        grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
     for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
         LayerGradients grads = (*it)->backward(grad);
         for (auto& g : grads.variables) {
-            const DType dtype = g.variable.dtype();
+            Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
+                                                                   : convert_tensor(g.values, g.variable.dtype());
             if (g.sparse)
-                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids),
-                                                       from_double(g.values, dtype), step);
+                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
             else
-                (void)g.variable.apply_gradient(from_double(g.values, dtype), step);
+                (void)g.variable.apply_gradient(std::move(values), step);
         }
         grad = std::move(grads.inputs);
     }
@@ -345,15 +339,6 @@ inline void testing_forget_remote_models(int worker = -1) {
     std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
 }
 
-/// A tensor's elements as doubles (the layers compute in double).
-inline xt::xarray<double> tensor_as_double(const Tensor& t, const char* what) {
-    if (!t.has_value() || (t.dtype() != DType::float32 && t.dtype() != DType::float64))
-        throw InvalidArgumentError(std::string("pss: Sequential step: ") + what + " is " +
-                                   (t.has_value() ? "of dtype " + std::string(dtype_name(t.dtype())) : "empty") +
-                                   "; it is float32 or float64");
-    return to_double(t);
-}
-
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
@@ -373,9 +358,8 @@ inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::u
         model = it->second;
         model->last_used = ++store.clock;
     }
-    const xt::xarray<double> xd = tensor_as_double(x, "x"), yd = tensor_as_double(y, "y");
     std::lock_guard lock(model->mutex);
-    return keras_train_step(model->layers, *model->loss, xd, yd, step, scale);
+    return keras_train_step(model->layers, *model->loss, std::move(x), std::move(y), step, scale);
 }
 
 /// Registered in every program that includes this header, so that worker processes know them.
@@ -648,26 +632,22 @@ private:
                                           "loss) first");
     }
 
-    /// Checks x (and y) against the model, building it from x's shape when needed; returns x as doubles.
-    xt::xarray<double> prepare_inputs(const xt::xarray<float>& x, const char* what) {
+    /// Checks x against the model, building it from x's shape when needed.
+    void prepare_inputs(const xt::xarray<float>& x, const char* what) {
         if (x.dimension() == 0 || x.shape()[0] == 0)
             throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has shape " +
                                        format_shape(Shape(x.shape().begin(), x.shape().end())) +
                                        "; give at least one example, batch axis first");
         if (!input_shape_) build(Shape(x.shape().begin() + 1, x.shape().end()));
-        xt::xarray<double> xd = detail::widen(x);
-        layers_.front()->check_inputs(xd);
-        return xd;
+        layers_.front()->check_inputs(x);
     }
-    xt::xarray<double> prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
+    void prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
         const Shape got(y.shape().begin(), y.shape().end());
         if (got.empty() || got.front() != examples)
             throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has " + std::to_string(examples) +
                                        " examples but y has shape " + format_shape(got) +
                                        "; give one target row per example, batch axis first");
-        xt::xarray<double> yd = detail::widen(y);
-        loss_->check_targets(yd, *output_shape_);
-        return yd;
+        loss_->check_targets(y, *output_shape_);
     }
 
     static void check_batch_size(std::size_t batch_size, const char* what) {
@@ -677,26 +657,20 @@ private:
     }
 
     /// Runs the layers forward, from the first.
-    static xt::xarray<double> run_forward(std::vector<std::unique_ptr<Layer>>& layers, xt::xarray<double> x,
-                                          std::uint64_t step) {
-        for (auto& layer : layers) x = layer->forward(x, step);
+    static Tensor run_forward(std::vector<std::unique_ptr<Layer>>& layers, Tensor x, std::uint64_t step) {
+        for (auto& layer : layers) x = layer->forward(std::move(x), step);
         return x;
-    }
-
-    double train_step(Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
-                      double scale) const {
-        return detail::keras_train_step(replica.layers, *loss_, x, y, step, scale);
     }
 
     /// Schedules one step on a worker: as a closure on the embedded cluster, as the registered step
     /// with the model's id when the workers are other processes (which have the model: ensure_remote_model).
-    RemoteValue<double> schedule_step(xt::xarray<double> xs, xt::xarray<double> ys, std::uint64_t step, double scale) {
+    RemoteValue<double> schedule_step(Tensor xs, Tensor ys, std::uint64_t step, double scale) {
         if (strategy_->remote_workers() != nullptr)
-            return coordinator_->schedule(detail::keras_remote_step_function, remote_->id, Tensor(std::move(xs)),
-                                          Tensor(std::move(ys)), step, scale);
+            return coordinator_->schedule(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys),
+                                          step, scale);
         return coordinator_->schedule(
-            [this, step, scale](Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y) {
-                return train_step(replica, x, y, step, scale);
+            [this, step, scale](Replica& replica, Tensor& x, Tensor& y) {
+                return detail::keras_train_step(replica.layers, *loss_, std::move(x), std::move(y), step, scale);
             },
             *replicas_, std::move(xs), std::move(ys));
     }
@@ -787,9 +761,9 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
     if (epochs < 0)
         throw InvalidArgumentError("pss: Sequential::fit: epochs is " + std::to_string(epochs) +
                                    "; it must be 0 or more");
-    const xt::xarray<double> xd = prepare_inputs(x, "fit");
-    const std::size_t examples = xd.shape()[0];
-    const xt::xarray<double> yd = prepare_targets(y, examples, "fit");
+    prepare_inputs(x, "fit");
+    const std::size_t examples = x.shape()[0];
+    prepare_targets(y, examples, "fit");
     ensure_workers();
 
     const bool remote = strategy_->remote_workers() != nullptr;
@@ -828,8 +802,8 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
         };
         std::deque<Closure> window;
         auto schedule_closure = [&](Closure c) {
-            c.value = schedule_step(detail::take_rows(xd, order, c.begin, c.count),
-                                    detail::take_rows(yd, order, c.begin, c.count), c.step, c.scale);
+            c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                    detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
             window.push_back(std::move(c));
         };
         // A worker process that lost the model: once every closure has ended, send the model again and
@@ -853,8 +827,8 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
                 } catch (const NotFoundError& e) {
                     if (!detail::is_remote_model_unknown(e)) throw;
                 }
-                c.value = schedule_step(detail::take_rows(xd, order, c.begin, c.count),
-                                        detail::take_rows(yd, order, c.begin, c.count), c.step, c.scale);
+                c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                        detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
             }
         };
         double sum = 0;
@@ -916,16 +890,16 @@ double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::
                                           std::size_t batch_size) {
     require_compiled("evaluate");
     check_batch_size(batch_size, "evaluate");
-    const xt::xarray<double> xd = prepare_inputs(x, "evaluate");
-    const std::size_t examples = xd.shape()[0];
-    const xt::xarray<double> yd = prepare_targets(y, examples, "evaluate");
+    prepare_inputs(x, "evaluate");
+    const std::size_t examples = x.shape()[0];
+    prepare_targets(y, examples, "evaluate");
     std::vector<std::size_t> order(examples);
     std::iota(order.begin(), order.end(), std::size_t{0});
     double total = 0;
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const auto predictions = run_forward(layers_, detail::take_rows(xd, order, begin, count), 0);
-        total += loss_->value(detail::take_rows(yd, order, begin, count), predictions) * static_cast<double>(count);
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        total += loss_->value(detail::take_rows(y, order, begin, count), predictions) * static_cast<double>(count);
     }
     return total / static_cast<double>(examples);
 }
@@ -933,8 +907,8 @@ double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::
 template <class StrategyType>
 xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, std::size_t batch_size) {
     check_batch_size(batch_size, "predict");
-    const xt::xarray<double> xd = prepare_inputs(x, "predict");
-    const std::size_t examples = xd.shape()[0];
+    prepare_inputs(x, "predict");
+    const std::size_t examples = x.shape()[0];
     Shape shape = *output_shape_;
     shape.insert(shape.begin(), examples);
     xt::xarray<float> out = xt::xarray<float>::from_shape(shape);
@@ -943,9 +917,13 @@ xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, 
     std::iota(order.begin(), order.end(), std::size_t{0});
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const auto predictions = run_forward(layers_, detail::take_rows(xd, order, begin, count), 0);
-        std::transform(predictions.begin(), predictions.end(), out.data() + begin * width,
-                       [](double v) { return static_cast<float>(v); });
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        predictions.visit(
+            [&](const auto& p) {
+                std::transform(p.begin(), p.end(), out.data() + begin * width, [](auto v) { return static_cast<float>(v); });
+                return 0;
+            },
+            0);
     }
     return out;
 }
