@@ -1,25 +1,36 @@
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their config texts.
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their Keras configs (JSON).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbroadcast.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
+#include <xtensor/xview.hpp>
 
 #include <pss/config.hpp>
 #include <pss/distribute.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/keras/config.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
 #include <pss/variable.hpp>
@@ -35,15 +46,37 @@ enum class Activation {
     softmax,  ///< y = exp(z) / sum(exp(z)) over the last axis
 };
 
+namespace detail {
+/// Every activation with Keras' name for it: the one list that both directions read.
+inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activation_names{{
+    {Activation::linear, "linear"},
+    {Activation::relu, "relu"},
+    {Activation::sigmoid, "sigmoid"},
+    {Activation::tanh, "tanh"},
+    {Activation::softmax, "softmax"},
+}};
+
+/// The activation named `name`, if one is.
+[[nodiscard]] constexpr std::optional<Activation> find_activation(std::string_view name) noexcept {
+    for (const auto& [activation, known] : activation_names)
+        if (name == known) return activation;
+    return std::nullopt;
+}
+
+/// `"linear", "relu", "sigmoid", "tanh" or "softmax"`, for messages.
+[[nodiscard]] inline std::string activation_list() {
+    std::string out;
+    for (std::size_t i = 0; i < activation_names.size(); ++i)
+        out += std::string(i == 0 ? "" : i + 1 == activation_names.size() ? " or " : ", ") + "\"" +
+               std::string(activation_names[i].second) + "\"";
+    return out;
+}
+}  // namespace detail
+
 /// @brief Keras' name of an activation: "linear", "relu", "sigmoid", "tanh", "softmax".
 [[nodiscard]] constexpr std::string_view activation_name(Activation activation) noexcept {
-    switch (activation) {
-        case Activation::relu: return "relu";
-        case Activation::sigmoid: return "sigmoid";
-        case Activation::tanh: return "tanh";
-        case Activation::softmax: return "softmax";
-        case Activation::linear: break;
-    }
+    for (const auto& [a, name] : detail::activation_names)
+        if (a == activation) return name;
     return "linear";
 }
 
@@ -51,11 +84,10 @@ enum class Activation {
 /// @throws InvalidArgumentError `pss: activation "gelu" is not known; use "linear", "relu", "sigmoid",
 /// "tanh" or "softmax"`
 [[nodiscard]] inline Activation activation_from_name(std::string_view name) {
-    for (Activation a : {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::softmax})
-        if (name == activation_name(a)) return a;
     if (name.empty()) return Activation::linear;
-    throw InvalidArgumentError("pss: activation \"" + std::string(name) +
-                               "\" is not known; use \"linear\", \"relu\", \"sigmoid\", \"tanh\" or \"softmax\"");
+    if (const auto a = detail::find_activation(name)) return *a;
+    throw InvalidArgumentError("pss: activation \"" + std::string(name) + "\" is not known; use " +
+                               detail::activation_list());
 }
 
 namespace detail {
@@ -86,17 +118,20 @@ inline xt::xarray<double> to_double(const Tensor& tensor) {
         xt::xarray<double>());
 }
 
-/// Pulls a whole float variable into `out` as doubles; `staging` is the float32 buffer reused across
-/// steps (read_into then touches no fresh page).
-inline void pull_as_double(const Variable& variable, std::uint64_t step, xt::xarray<float>& staging,
-                           xt::xarray<double>& out) {
-    if (variable.dtype() == DType::float64) {
-        variable.read_into(out, step);
-        return;
-    }
-    variable.read_into(staging, step);
-    if (out.shape() != staging.shape()) out = xt::xarray<double>::from_shape(staging.shape());
-    std::transform(staging.begin(), staging.end(), out.begin(), [](float v) { return static_cast<double>(v); });
+/// The array of `tensor` as `xt::xarray<T>`: moved out when its dtype is T, else converted (xt::cast).
+/// @throws InvalidArgumentError for an empty tensor.
+template <class T>
+xt::xarray<T> take_as(Tensor&& tensor) {
+    if (!tensor.has_value()) throw InvalidArgumentError("pss: an empty tensor was given where an array was expected");
+    if (tensor.dtype() == dtype_of<T>) return std::move(tensor.get<T>());
+    return tensor.visit([](const auto& a) { return xt::xarray<T>(xt::cast<T>(a)); }, xt::xarray<T>());
+}
+
+/// Calls `f(std::type_identity<T>{})` with T float for float32 and double for float64.
+template <class F>
+decltype(auto) with_float_type(DType dtype, F&& f) {
+    if (dtype == DType::float64) return f(std::type_identity<double>{});
+    return f(std::type_identity<float>{});
 }
 
 /// `value` converted to `dtype` (float32 or float64), as Keras' set_weights converts numpy arrays.
@@ -124,24 +159,6 @@ inline std::string snake_case(std::string_view name) {
     return out;
 }
 
-/// A layer's name as a config text writes it: bytes outside printable ASCII, and `%`, become `%XX`
-/// (upper-case hex), so that any name is one word and round-trips: "my layer" gives "my%20layer".
-inline std::string encode_config_name(std::string_view name) {
-    constexpr char hex[] = "0123456789ABCDEF";
-    std::string out;
-    for (char ch : name) {
-        const auto c = static_cast<unsigned char>(ch);
-        if (c < 0x21 || c > 0x7e || c == '%') {
-            out += '%';
-            out += hex[c >> 4];
-            out += hex[c & 0xf];
-        } else {
-            out += ch;
-        }
-    }
-    return out;
-}
-
 /// Checks that a layer's variable dtype is one that trains.
 inline void check_float_dtype(DType dtype, std::string_view layer) {
     if (dtype != DType::float32 && dtype != DType::float64)
@@ -159,7 +176,7 @@ inline void check_float_dtype(DType dtype, std::string_view layer) {
 /// Variable::apply_sparse_gradient, which reaches only the shards holding those rows.
 struct VariableGradient {
     Variable variable;
-    xt::xarray<double> values;
+    Tensor values;  ///< in the variable's dtype
     std::vector<std::int64_t> ids;
     bool sparse = false;
 };
@@ -167,7 +184,7 @@ struct VariableGradient {
 /// @brief What a layer's backward pass returns: the gradient with respect to its inputs, and one
 /// VariableGradient per weight, in the order of Layer::weights().
 struct LayerGradients {
-    xt::xarray<double> inputs;
+    Tensor inputs;
     std::vector<VariableGradient> variables;
 };
 
@@ -175,9 +192,9 @@ struct LayerGradients {
 ///
 /// A layer's weights are pss::Variables: `build` creates them through get_strategy(), so built inside
 /// `strategy.scope()` they live on the parameter-server tasks (sharded as the strategy's partitioner
-/// decides). Computation is in double precision on the worker whatever the variables' dtype: a step
-/// pulls the weights (converting float32 to double), and gradients are converted back to the
-/// variables' dtype when pushed.
+/// decides). A layer computes in its dtype, its weights' (Keras' `dtype`): float32 (the default) or
+/// float64. Inputs of another dtype are converted once (a float32 data set fed to a float64 model);
+/// layers without weights compute in their inputs' dtype. Gradients come back in the weights' dtype.
 ///
 /// Shapes exclude the batch axis, as Keras' `input_shape`: a Dense layer built for `{3}` takes inputs
 /// of shape (batch, 3). `forward(inputs, step)` pulls the weights (naming `step` in synchronous
@@ -209,26 +226,25 @@ public:
 
     [[nodiscard]] bool built() const noexcept { return built_; }
 
-    /// @brief One line of text that describes the layer completely (class, name, constructor parameters,
-    /// built input shape), from which detail::layer_from_config rebuilds it, in a worker process that has
-    /// no model object: `Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)`.
-    ///
-    /// Words are separated by one space; the first is class_name(); then `name=` (the name with bytes
-    /// outside printable ASCII, and `%`, written `%XX`), the layer's parameters, and `input_shape=` as
-    /// `(3,2)` (`(3)` for rank 1, `()` for a scalar). Embedding: `input_dim=5 output_dim=4
-    /// dtype=float32`; GlobalAveragePooling1D and Flatten have no parameters.
-    /// @throws FailedPreconditionError before build, or when the layer's class does not override it.
-    [[nodiscard]] virtual std::string config() const {
-        require_built("config");
-        throw FailedPreconditionError("pss: " + describe() +
-                                      ": config() is not implemented by this class; a layer trained by worker "
-                                      "processes overrides config() and do_bind(), and detail::layer_from_config "
-                                      "must know its class");
+    /// @brief Keras' `get_config()`: the layer's constructor parameters, its name and, once built, the
+    /// input shape it was built for: `{"name": "dense", "units": 4, "activation": "relu", "use_bias":
+    /// true, "dtype": "float32", "batch_input_shape": [null, 3]}`. From serialize(layer), which wraps it
+    /// with the class name, detail::layer_from_config rebuilds the layer in a worker process that has no
+    /// model object. This gives `name` and `batch_input_shape` (when built); a layer class adds its own
+    /// parameters, and detail::layer_from_config must know the class to rebuild it.
+    [[nodiscard]] virtual nlohmann::json get_config() const {
+        nlohmann::json config = {{"name", name_}};
+        if (built_) {
+            nlohmann::json shape = nlohmann::json::array({nullptr});
+            for (auto d : input_shape_) shape.push_back(d);
+            config["batch_input_shape"] = std::move(shape);
+        }
+        return config;
     }
 
     /// @brief Marks the layer built for inputs of `input_shape` (batch axis excluded) over existing
     /// variables, in the order of weights(), instead of creating them: how a worker process rebuilds a
-    /// layer from its config() and the handles of the coordinator's variables. No variable is created;
+    /// layer from serialize(layer) and the handles of the coordinator's variables. No variable is created;
     /// afterwards forward, backward and weights() work as on the layer whose variables these are.
     /// Returns the output shape, as build.
     /// @throws FailedPreconditionError when built already (or the class does not override do_bind);
@@ -275,7 +291,7 @@ public:
     /// @brief Checks a whole data set before any step runs (shapes, then check_input_values), so that a
     /// bad input fails on the coordinator, not in a closure on a worker.
     /// @throws InvalidArgumentError naming the layer, the shape expected and the shape given.
-    void check_inputs(const xt::xarray<double>& inputs) const {
+    void check_inputs(const xt::xarray<float>& inputs) const {
         require_built("check_inputs");
         const Shape got(inputs.shape().begin(), inputs.shape().end());
         const bool fits = got.size() == input_shape_.size() + 1 && std::equal(input_shape_.begin(), input_shape_.end(), got.begin() + 1);
@@ -289,11 +305,12 @@ public:
         check_input_values(inputs);
     }
 
-    /// @brief Computes the outputs of a batch, pulling the weights; keeps what backward needs.
+    /// @brief Computes the outputs of a batch (float32 or float64), pulling the weights; keeps what
+    /// backward needs (taking `inputs` by value, it keeps them without a copy when they are moved in).
     /// @param step in synchronous training the step of this pull (1, 2, ...), else 0
-    [[nodiscard]] virtual xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) = 0;
+    [[nodiscard]] virtual Tensor forward(Tensor inputs, std::uint64_t step = 0) = 0;
     /// @brief The gradients of the batch last given to forward, from the gradient of its outputs.
-    [[nodiscard]] virtual LayerGradients backward(const xt::xarray<double>& grad_outputs) = 0;
+    [[nodiscard]] virtual LayerGradients backward(const Tensor& grad_outputs) = 0;
 
     /// @brief The layer's variables (Keras' `layer.weights`): Dense gives {kernel, bias}.
     [[nodiscard]] virtual std::vector<Variable> weights() const { return {}; }
@@ -341,14 +358,6 @@ protected:
                                       "take existing variables");
     }
 
-    /// `<class> name=<name> <parameters> input_shape=(...)`: config() of a built layer.
-    [[nodiscard]] std::string config_line(std::string_view parameters) const {
-        require_built("config");
-        std::string out = std::string(class_name()) + " name=" + detail::encode_config_name(name_);
-        if (!parameters.empty()) (out += ' ') += parameters;
-        return out + " input_shape=" + detail::format_config_shape(input_shape_);
-    }
-
     /// What do_build would create for one weight: for bind's checks.
     struct WeightSpec {
         std::string_view what;  ///< "kernel"
@@ -386,7 +395,7 @@ protected:
     }
 
     /// @brief Rejects input values the layer cannot take (Embedding: ids that are not row numbers).
-    virtual void check_input_values(const xt::xarray<double>& /*inputs*/) const {}
+    virtual void check_input_values(const xt::xarray<float>& /*inputs*/) const {}
 
     /// "Dense 'dense_1'", for messages.
     [[nodiscard]] std::string describe() const {
@@ -411,65 +420,53 @@ private:
 namespace detail {
 
 /// Applies `activation` in place to `z`, rows of `units` values (softmax works per row).
-inline void activate(Activation activation, xt::xarray<double>& z, std::size_t units) {
-    double* p = z.data();
-    const std::size_t n = z.size();
+template <class T>
+void activate(Activation activation, xt::xarray<T>& z, std::size_t units) {
     switch (activation) {
         case Activation::linear: return;
-        case Activation::relu:
-            for (std::size_t i = 0; i < n; ++i) p[i] = p[i] > 0 ? p[i] : 0.0;
-            return;
-        case Activation::sigmoid:
-            for (std::size_t i = 0; i < n; ++i) p[i] = 1.0 / (1.0 + std::exp(-p[i]));
-            return;
-        case Activation::tanh:
-            for (std::size_t i = 0; i < n; ++i) p[i] = std::tanh(p[i]);
-            return;
-        case Activation::softmax:
-            for (std::size_t r = 0; r < n; r += units) {
-                double top = p[r];
+        case Activation::relu: xt::noalias(z) = xt::maximum(z, T{0}); return;
+        case Activation::sigmoid: xt::noalias(z) = T{1} / (T{1} + xt::exp(-z)); return;
+        case Activation::tanh: xt::noalias(z) = xt::tanh(z); return;
+        case Activation::softmax: {
+            T* p = z.data();
+            for (std::size_t r = 0; r < z.size(); r += units) {
+                T top = p[r];
                 for (std::size_t j = 1; j < units; ++j) top = std::max(top, p[r + j]);
-                double sum = 0;
+                T sum = 0;
                 for (std::size_t j = 0; j < units; ++j) sum += (p[r + j] = std::exp(p[r + j] - top));
                 for (std::size_t j = 0; j < units; ++j) p[r + j] /= sum;
             }
             return;
+        }
     }
 }
 
 /// The gradient with respect to the pre-activation z, from the activation's output `y` and the gradient
 /// `g` of y (same shape, rows of `units`).
-inline xt::xarray<double> activation_gradient(Activation activation, const xt::xarray<double>& y,
-                                              const xt::xarray<double>& g, std::size_t units) {
-    xt::xarray<double> out = xt::xarray<double>::from_shape(g.shape());
-    const double* py = y.data();
-    const double* pg = g.data();
-    double* po = out.data();
-    const std::size_t n = g.size();
+template <class T>
+xt::xarray<T> activation_gradient(Activation activation, const xt::xarray<T>& y, const xt::xarray<T>& g,
+                                  std::size_t units) {
     switch (activation) {
-        case Activation::linear: std::copy(pg, pg + n, po); break;
-        case Activation::relu:
-            for (std::size_t i = 0; i < n; ++i) po[i] = py[i] > 0 ? pg[i] : 0.0;
-            break;
-        case Activation::sigmoid:
-            for (std::size_t i = 0; i < n; ++i) po[i] = pg[i] * py[i] * (1.0 - py[i]);
-            break;
-        case Activation::tanh:
-            for (std::size_t i = 0; i < n; ++i) po[i] = pg[i] * (1.0 - py[i] * py[i]);
-            break;
-        case Activation::softmax:
-            for (std::size_t r = 0; r < n; r += units) {
-                double dot = 0;
-                for (std::size_t j = 0; j < units; ++j) dot += pg[r + j] * py[r + j];
-                for (std::size_t j = 0; j < units; ++j) po[r + j] = py[r + j] * (pg[r + j] - dot);
-            }
-            break;
+        case Activation::linear: return g;
+        case Activation::relu: return xt::where(y > T{0}, g, T{0});
+        case Activation::sigmoid: return g * y * (T{1} - y);
+        case Activation::tanh: return g * (T{1} - y * y);
+        case Activation::softmax: break;
+    }
+    xt::xarray<T> out = xt::xarray<T>::from_shape(g.shape());
+    const T* py = y.data();
+    const T* pg = g.data();
+    T* po = out.data();
+    for (std::size_t r = 0; r < g.size(); r += units) {
+        T dot = 0;
+        for (std::size_t j = 0; j < units; ++j) dot += pg[r + j] * py[r + j];
+        for (std::size_t j = 0; j < units; ++j) po[r + j] = py[r + j] * (pg[r + j] - dot);
     }
     return out;
 }
 
-inline void check_grad_shape(const xt::xarray<double>& grad, const Shape& expected, const std::string& layer) {
-    const Shape got(grad.shape().begin(), grad.shape().end());
+inline void check_grad_shape(const Tensor& grad, const Shape& expected, const std::string& layer) {
+    const Shape got = grad.shape();
     if (got != expected)
         throw InvalidArgumentError("pss: " + layer + ": backward got a gradient of shape " + format_shape(got) +
                                    ", but the last forward returned shape " + format_shape(expected));
@@ -528,75 +525,35 @@ public:
         return {kernel_};
     }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
         require_built("forward");
         const std::size_t in = inputs_features();
-        if (inputs.dimension() < 2 || inputs.shape().back() != in)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " +
-                                       format_shape(Shape(inputs.shape().begin(), inputs.shape().end())) +
+        if (inputs.rank() < 2 || inputs.shape().back() != in)
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
                                        ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
-        detail::pull_as_double(kernel_, step, staging_, w_);
-        if (use_bias_) detail::pull_as_double(bias_, step, staging_, b_);
-        const std::size_t rows = inputs.size() / in;
-        Shape out_shape(inputs.shape().begin(), inputs.shape().end());
-        out_shape.back() = units_;
-        xt::xarray<double> out = xt::xarray<double>::from_shape(out_shape);
-        const double* x = inputs.data();
-        const double* w = w_.data();
-        double* y = out.data();
-        for (std::size_t r = 0; r < rows; ++r) {
-            double* yr = y + r * units_;
-            for (std::size_t j = 0; j < units_; ++j) yr[j] = use_bias_ ? b_.data()[j] : 0.0;
-            for (std::size_t i = 0; i < in; ++i) {
-                const double xi = x[r * in + i];
-                const double* wi = w + i * units_;
-                for (std::size_t j = 0; j < units_; ++j) yr[j] += xi * wi[j];
-            }
-        }
-        detail::activate(activation_, out, units_);
-        inputs_ = inputs;
-        outputs_ = out;
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            return Tensor(forward_as<T>(std::move(inputs), step));
+        });
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
-        detail::check_grad_shape(grad_outputs, Shape(outputs_.shape().begin(), outputs_.shape().end()), describe());
-        const std::size_t in = inputs_features();
-        const std::size_t rows = inputs_.size() / in;
-        const xt::xarray<double> gz = detail::activation_gradient(activation_, outputs_, grad_outputs, units_);
-        LayerGradients out;
-        out.inputs = xt::xarray<double>::from_shape(inputs_.shape());
-        xt::xarray<double> gw = xt::zeros<double>({in, units_});
-        xt::xarray<double> gb = xt::zeros<double>({units_});
-        const double* x = inputs_.data();
-        const double* w = w_.data();
-        const double* g = gz.data();
-        double* gx = out.inputs.data();
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* gr = g + r * units_;
-            for (std::size_t i = 0; i < in; ++i) {
-                const double xi = x[r * in + i];
-                const double* wi = w + i * units_;
-                double* gwi = gw.data() + i * units_;
-                double sum = 0;
-                for (std::size_t j = 0; j < units_; ++j) {
-                    gwi[j] += xi * gr[j];
-                    sum += gr[j] * wi[j];
-                }
-                gx[r * in + i] = sum;
-            }
-            for (std::size_t j = 0; j < units_; ++j) gb.data()[j] += gr[j];
-        }
-        out.variables.push_back({kernel_, std::move(gw), {}, false});
-        if (use_bias_) out.variables.push_back({bias_, std::move(gb), {}, false});
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            detail::check_grad_shape(grad_outputs, Shape(state<T>().y.shape().begin(), state<T>().y.shape().end()),
+                                     describe());
+            return backward_as<T>(grad_outputs);
+        });
     }
 
-    /// @brief `Dense name=dense_1 units=4 activation=relu use_bias=1 dtype=float32 input_shape=(3)`
-    [[nodiscard]] std::string config() const override {
-        return config_line("units=" + std::to_string(units_) + " activation=" + std::string(activation_name(activation_)) +
-                           " use_bias=" + (use_bias_ ? "1" : "0") + " dtype=" + std::string(dtype_name(dtype_)));
+    /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "dtype": "float32", "name": "dense",
+    /// "units": 4, "use_bias": true}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["units"] = units_;
+        config["activation"] = std::string(activation_name(activation_));
+        config["use_bias"] = use_bias_;
+        config["dtype"] = std::string(dtype_name(dtype_));
+        return config;
     }
 
 protected:
@@ -633,14 +590,88 @@ private:
 
     std::size_t inputs_features() const { return input_shape().back(); }
 
+    /// One step's state in the layer's dtype: the pulled weights, the inputs and the outputs.
+    template <class T>
+    struct State {
+        xt::xarray<T> w, b, x, y;
+    };
+    template <class T>
+    State<T>& state() {
+        if constexpr (std::is_same_v<T, float>) return f32_;
+        else return f64_;
+    }
+
+    template <class T>
+    xt::xarray<T> forward_as(Tensor&& inputs, std::uint64_t step) {
+        State<T>& s = state<T>();
+        s.x = detail::take_as<T>(std::move(inputs));
+        kernel_.read_into(s.w, step);  // into the buffer of the last step: no fresh pages
+        if (use_bias_) bias_.read_into(s.b, step);
+        const std::size_t in = inputs_features();
+        const std::size_t rows = s.x.size() / in;
+        Shape out_shape(s.x.shape().begin(), s.x.shape().end());
+        out_shape.back() = units_;
+        xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
+        const T* x = s.x.data();
+        const T* w = s.w.data();
+        T* y = out.data();
+        for (std::size_t r = 0; r < rows; ++r) {
+            T* yr = y + r * units_;
+            for (std::size_t j = 0; j < units_; ++j) yr[j] = use_bias_ ? s.b.data()[j] : T{0};
+            for (std::size_t i = 0; i < in; ++i) {
+                const T xi = x[r * in + i];
+                const T* wi = w + i * units_;
+                for (std::size_t j = 0; j < units_; ++j) yr[j] += xi * wi[j];
+            }
+        }
+        detail::activate(activation_, out, units_);
+        s.y = out;
+        return out;
+    }
+
+    template <class T>
+    LayerGradients backward_as(const Tensor& grad_outputs) {
+        State<T>& s = state<T>();
+        const std::size_t in = inputs_features();
+        const std::size_t rows = s.x.size() / in;
+        const xt::xarray<T> gz = detail::activation_gradient(
+            activation_, s.y, detail::take_as<T>(Tensor(grad_outputs)), units_);
+        xt::xarray<T> gx = xt::xarray<T>::from_shape(s.x.shape());
+        xt::xarray<T> gw = xt::zeros<T>({in, units_});
+        xt::xarray<T> gb = xt::zeros<T>({units_});
+        const T* x = s.x.data();
+        const T* w = s.w.data();
+        const T* g = gz.data();
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* gr = g + r * units_;
+            for (std::size_t i = 0; i < in; ++i) {
+                const T xi = x[r * in + i];
+                const T* wi = w + i * units_;
+                T* gwi = gw.data() + i * units_;
+                T sum = 0;
+                for (std::size_t j = 0; j < units_; ++j) {
+                    gwi[j] += xi * gr[j];
+                    sum += gr[j] * wi[j];
+                }
+                gx.data()[r * in + i] = sum;
+            }
+            for (std::size_t j = 0; j < units_; ++j) gb.data()[j] += gr[j];
+        }
+        LayerGradients out;
+        out.inputs = Tensor(std::move(gx));
+        out.variables.push_back({kernel_, Tensor(std::move(gw)), {}, false});
+        if (use_bias_) out.variables.push_back({bias_, Tensor(std::move(gb)), {}, false});
+        return out;
+    }
+
     std::size_t units_;
     Activation activation_;
     bool use_bias_;
     DType dtype_;
     Variable kernel_, bias_;
-    // Per step: the pulled weights, the float32 staging buffer, and what backward needs.
-    xt::xarray<float> staging_;
-    xt::xarray<double> w_, b_, inputs_, outputs_;
+    // Per step, in the layer's dtype.
+    State<float> f32_;
+    State<double> f64_;
 };
 
 /// @brief A lookup table of `input_dim` rows of `output_dim` values (Keras' `Embedding(input_dim,
@@ -689,11 +720,18 @@ public:
         return {embeddings_};
     }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t step = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
         require_built("forward");
-        check_input_values(inputs);
-        ids_.resize(inputs.size());
-        std::transform(inputs.begin(), inputs.end(), ids_.begin(), [](double v) { return static_cast<std::int64_t>(v); });
+        if (!inputs.has_value() || (inputs.dtype() != DType::float32 && inputs.dtype() != DType::float64))
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of dtype " +
+                                       (inputs.has_value() ? std::string(dtype_name(inputs.dtype())) : "none") +
+                                       "; an Embedding takes ids stored as float32 or float64");
+        detail::with_float_type(inputs.dtype(), [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T>& ids = inputs.get<T>();
+            check_ids(ids);
+            ids_.resize(ids.size());
+            std::transform(ids.begin(), ids.end(), ids_.begin(), [](T v) { return static_cast<std::int64_t>(v); });
+        });
         // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
         std::vector<std::int64_t> unique;
         std::vector<std::size_t> slot_of(ids_.size());
@@ -704,40 +742,49 @@ public:
             slot_of[i] = it->second;
         }
         if (step != 0) {  // synchronous: touch every shard (see the class description)
-            std::vector<bool> touched(shard_first_rows_.size(), false);
-            for (std::int64_t id : unique) touched[shard_of(id)] = true;
-            for (std::size_t s = 0; s < touched.size(); ++s)
-                if (!touched[s]) unique.push_back(shard_first_rows_[s]);
+            const std::size_t shards = embeddings_.num_shards();
+            std::vector<bool> touched(shards, false);
+            for (std::int64_t id : unique) touched[embeddings_.shard_of_row(static_cast<std::size_t>(id)).shard] = true;
+            for (std::size_t s = 0; s < shards; ++s)
+                if (!touched[s]) unique.push_back(static_cast<std::int64_t>(shard_row_offset(input_dim_, shards, s)));
         }
-        const xt::xarray<double> rows =
-            unique.empty() ? xt::xarray<double>(xt::zeros<double>({std::size_t{0}, output_dim_}))
-                           : detail::to_double(embeddings_.sparse_read(std::span<const std::int64_t>(unique), step));
-        Shape out_shape(inputs.shape().begin(), inputs.shape().end());
+        input_shape_seen_ = inputs.shape();
+        Shape out_shape = input_shape_seen_;
         out_shape.push_back(output_dim_);
-        xt::xarray<double> out = xt::xarray<double>::from_shape(out_shape);
-        for (std::size_t i = 0; i < ids_.size(); ++i)
-            std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
-        input_shape_seen_.assign(inputs.shape().begin(), inputs.shape().end());
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const Tensor pulled = unique.empty() ? Tensor(xt::xarray<T>(xt::zeros<T>({std::size_t{0}, output_dim_})))
+                                                 : embeddings_.sparse_read(std::span<const std::int64_t>(unique), step);
+            const xt::xarray<T>& rows = pulled.get<T>();
+            xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
+            for (std::size_t i = 0; i < ids_.size(); ++i)
+                std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
+            return Tensor(std::move(out));
+        });
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
         Shape expected = input_shape_seen_;
         expected.push_back(output_dim_);
         detail::check_grad_shape(grad_outputs, expected, describe());
-        LayerGradients out;
-        out.inputs = xt::zeros<double>(input_shape_seen_);
-        xt::xarray<double> rows = xt::xarray<double>::from_shape({ids_.size(), output_dim_});
-        std::copy(grad_outputs.begin(), grad_outputs.end(), rows.begin());
-        out.variables.push_back({embeddings_, std::move(rows), ids_, true});
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            LayerGradients out;
+            out.inputs = Tensor(xt::xarray<T>(xt::zeros<T>(input_shape_seen_)));
+            xt::xarray<T> rows = detail::take_as<T>(Tensor(grad_outputs));
+            rows.reshape({ids_.size(), output_dim_});
+            out.variables.push_back({embeddings_, Tensor(std::move(rows)), ids_, true});
+            return out;
+        });
     }
 
-    /// @brief `Embedding name=embedding input_dim=5 output_dim=4 dtype=float32 input_shape=(3)`
-    [[nodiscard]] std::string config() const override {
-        return config_line("input_dim=" + std::to_string(input_dim_) + " output_dim=" + std::to_string(output_dim_) +
-                           " dtype=" + std::string(dtype_name(dtype_)));
+    /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "input_dim": 5, "name": "embedding",
+    /// "output_dim": 4}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["input_dim"] = input_dim_;
+        config["output_dim"] = output_dim_;
+        config["dtype"] = std::string(dtype_name(dtype_));
+        return config;
     }
 
 protected:
@@ -748,7 +795,6 @@ protected:
             for (T& v : values) v = static_cast<T>(detail::uniform(rng, -0.05, 0.05));
         });
         embeddings_ = Variable(std::move(table), name() + "/embeddings");
-        index_shards();
         Shape out = input_shape;
         out.push_back(output_dim_);
         return out;
@@ -757,42 +803,28 @@ protected:
     Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
         check_bind_weights(weights, {{"embeddings", {input_dim_, output_dim_}, dtype_}});
         embeddings_ = std::move(weights[0]);
-        index_shards();
         Shape out = input_shape;
         out.push_back(output_dim_);
         return out;
     }
 
-    void check_input_values(const xt::xarray<double>& inputs) const override {
-        const double* p = inputs.data();
+    void check_input_values(const xt::xarray<float>& inputs) const override { check_ids(inputs); }
+
+private:
+    template <class T>
+    void check_ids(const xt::xarray<T>& inputs) const {
+        const T* p = inputs.data();
         for (std::size_t i = 0; i < inputs.size(); ++i)
-            if (!(p[i] >= 0 && p[i] < static_cast<double>(input_dim_)) || p[i] != std::floor(p[i]))
+            if (!(p[i] >= 0 && static_cast<double>(p[i]) < static_cast<double>(input_dim_)) || p[i] != std::floor(p[i]))
                 throw InvalidArgumentError("pss: " + describe() + ": input " + std::to_string(i) + " (in row-major order) is " +
                                            std::to_string(p[i]) + ", not an id; an Embedding takes integer ids in [0, " +
                                            std::to_string(input_dim_) + ") stored as floats");
-    }
-
-private:
-    /// The first row of each shard of the table, for shard_of.
-    void index_shards() {
-        shard_first_rows_.clear();
-        std::int64_t row = 0;
-        for (const auto& shard : embeddings_.shards()) {
-            shard_first_rows_.push_back(row);
-            row += static_cast<std::int64_t>(shard.shape()[0]);
-        }
-    }
-
-    std::size_t shard_of(std::int64_t id) const {
-        auto it = std::upper_bound(shard_first_rows_.begin(), shard_first_rows_.end(), id);
-        return static_cast<std::size_t>(it - shard_first_rows_.begin()) - 1;
     }
 
     std::size_t input_dim_;
     std::size_t output_dim_;
     DType dtype_;
     Variable embeddings_;
-    std::vector<std::int64_t> shard_first_rows_;
     // Per step: the ids of the batch and its input shape.
     std::vector<std::int64_t> ids_;
     Shape input_shape_seen_;
@@ -806,39 +838,35 @@ public:
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<GlobalAveragePooling1D>(*this); }
     [[nodiscard]] std::string_view class_name() const noexcept override { return "GlobalAveragePooling1D"; }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t /*step*/ = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
         require_built("forward");
-        if (inputs.dimension() != 3)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " +
-                                       format_shape(Shape(inputs.shape().begin(), inputs.shape().end())) +
+        if (inputs.rank() != 3)
+            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
                                        "; it takes (batch, steps, features)");
-        batch_ = inputs.shape()[0];
-        steps_ = inputs.shape()[1];
-        features_ = inputs.shape()[2];
-        xt::xarray<double> out = xt::zeros<double>({batch_, features_});
-        const double scale = steps_ == 0 ? 0.0 : 1.0 / static_cast<double>(steps_);
-        for (std::size_t b = 0; b < batch_; ++b)
-            for (std::size_t s = 0; s < steps_; ++s)
-                for (std::size_t f = 0; f < features_; ++f)
-                    out.data()[b * features_ + f] += inputs.data()[(b * steps_ + s) * features_ + f] * scale;
-        return out;
+        const Shape shape = inputs.shape();
+        batch_ = shape[0];
+        steps_ = shape[1];
+        features_ = shape[2];
+        dtype_ = inputs.dtype();
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
+            if (steps_ == 0) return Tensor(xt::xarray<T>(xt::zeros<T>({batch_, features_})));
+            return Tensor(xt::xarray<T>(xt::mean<T>(x, {1})));
+        });
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
         detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
-        LayerGradients out;
-        out.inputs = xt::xarray<double>::from_shape({batch_, steps_, features_});
-        const double scale = steps_ == 0 ? 0.0 : 1.0 / static_cast<double>(steps_);
-        for (std::size_t b = 0; b < batch_; ++b)
-            for (std::size_t s = 0; s < steps_; ++s)
-                for (std::size_t f = 0; f < features_; ++f)
-                    out.inputs.data()[(b * steps_ + s) * features_ + f] = grad_outputs.data()[b * features_ + f] * scale;
-        return out;
+        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
+            const T scale = steps_ == 0 ? T{0} : T{1} / static_cast<T>(steps_);
+            LayerGradients out;
+            out.inputs = Tensor(xt::xarray<T>(
+                xt::broadcast(xt::view(g, xt::all(), xt::newaxis(), xt::all()) * scale, {batch_, steps_, features_})));
+            return out;
+        });
     }
-
-    /// @brief `GlobalAveragePooling1D name=global_average_pooling1d input_shape=(3,4)`
-    [[nodiscard]] std::string config() const override { return config_line({}); }
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return output_shape_for(input_shape); }
@@ -857,6 +885,7 @@ private:
     }
 
     std::size_t batch_ = 0, steps_ = 0, features_ = 0;
+    DType dtype_ = DType::float32;  // the last inputs'
 };
 
 /// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
@@ -866,31 +895,28 @@ public:
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(*this); }
     [[nodiscard]] std::string_view class_name() const noexcept override { return "Flatten"; }
 
-    xt::xarray<double> forward(const xt::xarray<double>& inputs, std::uint64_t /*step*/ = 0) override {
+    Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
         require_built("forward");
-        if (inputs.dimension() == 0)
+        if (inputs.rank() == 0)
             throw InvalidArgumentError("pss: " + describe() + ": a scalar input; it takes (batch, ...)");
-        seen_.assign(inputs.shape().begin(), inputs.shape().end());
+        seen_ = inputs.shape();
         const std::size_t batch = seen_.front();
-        xt::xarray<double> out = xt::xarray<double>::from_shape({batch, batch == 0 ? num_elements(output_shape()) : inputs.size() / batch});
-        std::copy(inputs.begin(), inputs.end(), out.begin());
-        return out;
+        const std::size_t width = batch == 0 ? num_elements(output_shape()) : inputs.size() / batch;
+        inputs.visit_mut([&](auto& a) { a.reshape({batch, width}); });  // in place: no copy
+        return inputs;
     }
 
-    LayerGradients backward(const xt::xarray<double>& grad_outputs) override {
+    LayerGradients backward(const Tensor& grad_outputs) override {
         require_built("backward");
         if (grad_outputs.size() != num_elements(seen_))
             throw InvalidArgumentError("pss: " + describe() + ": backward got a gradient of " +
                                        std::to_string(grad_outputs.size()) + " values for inputs of shape " +
                                        format_shape(seen_));
         LayerGradients out;
-        out.inputs = xt::xarray<double>::from_shape(seen_);
-        std::copy(grad_outputs.begin(), grad_outputs.end(), out.inputs.begin());
+        out.inputs = grad_outputs;
+        out.inputs.visit_mut([&](auto& a) { a.reshape(seen_); });
         return out;
     }
-
-    /// @brief `Flatten name=flatten input_shape=(3,2)`
-    [[nodiscard]] std::string config() const override { return config_line({}); }
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return {num_elements(input_shape)}; }
@@ -903,105 +929,83 @@ private:
     Shape seen_;
 };
 
+/// @brief Keras' `tf.keras.layers.serialize(layer)`: `{"class_name": "Dense", "config":
+/// layer.get_config()}`.
+[[nodiscard]] inline nlohmann::json serialize(const Layer& layer) {
+    return {{"class_name", std::string(layer.class_name())}, {"config", layer.get_config()}};
+}
+
 namespace detail {
 
-/// What a layer's config text gives: the layer, not built, and the input shape it was built for.
+/// What a layer's config gives: the layer, not built, and the input shape it was built for.
 struct LayerConfig {
     std::unique_ptr<Layer> layer;
     Shape input_shape;
 };
 
-/// The name of a config's `name=` field, `%XX` decoded. @throws InvalidArgumentError for a bad escape.
-inline std::string decode_config_name(const ConfigReader& reader, std::string_view value) {
-    auto digit = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        return -1;
-    };
-    std::string out;
-    for (std::size_t i = 0; i < value.size(); ++i) {
-        if (value[i] != '%') {
-            out += value[i];
-            continue;
-        }
-        if (value.size() - i < 3 || digit(value[i + 1]) < 0 || digit(value[i + 2]) < 0)
-            reader.fail("name " + quote_config(value) + " has a % not followed by two hex digits; a name writes bytes "
-                        "outside printable ASCII, and %, as %XX");
-        out += static_cast<char>(digit(value[i + 1]) * 16 + digit(value[i + 2]));
-        i += 2;
-    }
-    return out;
-}
-
-/// Parses a layer's config() text (see Layer::config) into a layer that is not built, with the same
-/// class, name and parameters, and the input shape it was built for.
-/// @throws InvalidArgumentError quoting the text (at most 200 bytes, non-printable bytes escaped) and
-/// naming what is wrong: an unknown class, a missing, unknown or repeated field, a value that is not a
-/// number, a flag, a shape, a known activation or a float dtype, a number above 2^48. The text may come
-/// from the network: any input gives a layer or this error.
-[[nodiscard]] inline LayerConfig parse_layer_config(std::string_view text) {
-    ConfigReader reader("layer", text);
-    const std::string_view cls = reader.class_name();
-    auto take_dtype = [&] {
-        const std::string_view value = reader.take("dtype");
-        if (value == "float32") return DType::float32;
-        if (value == "float64") return DType::float64;
-        reader.fail("dtype is " + quote_config(value) + "; a layer's weights are float32 or float64");
-    };
+/// Parses serialize(layer) (see Layer::get_config) into a layer that is not built, with the same
+/// class, name and parameters, and the input shape it was built for (`batch_input_shape` without its
+/// batch axis).
+/// @throws InvalidArgumentError naming the field and its value: not an object, an unknown class, a
+/// missing, unknown or wrongly typed field, a number out of range, an unknown activation, a dtype that
+/// is not float32 or float64. The config may come from the network: any JSON value gives a layer or
+/// this error.
+[[nodiscard]] inline LayerConfig parse_layer_config(const nlohmann::json& serialized) {
+    ConfigFields outer("layer", serialized, "class_name and config");
+    const std::string cls = outer.take_string("class_name");
+    const nlohmann::json& config = outer.take("config");
+    outer.finish();
     LayerConfig out;
+    auto fields_of = [&](std::string list) { return ConfigFields(cls + " config", config, std::move(list)); };
+    auto finish = [&](ConfigFields& fields) {
+        out.layer->set_name(fields.take_string("name"));
+        out.input_shape = fields.take_batch_input_shape("batch_input_shape");
+        fields.finish();
+    };
     if (cls == "Dense") {
-        reader.expect("name, units, activation, use_bias, dtype and input_shape");
-        const std::uint64_t units = reader.take_count("units", 1);
-        const std::string_view activation = reader.take("activation");
-        Activation a = Activation::linear;
-        bool known = false;
-        for (Activation candidate :
-             {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::softmax})
-            if (activation == activation_name(candidate)) {
-                a = candidate;
-                known = true;
-            }
-        if (!known)
-            reader.fail("activation is " + quote_config(activation) +
-                        "; it is \"linear\", \"relu\", \"sigmoid\", \"tanh\" or \"softmax\"");
-        const bool use_bias = reader.take_flag("use_bias");
-        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), a, use_bias, take_dtype());
+        ConfigFields fields = fields_of("name, units, activation, use_bias, dtype and batch_input_shape");
+        const std::uint64_t units = fields.take_count("units", 1);
+        const std::string activation = fields.take_string("activation");
+        const auto a = find_activation(activation);
+        if (!a) fields.fail("\"activation\" is " + json_text(activation) + "; it is " + activation_list());
+        const bool use_bias = fields.take_bool("use_bias");
+        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), *a, use_bias, fields.take_float_dtype("dtype"));
+        finish(fields);
     } else if (cls == "Embedding") {
-        reader.expect("name, input_dim, output_dim, dtype and input_shape");
-        const std::uint64_t input_dim = reader.take_count("input_dim", 1);
-        const std::uint64_t output_dim = reader.take_count("output_dim", 1);
+        ConfigFields fields = fields_of("name, input_dim, output_dim, dtype and batch_input_shape");
+        const std::uint64_t input_dim = fields.take_count("input_dim", 1);
+        const std::uint64_t output_dim = fields.take_count("output_dim", 1);
         out.layer = std::make_unique<Embedding>(static_cast<std::size_t>(input_dim), static_cast<std::size_t>(output_dim),
-                                                take_dtype());
-    } else if (cls == "GlobalAveragePooling1D") {
-        reader.expect("name and input_shape");
-        out.layer = std::make_unique<GlobalAveragePooling1D>();
-    } else if (cls == "Flatten") {
-        reader.expect("name and input_shape");
-        out.layer = std::make_unique<Flatten>();
+                                                fields.take_float_dtype("dtype"));
+        finish(fields);
+    } else if (cls == "GlobalAveragePooling1D" || cls == "Flatten") {
+        ConfigFields fields = fields_of("name and batch_input_shape");
+        if (cls == "Flatten") out.layer = std::make_unique<Flatten>();
+        else out.layer = std::make_unique<GlobalAveragePooling1D>();
+        finish(fields);
     } else {
-        reader.fail("the class " + quote_config(cls) +
-                    " is not known; layer_from_config rebuilds Dense, Embedding, GlobalAveragePooling1D and Flatten");
+        outer.fail("\"class_name\" is " + json_text(cls) +
+                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\" and "
+                   "\"Flatten\"");
     }
-    out.layer->set_name(decode_config_name(reader, reader.take("name")));
-    out.input_shape = reader.take_shape("input_shape");
-    reader.finish();
     return out;
 }
 
-/// @brief The layer a Layer::config() text describes, not built: same class, name and parameters.
-/// Bind it to the original's variables with `bind(input_shape, weights)` (the input shape is in the
-/// text: parse_layer_config gives it, bind_layer_from_config does both).
-/// @throws InvalidArgumentError for any text that is not a config (see parse_layer_config).
-[[nodiscard]] inline std::unique_ptr<Layer> layer_from_config(std::string_view text) {
-    return parse_layer_config(text).layer;
+/// @brief The layer serialize(layer) describes, not built: same class, name and parameters. Bind it to
+/// the original's variables with `bind(input_shape, weights)` (parse_layer_config gives the input shape,
+/// bind_layer_from_config does both).
+/// @throws InvalidArgumentError for any value that is not such a config (see parse_layer_config).
+[[nodiscard]] inline std::unique_ptr<Layer> layer_from_config(const nlohmann::json& serialized) {
+    return parse_layer_config(serialized).layer;
 }
 
-/// @brief What a worker process does with a layer's config() and its variables' handles: the layer,
-/// bound to `weights` (in the order of weights()) for the input shape in the text. Creates no variable.
-/// @throws InvalidArgumentError for a text that is not a config, or weights bind rejects.
-[[nodiscard]] inline std::unique_ptr<Layer> bind_layer_from_config(std::string_view text, std::vector<Variable> weights) {
-    LayerConfig config = parse_layer_config(text);
+/// @brief What a worker process does with serialize(layer) and the layer's variables' handles: the
+/// layer, bound to `weights` (in the order of weights()) for the input shape of the config. Creates no
+/// variable.
+/// @throws InvalidArgumentError for a value that is not a config, or weights bind rejects.
+[[nodiscard]] inline std::unique_ptr<Layer> bind_layer_from_config(const nlohmann::json& serialized,
+                                                                   std::vector<Variable> weights) {
+    LayerConfig config = parse_layer_config(serialized);
     (void)config.layer->bind(config.input_shape, std::move(weights));
     return std::move(config.layer);
 }

@@ -2,208 +2,29 @@
 #pragma once
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xmanipulation.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
 
 #include <pss/config.hpp>
+#include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/keras/config.hpp>
 #include <pss/tensor.hpp>
 
 PSS_NAMESPACE_BEGIN
-
-namespace detail {
-
-// ---------------------------------------------------------------------------------------------------
-// Config texts: one line that describes a layer or a loss, sent to worker processes, which rebuild the
-// object from it (detail::layer_from_config, detail::loss_from_config). The grammar:
-//
-//     config := class (' ' key '=' value)*        words are printable ASCII (0x21 to 0x7e)
-//
-// A text read from the network is hostile: every malformed text throws InvalidArgumentError quoting
-// (at most 200 bytes of) the text and naming what is wrong; nothing else can happen.
-// ---------------------------------------------------------------------------------------------------
-
-/// The largest count (units, dimension, ...) a config text may give: 2^48, far above any real layer,
-/// and low enough that sums and products of two of them cannot overflow.
-inline constexpr std::uint64_t config_count_limit = std::uint64_t{1} << 48;
-/// The largest number of elements a shape in a config text may have: 2^62.
-inline constexpr std::uint64_t config_elements_limit = std::uint64_t{1} << 62;
-/// The largest rank of a shape in a config text.
-inline constexpr std::size_t config_rank_limit = 32;
-
-/// `text` in double quotes for an error message: its first 200 bytes, bytes outside printable ASCII
-/// and `"` and `\` as `\xNN`, and its length when it is longer.
-inline std::string quote_config(std::string_view text) {
-    constexpr std::size_t shown = 200;
-    constexpr char hex[] = "0123456789abcdef";
-    std::string out = "\"";
-    for (std::size_t i = 0; i < text.size() && i < shown; ++i) {
-        const auto c = static_cast<unsigned char>(text[i]);
-        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
-            out += "\\x";
-            out += hex[c >> 4];
-            out += hex[c & 0xf];
-        } else {
-            out += static_cast<char>(c);
-        }
-    }
-    out += '"';
-    if (text.size() > shown) out += " (" + std::to_string(text.size()) + " bytes, the first 200 shown)";
-    return out;
-}
-
-/// Shape `(3,2)` as a config text writes it: no spaces, `(3)` for rank 1, `()` for a scalar.
-inline std::string format_config_shape(const Shape& shape) {
-    std::string out = "(";
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-        if (i > 0) out += ',';
-        out += std::to_string(shape[i]);
-    }
-    return out + ")";
-}
-
-/// A config text split into its class (the first word) and its `key=value` fields. Fields are taken
-/// by name; finish() rejects any field not taken. Views point into the text, which must outlive it.
-class ConfigReader {
-public:
-    /// @param kind "layer" or "loss", for messages
-    /// @throws InvalidArgumentError when the text is empty, holds a byte that is not printable ASCII or
-    /// a space, a word after the first that is not `key=value`, or a key twice.
-    ConfigReader(std::string_view kind, std::string_view text) : kind_(kind), text_(text) {
-        for (std::size_t i = 0; i < text.size(); ++i) {
-            const auto c = static_cast<unsigned char>(text[i]);
-            if (c != ' ' && (c < 0x21 || c > 0x7e))
-                fail("byte " + std::to_string(i) + " is " + quote_config(text.substr(i, 1)) +
-                     ", not printable ASCII; a config is one line of printable words separated by spaces");
-        }
-        std::size_t at = 0;
-        while (at < text.size()) {
-            if (text[at] == ' ') {
-                ++at;
-                continue;
-            }
-            const std::size_t end = std::min(text.find(' ', at), text.size());
-            const std::string_view word = text.substr(at, end - at);
-            at = end;
-            if (class_.empty()) {
-                class_ = word;
-                continue;
-            }
-            const std::size_t eq = word.find('=');
-            if (eq == std::string_view::npos || eq == 0)
-                fail("the word " + quote_config(word) + " is not a field key=value");
-            Field field{word.substr(0, eq), word.substr(eq + 1), false};
-            if (field.value.empty()) fail("the field " + quote_config(field.key) + " has no value");
-            for (const auto& f : fields_)
-                if (f.key == field.key) fail("the field " + quote_config(field.key) + " is given twice");
-            fields_.push_back(field);
-        }
-        if (class_.empty()) fail("it is empty; a config starts with the class name");
-    }
-
-    [[nodiscard]] std::string_view class_name() const noexcept { return class_; }
-    [[nodiscard]] std::string_view text() const noexcept { return text_; }
-
-    /// The value of field `key`. @throws InvalidArgumentError when the text has no such field.
-    [[nodiscard]] std::string_view take(std::string_view key) {
-        for (auto& f : fields_)
-            if (f.key == key) {
-                f.taken = true;
-                return f.value;
-            }
-        fail("the field \"" + std::string(key) + "\" is missing; a " + std::string(class_) + " config has " +
-             expected_fields_);
-    }
-
-    /// Field `key` as a whole number in [min, config_count_limit].
-    [[nodiscard]] std::uint64_t take_count(std::string_view key, std::uint64_t min) {
-        return parse_count(key, take(key), min);
-    }
-
-    /// Field `key` as 0 or 1.
-    [[nodiscard]] bool take_flag(std::string_view key) {
-        const std::string_view value = take(key);
-        if (value != "0" && value != "1")
-            fail(std::string(key) + " is " + quote_config(value) + "; it is 0 or 1");
-        return value == "1";
-    }
-
-    /// Field `key` as a shape `(d0,d1,...)`: at most 32 whole numbers up to 2^48, 2^62 elements in all.
-    [[nodiscard]] Shape take_shape(std::string_view key) {
-        const std::string_view value = take(key);
-        if (value.size() < 2 || value.front() != '(' || value.back() != ')')
-            fail(std::string(key) + " is " + quote_config(value) + ", not a shape such as (3,2), (3) or ()");
-        std::string_view inner = value.substr(1, value.size() - 2);
-        Shape shape;
-        std::uint64_t elements = 1;
-        while (!inner.empty()) {
-            const std::size_t comma = std::min(inner.find(','), inner.size());
-            if (shape.size() == config_rank_limit)
-                fail(std::string(key) + " " + quote_config(value) + " has more than " +
-                     std::to_string(config_rank_limit) + " axes");
-            const std::uint64_t d = parse_count(key, inner.substr(0, comma), 0);
-            if (d != 0 && elements > config_elements_limit / d)
-                fail(std::string(key) + " " + quote_config(value) + " has more than 2^62 elements");
-            elements *= d;
-            shape.push_back(static_cast<std::size_t>(d));
-            if (comma == inner.size()) break;
-            inner.remove_prefix(comma + 1);
-            if (inner.empty()) fail(std::string(key) + " " + quote_config(value) + " ends with a comma");
-        }
-        return shape;
-    }
-
-    /// The fields a complete config of this class has, for the message of a missing field.
-    void expect(std::string fields) { expected_fields_ = std::move(fields); }
-
-    /// @throws InvalidArgumentError naming the first field that was not taken.
-    void finish() const {
-        for (const auto& f : fields_)
-            if (!f.taken)
-                fail("the field " + quote_config(f.key) + " is not one of " + std::string(class_) + "'s; it has " +
-                     expected_fields_);
-    }
-
-    /// @throws InvalidArgumentError `pss: <kind> config "<text>": <problem>`
-    [[noreturn]] void fail(const std::string& problem) const {
-        throw InvalidArgumentError("pss: " + std::string(kind_) + " config " + quote_config(text_) + ": " + problem);
-    }
-
-private:
-    struct Field {
-        std::string_view key, value;
-        bool taken;
-    };
-
-    std::uint64_t parse_count(std::string_view key, std::string_view digits, std::uint64_t min) const {
-        std::uint64_t n = 0;
-        const char* end = digits.data() + digits.size();
-        const auto [ptr, ec] = std::from_chars(digits.data(), end, n);
-        if (digits.empty() || ptr != end || (ec != std::errc() && ec != std::errc::result_out_of_range))
-            fail(std::string(key) + " is " + quote_config(digits) + ", not a whole number");
-        if (ec == std::errc::result_out_of_range || n > config_count_limit)
-            fail(std::string(key) + " is " + quote_config(digits) + ", more than 2^48");
-        if (n < min) fail(std::string(key) + " is " + std::to_string(n) + "; it is at least " + std::to_string(min));
-        return n;
-    }
-
-    std::string_view kind_;
-    std::string_view text_;
-    std::string_view class_;
-    std::vector<Field> fields_;
-    std::string expected_fields_ = "no other fields";
-};
-
-}  // namespace detail
 
 /// @brief A loss of a pss::Sequential model (tf.keras.losses.Loss), reduced as Keras' default
 /// (SUM_OVER_BATCH_SIZE): the mean over the batch of each example's loss.
@@ -218,35 +39,58 @@ public:
     /// @brief Keras' function name: "mean_squared_error", "binary_crossentropy", ...
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
 
-    /// @brief One line of text from which detail::loss_from_config rebuilds this loss exactly, for a
-    /// worker process: its name(), then its parameters as `key=value` words. The losses here have no
-    /// parameters, so it is their name: "mean_squared_error". A loss with parameters overrides it.
-    [[nodiscard]] virtual std::string config() const { return std::string(name()); }
+    /// @brief Keras' class name: "MeanSquaredError", "BinaryCrossentropy", ...
+    [[nodiscard]] virtual std::string_view class_name() const noexcept = 0;
 
-    /// @brief The loss of a batch (the mean over its examples).
-    /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
-    [[nodiscard]] virtual double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const = 0;
-    /// @brief d value / d y_pred, of y_pred's shape.
-    [[nodiscard]] virtual xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                                      const xt::xarray<double>& y_pred) const = 0;
-    /// @brief The same as value(), as Keras' `loss(y_true, y_pred)`.
-    [[nodiscard]] double operator()(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
-        return value(y_true, y_pred);
+    /// @brief Keras' `get_config()`: `{"name": "mean_squared_error", "reduction": "auto"}`, and
+    /// `"from_logits": false` for the crossentropies. detail::loss_from_config rebuilds the loss from
+    /// serialize(loss), for a worker process.
+    [[nodiscard]] virtual nlohmann::json get_config() const {
+        return {{"name", std::string(name())}, {"reduction", "auto"}};
     }
+
+    /// @brief The loss of a batch (the mean over its examples), computed in the predictions' dtype
+    /// (float32 or float64; targets of another dtype are converted to it) and summed in double.
+    /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
+    [[nodiscard]] virtual double value(const Tensor& y_true, const Tensor& y_pred) const = 0;
+    /// @brief d value / d y_pred, of y_pred's shape and dtype.
+    [[nodiscard]] virtual Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const = 0;
+    /// @brief The same as value(), as Keras' `loss(y_true, y_pred)`.
+    [[nodiscard]] double operator()(const Tensor& y_true, const Tensor& y_pred) const { return value(y_true, y_pred); }
 
     /// @brief Checks targets for predictions of shape (batch, `output_shape`...) before training.
     /// @throws InvalidArgumentError naming the loss, what it expects and what it got.
-    virtual void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const = 0;
+    virtual void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const = 0;
 
 protected:
     Loss() = default;
     Loss(const Loss&) = default;
     Loss& operator=(const Loss&) = default;
 
+    /// Calls `f(y_true, y_pred)` as two `xt::xarray<T>` of the predictions' dtype T (float or double):
+    /// targets of another dtype are converted (a copy; fit gives float32 targets to a float32 model).
+    /// @throws InvalidArgumentError for an empty tensor or predictions that are not float32 or float64.
+    template <class F>
+    decltype(auto) in_dtype(const Tensor& y_true, const Tensor& y_pred, F&& f) const {
+        if (!y_true.has_value() || !y_pred.has_value())
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": an empty tensor of " +
+                                       (y_true.has_value() ? "predictions" : "targets"));
+        auto run = [&]<class T>(const xt::xarray<T>& p) -> decltype(auto) {
+            if (y_true.dtype() == dtype_of<T>) return f(y_true.get<T>(), p);
+            const xt::xarray<T> y = y_true.visit([](const auto& a) { return xt::xarray<T>(xt::cast<T>(a)); }, xt::xarray<T>());
+            return f(y, p);
+        };
+        if (y_pred.dtype() == DType::float32) return run(y_pred.get<float>());
+        if (y_pred.dtype() != DType::float64)
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": predictions of dtype " +
+                                       std::string(dtype_name(y_pred.dtype())) + "; a loss takes float32 or float64");
+        return run(y_pred.get<double>());
+    }
+
     /// Elementwise losses take targets with one value per prediction: (batch, output_shape...), or the
     /// same values in any shape with the batch axis first ((batch,) for outputs (batch, 1), as Keras
     /// squeezes).
-    void check_same_size(const xt::xarray<double>& y_true, const Shape& output_shape) const {
+    void check_same_size(const xt::xarray<float>& y_true, const Shape& output_shape) const {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         const std::size_t batch = got.empty() ? 0 : got.front();
         if (got.empty() || y_true.size() != batch * num_elements(output_shape)) {
@@ -257,11 +101,18 @@ protected:
                                        "; give one target per prediction, batch axis first");
         }
     }
-    static void check_value_count(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred, std::string_view loss) {
+    /// @throws InvalidArgumentError unless there are as many targets as predictions, and some.
+    template <class T>
+    void check_value_count(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) const {
         if (y_true.size() != y_pred.size() || y_pred.size() == 0)
-            throw InvalidArgumentError("pss: " + std::string(loss) + ": " + std::to_string(y_true.size()) +
+            throw InvalidArgumentError("pss: " + std::string(name()) + ": " + std::to_string(y_true.size()) +
                                        " targets for " + std::to_string(y_pred.size()) +
                                        " predictions; give one target per prediction (and at least one)");
+    }
+    /// The targets in the predictions' shape (they may be (batch,) for predictions (batch, 1)).
+    template <class T>
+    static auto as_shape_of(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) {
+        return xt::reshape_view(y_true, Shape(y_pred.shape().begin(), y_pred.shape().end()));
     }
 };
 
@@ -269,25 +120,22 @@ protected:
 class MeanSquaredError final : public Loss {
 public:
     [[nodiscard]] std::string_view name() const noexcept override { return "mean_squared_error"; }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "MeanSquaredError"; }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        double sum = 0;
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double d = y_pred.data()[i] - y_true.data()[i];
-            sum += d * d;
-        }
-        return sum / static_cast<double>(y_pred.size());
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+            check_value_count(y, p);
+            return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
+        });
     }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 2.0 / static_cast<double>(y_pred.size());
-        for (std::size_t i = 0; i < y_pred.size(); ++i) out.data()[i] = scale * (y_pred.data()[i] - y_true.data()[i]);
-        return out;
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+            check_value_count(y, p);
+            const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
+            return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
     }
 };
@@ -302,34 +150,36 @@ public:
     static constexpr double epsilon = 1e-7;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "binary_crossentropy"; }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "BinaryCrossentropy"; }
+    /// @brief `{"from_logits": false, "name": "binary_crossentropy", "reduction": "auto"}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Loss::get_config();
+        config["from_logits"] = false;
+        return config;
+    }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        double sum = 0;
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double p = std::clamp(y_pred.data()[i], epsilon, 1.0 - epsilon);
-            const double y = y_true.data()[i];
-            sum -= y * std::log(p + epsilon) + (1.0 - y) * std::log(1.0 - p + epsilon);
-        }
-        return sum / static_cast<double>(y_pred.size());
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
+            check_value_count(y_in, p_in);
+            const T e = static_cast<T>(epsilon), one = T{1};
+            const auto y = as_shape_of(y_in, p_in);
+            const auto p = xt::clip(p_in, e, one - e);
+            return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
+        });
     }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        check_value_count(y_true, y_pred, name());
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 1.0 / static_cast<double>(y_pred.size());
-        for (std::size_t i = 0; i < y_pred.size(); ++i) {
-            const double p = y_pred.data()[i];
-            const double y = y_true.data()[i];
-            out.data()[i] = (p < epsilon || p > 1.0 - epsilon)
-                                ? 0.0
-                                : -scale * (y / (p + epsilon) - (1.0 - y) / (1.0 - p + epsilon));
-        }
-        return out;
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
+            check_value_count(y_in, p);
+            const T e = static_cast<T>(epsilon), one = T{1};
+            const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+            const auto y = as_shape_of(y_in, p);
+            return Tensor(xt::xarray<T>(
+                xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
-        for (double y : y_true)
+        for (float y : y_true)
             if (!(y >= 0.0 && y <= 1.0))
                 throw InvalidArgumentError("pss: binary_crossentropy: a target is " + std::to_string(y) +
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
@@ -350,43 +200,50 @@ public:
     static constexpr double epsilon = 1e-7;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "sparse_categorical_crossentropy"; }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "SparseCategoricalCrossentropy"; }
+    /// @brief `{"from_logits": false, "name": "sparse_categorical_crossentropy", "reduction": "auto"}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Loss::get_config();
+        config["from_logits"] = false;
+        return config;
+    }
 
-    [[nodiscard]] double value(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const override {
-        const std::size_t classes = check_counts(y_true, y_pred);
-        const std::size_t rows = y_pred.size() / classes;
-        double sum = 0;
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* p = y_pred.data() + r * classes;
-            double total = 0;
-            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
-            const auto t = static_cast<std::size_t>(y_true.data()[r]);
-            sum += -std::log(std::clamp(p[t], epsilon, 1.0 - epsilon)) + std::log(total);
-        }
-        return sum / static_cast<double>(rows);
-    }
-    [[nodiscard]] xt::xarray<double> gradient(const xt::xarray<double>& y_true,
-                                              const xt::xarray<double>& y_pred) const override {
-        const std::size_t classes = check_counts(y_true, y_pred);
-        const std::size_t rows = y_pred.size() / classes;
-        xt::xarray<double> out = xt::xarray<double>::from_shape(y_pred.shape());
-        const double scale = 1.0 / static_cast<double>(rows);
-        for (std::size_t r = 0; r < rows; ++r) {
-            const double* p = y_pred.data() + r * classes;
-            double* g = out.data() + r * classes;
-            double total = 0;
-            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], epsilon, 1.0 - epsilon);
-            const auto t = static_cast<std::size_t>(y_true.data()[r]);
-            for (std::size_t j = 0; j < classes; ++j) {
-                if (p[j] < epsilon || p[j] > 1.0 - epsilon) {
-                    g[j] = 0.0;
-                    continue;
-                }
-                g[j] = scale * (1.0 / total - (j == t ? 1.0 / p[j] : 0.0));
+    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+            const std::size_t classes = check_counts(y, probs);
+            const std::size_t rows = probs.size() / classes;
+            const T e = static_cast<T>(epsilon), high = T{1} - e;
+            double sum = 0;
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* p = probs.data() + r * classes;
+                T total = 0;
+                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+                const auto t = static_cast<std::size_t>(y.data()[r]);
+                sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
             }
-        }
-        return out;
+            return sum / static_cast<double>(rows);
+        });
     }
-    void check_targets(const xt::xarray<double>& y_true, const Shape& output_shape) const override {
+    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
+        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+            const std::size_t classes = check_counts(y, probs);
+            const std::size_t rows = probs.size() / classes;
+            const T e = static_cast<T>(epsilon), high = T{1} - e;
+            xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
+            const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* p = probs.data() + r * classes;
+                T* g = out.data() + r * classes;
+                T total = 0;
+                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+                const auto t = static_cast<std::size_t>(y.data()[r]);
+                for (std::size_t j = 0; j < classes; ++j)
+                    g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
+            }
+            return Tensor(std::move(out));
+        });
+    }
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         if (output_shape.empty() || got.empty() ||
             y_true.size() * output_shape.back() != got.front() * num_elements(output_shape)) {
@@ -406,7 +263,8 @@ public:
     }
 
 private:
-    std::size_t check_counts(const xt::xarray<double>& y_true, const xt::xarray<double>& y_pred) const {
+    template <class T>
+    std::size_t check_counts(const xt::xarray<T>& y_true, const xt::xarray<T>& y_pred) const {
         if (y_pred.dimension() == 0 || y_pred.size() == 0 || y_pred.shape().back() == 0 ||
             y_true.size() * y_pred.shape().back() != y_pred.size())
             throw InvalidArgumentError("pss: sparse_categorical_crossentropy: " + std::to_string(y_true.size()) +
@@ -431,26 +289,44 @@ private:
                                "\"sparse_categorical_crossentropy\", or pass a pss::Loss object");
 }
 
+/// @brief Keras' `tf.keras.losses.serialize(loss)`: `{"class_name": "MeanSquaredError", "config":
+/// {"name": "mean_squared_error", "reduction": "auto"}}`.
+[[nodiscard]] inline nlohmann::json serialize(const Loss& loss) {
+    return {{"class_name", std::string(loss.class_name())}, {"config", loss.get_config()}};
+}
+
 namespace detail {
 
-/// @brief The loss whose Loss::config() is `text` ("mean_squared_error", "binary_crossentropy",
-/// "sparse_categorical_crossentropy"), as a worker process rebuilds a model's loss. Only these exact
-/// names: Keras' aliases ("mse") are make_loss's business.
-/// @throws InvalidArgumentError for any other text, quoting it (the text may come from the network):
-/// `pss: loss config "hinge": the loss "hinge" is not known; ...`
-[[nodiscard]] inline std::shared_ptr<const Loss> loss_from_config(std::string_view text) {
-    ConfigReader reader("loss", text);
-    const std::string_view name = reader.class_name();
+/// @brief The loss that serialize(loss) describes, as a worker process rebuilds a model's loss:
+/// `{"class_name": "BinaryCrossentropy", "config": {"from_logits": false, "name": "binary_crossentropy",
+/// "reduction": "auto"}}`. Keras' reductions "auto" and "sum_over_batch_size" (the same here) are taken.
+/// @throws InvalidArgumentError for anything else, naming the field and its value (the config may come
+/// from the network): `pss: loss {"class_name":"Hinge",...}: "class_name" is "Hinge"; the losses ...`
+[[nodiscard]] inline std::shared_ptr<const Loss> loss_from_config(const nlohmann::json& serialized) {
+    ConfigFields outer("loss", serialized, "class_name and config");
+    const std::string class_name = outer.take_string("class_name");
+    const nlohmann::json& config = outer.take("config");
+    outer.finish();
     std::shared_ptr<const Loss> loss;
-    if (name == "mean_squared_error") loss = std::make_shared<MeanSquaredError>();
-    else if (name == "binary_crossentropy") loss = std::make_shared<BinaryCrossentropy>();
-    else if (name == "sparse_categorical_crossentropy") loss = std::make_shared<SparseCategoricalCrossentropy>();
+    if (class_name == "MeanSquaredError") loss = std::make_shared<MeanSquaredError>();
+    else if (class_name == "BinaryCrossentropy") loss = std::make_shared<BinaryCrossentropy>();
+    else if (class_name == "SparseCategoricalCrossentropy") loss = std::make_shared<SparseCategoricalCrossentropy>();
     else
-        reader.fail("the loss " + quote_config(name) +
-                    " is not known; the configs of pss's losses are \"mean_squared_error\", \"binary_crossentropy\" "
-                    "and \"sparse_categorical_crossentropy\"");
-    reader.expect("no fields");
-    reader.finish();
+        outer.fail("\"class_name\" is " + json_text(class_name) +
+                   "; the losses a worker rebuilds are \"MeanSquaredError\", \"BinaryCrossentropy\" and "
+                   "\"SparseCategoricalCrossentropy\"");
+    const bool logits = class_name != "MeanSquaredError";
+    ConfigFields fields(class_name + " config", config, logits ? "name, reduction and from_logits" : "name and reduction");
+    const std::string name = fields.take_string("name");
+    if (name != loss->name())
+        fields.fail("\"name\" is " + json_text(name) + "; a " + class_name + " is named \"" + std::string(loss->name()) + "\"");
+    const std::string reduction = fields.take_string("reduction");
+    if (reduction != "auto" && reduction != "sum_over_batch_size")
+        fields.fail("\"reduction\" is " + json_text(reduction) +
+                    "; a loss reduces as \"auto\" (or \"sum_over_batch_size\", the same): the mean over the batch");
+    if (logits && fields.take_bool("from_logits"))
+        fields.fail("\"from_logits\" is true; pss's crossentropies take probabilities (from_logits false)");
+    fields.finish();
     return loss;
 }
 

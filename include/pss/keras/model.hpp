@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
+#include <future>
 #include <initializer_list>
 #include <iomanip>
 #include <iostream>
@@ -31,12 +33,15 @@
 #include <unistd.h>
 #endif
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
 #include <pss/coordinator.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
+#include <pss/message.hpp>
+#include <pss/keras/config.hpp>
 #include <pss/keras/layers.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
@@ -115,21 +120,16 @@ bool same_optimizer(const O& a, const O& b) {
         return describe_optimizer(a) == describe_optimizer(b);
 }
 
-/// Rows `order[begin, begin + count)` of `data` (batch axis first), as doubles.
-inline xt::xarray<double> take_rows(const xt::xarray<double>& data, const std::vector<std::size_t>& order,
-                                    std::size_t begin, std::size_t count) {
+/// Rows `order[begin, begin + count)` of `data` (batch axis first): one batch, copied when it is scheduled.
+template <class T>
+xt::xarray<T> take_rows(const xt::xarray<T>& data, const std::vector<std::size_t>& order, std::size_t begin,
+                        std::size_t count) {
     Shape shape(data.shape().begin(), data.shape().end());
     const std::size_t width = shape.front() == 0 ? 0 : data.size() / shape.front();
     shape.front() = count;
-    xt::xarray<double> out = xt::xarray<double>::from_shape(shape);
+    xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
     for (std::size_t r = 0; r < count; ++r)
         std::copy_n(data.data() + order[begin + r] * width, width, out.data() + r * width);
-    return out;
-}
-
-inline xt::xarray<double> widen(const xt::xarray<float>& data) {
-    xt::xarray<double> out = xt::xarray<double>::from_shape(data.shape());
-    std::transform(data.begin(), data.end(), out.begin(), [](float v) { return static_cast<double>(v); });
     return out;
 }
 
@@ -195,82 +195,191 @@ inline bool is_terminal(const std::ostream& out) {
 
 namespace detail {
 
-/// One training step: pull, forward, loss, backward, push. Returns the slice's loss (0 for an empty
-/// slice, which still pulls and pushes: a synchronous step needs every worker).
-inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
-                               const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
-                               double scale) {
+/// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
+/// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker).
+inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss, Tensor x, Tensor y,
+                               std::uint64_t step, double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    xt::xarray<double> predictions = x;
-    for (auto& layer : layers) predictions = layer->forward(predictions, step);
-    const bool empty = x.shape()[0] == 0;
+    const bool empty = x.rank() == 0 || x.shape().front() == 0;
+    Tensor predictions = std::move(x);
+    for (auto& layer : layers) predictions = layer->forward(std::move(predictions), step);
     const double value = empty ? 0.0 : loss.value(y, predictions);
-    xt::xarray<double> grad =
-        empty ? xt::xarray<double>(xt::zeros<double>(predictions.shape())) : loss.gradient(y, predictions);
-    if (scale != 1.0) grad *= scale;
+    Tensor grad = empty ? Tensor::zeros(predictions.dtype(), predictions.shape()) : loss.gradient(y, predictions);
+    if (scale != 1.0)
+        grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
     for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
         LayerGradients grads = (*it)->backward(grad);
         for (auto& g : grads.variables) {
-            const DType dtype = g.variable.dtype();
+            Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
+                                                                   : convert_tensor(g.values, g.variable.dtype());
             if (g.sparse)
-                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids),
-                                                       from_double(g.values, dtype), step);
+                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
             else
-                (void)g.variable.apply_gradient(from_double(g.values, dtype), step);
+                (void)g.variable.apply_gradient(std::move(values), step);
         }
         grad = std::move(grads.inputs);
     }
     return value;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// A model trained by worker processes. The chief sends each worker the model's description once (the
+// registered "build" call: JSON text of its layers' and loss's configs, and its variables' handles);
+// the worker rebuilds the layers, binds them to those variables and keeps the model under its id. Each
+// step then sends only the model id, the batch, the step and the scale. A worker that does not know
+// the id (it restarted, or evicted the model) answers NotFoundError (remote_model_unknown), and the
+// chief sends the build call again and reruns the steps that did not run.
+// ---------------------------------------------------------------------------------------------------
+
 /// A model as a worker process rebuilds it from its description: layers bound to the coordinator's
-/// variables, and the loss.
+/// variables, and the loss. Its mutex serializes the steps that run on it (its layers keep per-step state).
 struct RemoteModel {
+    std::mutex mutex;
+    std::string description;
     std::vector<std::unique_ptr<Layer>> layers;
     std::shared_ptr<const Loss> loss;
+    std::uint64_t last_used = 0;
 };
 
-/// The training step a worker process runs for Sequential::fit. The model arrives as its layers'
-/// config() lines, each layer's weight count, the weights' handles and the loss's config(); the worker
-/// keeps the rebuilt model for the next steps (a worker runs one call at a time; a few models at most).
-inline double keras_remote_train_step(std::vector<std::string> layer_configs, std::vector<std::int64_t> weight_counts,
-                                      std::vector<Variable> weights, std::string loss_config, xt::xarray<double> x,
-                                      xt::xarray<double> y, std::uint64_t step, double scale) {
-    static std::mutex mutex;
-    static std::map<std::string, RemoteModel> models;
-    std::string key = loss_config;
-    for (const auto& c : layer_configs) key += "\n" + c;
-    for (const auto& w : weights) key += "\n" + w.name() + "#" + std::to_string(w.id());
-    std::lock_guard lock(mutex);
-    auto it = models.find(key);
-    if (it == models.end()) {
-        if (weight_counts.size() != layer_configs.size())
-            throw InvalidArgumentError("pss: Sequential::fit on a worker: " + std::to_string(layer_configs.size()) +
-                                       " layers but " + std::to_string(weight_counts.size()) + " weight counts");
-        RemoteModel model;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i < layer_configs.size(); ++i) {
-            const auto n = weight_counts[i];
-            if (n < 0 || static_cast<std::size_t>(n) > weights.size() - at)
-                throw InvalidArgumentError("pss: Sequential::fit on a worker: layer " + std::to_string(i) + " claims " +
-                                           std::to_string(n) + " of the " + std::to_string(weights.size() - at) +
-                                           " weights left");
-            std::vector<Variable> own(weights.begin() + static_cast<std::ptrdiff_t>(at),
-                                      weights.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(n)));
-            at += static_cast<std::size_t>(n);
-            model.layers.push_back(bind_layer_from_config(layer_configs[i], std::move(own)));
-        }
-        model.loss = loss_from_config(loss_config);
-        if (models.size() >= 8) models.clear();
-        it = models.emplace(std::move(key), std::move(model)).first;
+/// How many models a worker keeps: the 16 used last. A 17th evicts the one used longest ago; a step
+/// for an evicted model is answered as for a model never built, and the chief builds it again.
+inline constexpr std::size_t remote_models_per_worker = 16;
+
+/// The models this process keeps, by worker task and model id (one worker per process, except in tests
+/// that play several workers in one process).
+struct RemoteModels {
+    std::mutex mutex;
+    std::map<std::pair<int, std::string>, std::shared_ptr<RemoteModel>> models;
+    std::uint64_t clock = 0;
+    static RemoteModels& instance() {
+        static RemoteModels models;
+        return models;
     }
-    return keras_train_step(it->second.layers, *it->second.loss, x, y, step, scale);
+};
+
+/// The first words of the error a worker answers for a model id it does not know.
+inline constexpr std::string_view remote_model_unknown = "pss: Sequential: worker task ";
+inline constexpr std::string_view remote_model_unknown_tail = " does not have the model ";
+
+/// True when `e` is what keras_remote_step answers for a model the worker does not have.
+inline bool is_remote_model_unknown(const Error& e) {
+    const std::string_view message = e.what();
+    return e.code() == ErrorCode::not_found && message.starts_with(remote_model_unknown) &&
+           message.find(remote_model_unknown_tail) != std::string_view::npos;
 }
 
-/// Registered in every program that includes this header, so that worker processes know it.
-inline const RegisteredFunction<double(std::vector<std::string>, std::vector<std::int64_t>, std::vector<Variable>,
-                                       std::string, xt::xarray<double>, xt::xarray<double>, std::uint64_t, double)>
-    keras_remote_train_step_function = register_function("pss.keras.Sequential.train_step", &keras_remote_train_step);
+/// A model's description as Sequential sends it: `{"class_name": "Sequential", "config": {"name":
+/// "sequential", "layers": [serialize(layer), ...]}, "loss": serialize(loss), "weight_counts": [2, 0, 1]}`
+/// (how many of the variables sent with it each layer takes, in order).
+[[nodiscard]] inline std::shared_ptr<RemoteModel> parse_model_description(const std::string& description,
+                                                                         std::vector<Variable> weights) {
+    const nlohmann::json json = parse_config_text(description, "Sequential model description");
+    ConfigFields top("Sequential model description", json, "class_name, config, loss and weight_counts");
+    if (top.take_string("class_name") != "Sequential")
+        top.fail("\"class_name\" is " + json_text(json["class_name"]) + "; a worker builds \"Sequential\" models");
+    const nlohmann::json& config = top.take("config");
+    const nlohmann::json& loss = top.take("loss");
+    const nlohmann::json& counts = top.take("weight_counts");
+    top.finish();
+    ConfigFields model("Sequential config", config, "name and layers");
+    (void)model.take_string("name");
+    const nlohmann::json& layers = model.take("layers");
+    model.finish();
+    if (!layers.is_array() || layers.empty())
+        model.fail("\"layers\" is " + json_text(layers) + ", not a list of at least one layer");
+    if (!counts.is_array() || counts.size() != layers.size())
+        top.fail("\"weight_counts\" is " + json_text(counts) + "; it lists one count per layer (" +
+                 std::to_string(layers.size()) + ")");
+    auto out = std::make_shared<RemoteModel>();
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+        if (!counts[i].is_number_unsigned() || counts[i].get<std::uint64_t>() > weights.size() - at)
+            top.fail("\"weight_counts\"[" + std::to_string(i) + "] is " + json_text(counts[i]) + ", but " +
+                     std::to_string(weights.size() - at) + " of the " + std::to_string(weights.size()) +
+                     " variables sent are left for layer " + std::to_string(i));
+        const auto n = static_cast<std::size_t>(counts[i].get<std::uint64_t>());
+        std::vector<Variable> own(weights.begin() + static_cast<std::ptrdiff_t>(at),
+                                  weights.begin() + static_cast<std::ptrdiff_t>(at + n));
+        at += n;
+        out->layers.push_back(bind_layer_from_config(layers[i], std::move(own)));
+    }
+    if (at != weights.size())
+        top.fail("\"weight_counts\" sum to " + std::to_string(at) + ", but " + std::to_string(weights.size()) +
+                 " variables were sent");
+    out->loss = loss_from_config(loss);
+    out->description = description;
+    return out;
+}
+
+/// The registered "build" call: rebuilds the model `description` describes over `weights` and keeps it
+/// as `model_id` for this worker (replacing a model of that id), evicting the model used longest ago
+/// beyond remote_models_per_worker.
+/// @throws InvalidArgumentError for a description that is not one (it came from the network).
+inline void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights) {
+    std::shared_ptr<RemoteModel> model = parse_model_description(description, std::move(weights));
+    auto& store = RemoteModels::instance();
+    const int worker = current_worker;
+    std::lock_guard lock(store.mutex);
+    model->last_used = ++store.clock;
+    store.models[{worker, model_id}] = std::move(model);
+    std::size_t kept = 0;
+    auto oldest = store.models.end();
+    for (auto it = store.models.begin(); it != store.models.end(); ++it)
+        if (it->first.first == worker) {
+            ++kept;
+            if (oldest == store.models.end() || it->second->last_used < oldest->second->last_used) oldest = it;
+        }
+    if (kept > remote_models_per_worker) store.models.erase(oldest);
+}
+
+/// Testing hook: forgets the models of worker task `worker` (all workers' for -1), as a restart would.
+inline void testing_forget_remote_models(int worker = -1) {
+    auto& store = RemoteModels::instance();
+    std::lock_guard lock(store.mutex);
+    std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
+}
+
+/// The registered step call: one training step of the model `model_id` (see keras_train_step).
+/// @throws NotFoundError when this worker does not have the model (the chief builds it again):
+/// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
+inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale) {
+    std::shared_ptr<RemoteModel> model;
+    {
+        auto& store = RemoteModels::instance();
+        std::lock_guard lock(store.mutex);
+        const auto it = store.models.find({current_worker, model_id});
+        if (it == store.models.end())
+            throw NotFoundError(std::string(remote_model_unknown) + std::to_string(current_worker) +
+                                std::string(remote_model_unknown_tail) + json_text(model_id) +
+                                " (it restarted, or evicted the model: a worker keeps the " +
+                                std::to_string(remote_models_per_worker) +
+                                " models used last); the chief sends it again with the call "
+                                "\"pss.keras.Sequential.build\"");
+        model = it->second;
+        model->last_used = ++store.clock;
+    }
+    std::lock_guard lock(model->mutex);
+    return keras_train_step(model->layers, *model->loss, std::move(x), std::move(y), step, scale);
+}
+
+/// Registered in every program that includes this header, so that worker processes know them.
+inline const RegisteredFunction<void(std::string, std::string, std::vector<Variable>)> keras_remote_build_function =
+    register_function("pss.keras.Sequential.build", &keras_remote_build);
+inline const RegisteredFunction<double(std::string, Tensor, Tensor, std::uint64_t, double)> keras_remote_step_function =
+    register_function("pss.keras.Sequential.step", &keras_remote_step);
+
+/// FNV-1a of `text`, as 16 hex digits: a model's id, from its description and its variables.
+inline std::string fnv1a_hex(std::string_view text) {
+    std::uint64_t hash = 0xcbf29ce484222325ULL;
+    for (char c : text) {
+        hash ^= static_cast<std::uint8_t>(c);
+        hash *= 0x100000001b3ULL;
+    }
+    constexpr char hex[] = "0123456789abcdef";
+    std::string out(16, '0');
+    for (int i = 15; i >= 0; --i, hash >>= 4) out[static_cast<std::size_t>(i)] = hex[hash & 0xf];
+    return out;
+}
 
 }  // namespace detail
 
@@ -293,6 +402,18 @@ inline const RegisteredFunction<double(std::vector<std::string>, std::vector<std
 ///   pulling and pushing with step k. Each worker pushes its slice's mean gradient scaled by
 ///   num_workers * slice / batch; as the ps averages over workers, the update is exactly the batch's
 ///   mean gradient: the same as one worker on the whole batch.
+///
+/// When the workers are other processes (a cluster started by pss-launch, TF_CONFIG, Slurm, ...), the
+/// first fit sends each worker the model once: its description (get_config() of the model and
+/// serialize(loss), as JSON) and its variables' handles, in the registered call
+/// "pss.keras.Sequential.build"; a worker rebuilds the layers over those variables and keeps the model
+/// under an id (the 16 models used last). Each step ("pss.keras.Sequential.step") then carries only
+/// that id, the batch, the step and the scale. A worker that does not have the model (it restarted)
+/// answers NotFoundError; fit then sends the model to every worker again and reruns the steps that did
+/// not run, so training goes on with the same numbers. compile() makes the model be sent anew.
+///
+/// `fit` keeps at most 2 * num_workers + 2 batches in flight, each copied from (x, y) when it is
+/// scheduled: an epoch's batches are never all copied at once.
 ///
 /// `evaluate` and `predict` run on the calling thread (the coordinator), reading the current weights.
 /// A model is used from one thread at a time, and its strategy outlives it.
@@ -366,6 +487,13 @@ public:
         throw NotFoundError("pss: Sequential::get_layer: no layer is named '" + std::string(name) +
                             "'; the layers are: " + (names.empty() ? "(none)" : names));
     }
+    /// @brief Keras' `get_config()`: `{"name": "sequential", "layers": [serialize(layer), ...]}`.
+    [[nodiscard]] nlohmann::json get_config() const {
+        nlohmann::json layers = nlohmann::json::array();
+        for (const auto& layer : layers_) layers.push_back(serialize(*layer));
+        return {{"name", "sequential"}, {"layers", std::move(layers)}};
+    }
+
     /// @brief Every layer's variables, first layer first (Keras' `model.weights`).
     [[nodiscard]] std::vector<Variable> weights() const {
         std::vector<Variable> out;
@@ -414,18 +542,24 @@ public:
     void compile(const OptimizerType& optimizer, const LossType& loss) {
         check_optimizer(optimizer);
         loss_ = std::make_shared<LossType>(loss);
+        remote_.reset();
     }
     template <class OptimizerType>
     void compile(const OptimizerType& optimizer, std::string_view loss) {
         check_optimizer(optimizer);
         loss_ = make_loss(loss);
+        remote_.reset();
     }
     /// @brief Sets the loss; the ps tasks apply the strategy's optimizer.
     template <std::derived_from<Loss> LossType>
     void compile(const LossType& loss) {
         loss_ = std::make_shared<LossType>(loss);
+        remote_.reset();
     }
-    void compile(std::string_view loss) { loss_ = make_loss(loss); }
+    void compile(std::string_view loss) {
+        loss_ = make_loss(loss);
+        remote_.reset();
+    }
 
     /// @brief The loss given to compile, or nullptr.
     [[nodiscard]] const Loss* loss() const noexcept { return loss_.get(); }
@@ -498,26 +632,22 @@ private:
                                           "loss) first");
     }
 
-    /// Checks x (and y) against the model, building it from x's shape when needed; returns x as doubles.
-    xt::xarray<double> prepare_inputs(const xt::xarray<float>& x, const char* what) {
+    /// Checks x against the model, building it from x's shape when needed.
+    void prepare_inputs(const xt::xarray<float>& x, const char* what) {
         if (x.dimension() == 0 || x.shape()[0] == 0)
             throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has shape " +
                                        format_shape(Shape(x.shape().begin(), x.shape().end())) +
                                        "; give at least one example, batch axis first");
         if (!input_shape_) build(Shape(x.shape().begin() + 1, x.shape().end()));
-        xt::xarray<double> xd = detail::widen(x);
-        layers_.front()->check_inputs(xd);
-        return xd;
+        layers_.front()->check_inputs(x);
     }
-    xt::xarray<double> prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
+    void prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
         const Shape got(y.shape().begin(), y.shape().end());
         if (got.empty() || got.front() != examples)
             throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has " + std::to_string(examples) +
                                        " examples but y has shape " + format_shape(got) +
                                        "; give one target row per example, batch axis first");
-        xt::xarray<double> yd = detail::widen(y);
-        loss_->check_targets(yd, *output_shape_);
-        return yd;
+        loss_->check_targets(y, *output_shape_);
     }
 
     static void check_batch_size(std::size_t batch_size, const char* what) {
@@ -527,41 +657,66 @@ private:
     }
 
     /// Runs the layers forward, from the first.
-    static xt::xarray<double> run_forward(std::vector<std::unique_ptr<Layer>>& layers, xt::xarray<double> x,
-                                          std::uint64_t step) {
-        for (auto& layer : layers) x = layer->forward(x, step);
+    static Tensor run_forward(std::vector<std::unique_ptr<Layer>>& layers, Tensor x, std::uint64_t step) {
+        for (auto& layer : layers) x = layer->forward(std::move(x), step);
         return x;
     }
 
-    double train_step(Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y, std::uint64_t step,
-                      double scale) const {
-        return detail::keras_train_step(replica.layers, *loss_, x, y, step, scale);
-    }
-
     /// Schedules one step on a worker: as a closure on the embedded cluster, as the registered step
-    /// with the model's description when the workers are other processes.
-    RemoteValue<double> schedule_step(xt::xarray<double> xs, xt::xarray<double> ys, std::uint64_t step, double scale) {
-        if (strategy_->remote_workers() != nullptr) {
-            if (!description_) {
-                Description d;
-                for (const auto& layer : layers_) {
-                    d.layer_configs.push_back(layer->config());
-                    const auto w = layer->weights();
-                    d.weight_counts.push_back(static_cast<std::int64_t>(w.size()));
-                    d.weights.insert(d.weights.end(), w.begin(), w.end());
-                }
-                d.loss_config = loss_->config();
-                description_ = std::move(d);
-            }
-            return coordinator_->schedule(detail::keras_remote_train_step_function, description_->layer_configs,
-                                          description_->weight_counts, description_->weights, description_->loss_config,
-                                          std::move(xs), std::move(ys), step, scale);
-        }
+    /// with the model's id when the workers are other processes (which have the model: ensure_remote_model).
+    RemoteValue<double> schedule_step(Tensor xs, Tensor ys, std::uint64_t step, double scale) {
+        if (strategy_->remote_workers() != nullptr)
+            return coordinator_->schedule(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys),
+                                          step, scale);
         return coordinator_->schedule(
-            [this, step, scale](Replica& replica, const xt::xarray<double>& x, const xt::xarray<double>& y) {
-                return train_step(replica, x, y, step, scale);
+            [this, step, scale](Replica& replica, Tensor& x, Tensor& y) {
+                return detail::keras_train_step(replica.layers, *loss_, std::move(x), std::move(y), step, scale);
             },
             *replicas_, std::move(xs), std::move(ys));
+    }
+
+    /// Worker processes: makes the model's description and id, and sends them to every worker once.
+    void ensure_remote_model() {
+        if (!remote_) {
+            RemoteModelDescription d;
+            nlohmann::json description = {{"class_name", "Sequential"}, {"config", get_config()},
+                                          {"loss", serialize(*loss_)}, {"weight_counts", nlohmann::json::array()}};
+            for (const auto& layer : layers_) {
+                const auto w = layer->weights();
+                description["weight_counts"].push_back(w.size());
+                d.weights.insert(d.weights.end(), w.begin(), w.end());
+            }
+            d.description = description.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+            // The id names this description over these variables: a worker never confuses two models.
+            std::string key = d.description;
+            for (const auto& w : d.weights) key += "\n" + w.name() + "#" + std::to_string(w.id());
+            d.id = detail::fnv1a_hex(key);
+            remote_ = std::move(d);
+        }
+        if (!remote_->sent) send_remote_model();
+    }
+
+    /// The registered build call to every worker task, at once; a worker that is lost is left to the
+    /// coordinator (its steps run elsewhere).
+    /// @throws the error a worker answered (an InvalidArgumentError for a description it rejects).
+    void send_remote_model() {
+        detail::RemoteWorkers& workers = *strategy_->remote_workers();
+        const std::string& name = detail::keras_remote_build_function.name();
+        const Tensor payload = detail::encode_values(remote_->id, remote_->description, remote_->weights);
+        std::vector<std::future<Reply>> replies;
+        for (int w = 0; w < strategy_->num_workers(); ++w) {
+            Request request;
+            request.op = Op::call;
+            request.name = name;
+            request.payload = payload;
+            replies.push_back(workers.call(w, std::move(request)));
+        }
+        for (auto& r : replies) {
+            Reply reply = r.get();
+            if (reply.code == ErrorCode::unavailable) continue;
+            detail::decode_result<void>(reply.take(), name);
+        }
+        remote_->sent = true;
     }
 
     void ensure_workers() {
@@ -583,14 +738,14 @@ private:
     std::shared_ptr<const Loss> loss_;
     std::uint64_t step_ = 0;  // synchronous steps run so far: the next is step_ + 1
     std::optional<PerWorkerValues<Replica>> replicas_;
-    /// What a worker process needs to rebuild the model (made at the first remote step).
-    struct Description {
-        std::vector<std::string> layer_configs;
-        std::vector<std::int64_t> weight_counts;
+    /// What worker processes need to rebuild the model (made at the first remote fit, dropped by compile).
+    struct RemoteModelDescription {
+        std::string id;           // fnv1a_hex of the description and the variables' names and ids
+        std::string description;  // JSON text: see detail::parse_model_description
         std::vector<Variable> weights;
-        std::string loss_config;
+        bool sent = false;  // every worker has it (as far as the chief knows)
     };
-    std::optional<Description> description_;
+    std::optional<RemoteModelDescription> remote_;
     std::unique_ptr<ClusterCoordinator> coordinator_;  // last: its threads stop before the rest goes
 };
 
@@ -606,14 +761,21 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
     if (epochs < 0)
         throw InvalidArgumentError("pss: Sequential::fit: epochs is " + std::to_string(epochs) +
                                    "; it must be 0 or more");
-    const xt::xarray<double> xd = prepare_inputs(x, "fit");
-    const std::size_t examples = xd.shape()[0];
-    const xt::xarray<double> yd = prepare_targets(y, examples, "fit");
+    prepare_inputs(x, "fit");
+    const std::size_t examples = x.shape()[0];
+    prepare_targets(y, examples, "fit");
     ensure_workers();
+
+    const bool remote = strategy_->remote_workers() != nullptr;
+    if (remote) ensure_remote_model();
 
     const std::size_t steps = (examples + batch_size - 1) / batch_size;
     const bool terminal = verbose && detail::is_terminal(out);
     const std::size_t workers = static_cast<std::size_t>(coordinator_->num_workers());
+    // Batches in flight: enough to keep every worker busy, few enough that an epoch is never copied.
+    const std::size_t max_batches_in_flight = 2 * workers + 2;
+    // Times the model is sent again to workers that lost it, in this fit, before its error is raised.
+    std::size_t rebuilds_left = 2 * workers + 2;
     std::vector<std::size_t> order(examples);
     History history;
     for (int epoch = 0; epoch < epochs; ++epoch) {
@@ -630,40 +792,85 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
         if (verbose) out << "Epoch " << epoch + 1 << "/" << epochs << "\n" << std::flush;
         detail::ProgressLine progress(out, terminal, steps);
 
-        // One RemoteValue per closure with its weight; batch b's loss is the weighted sum of its closures'.
-        std::vector<std::vector<std::pair<RemoteValue<double>, double>>> results(steps);
-        for (std::size_t b = 0; b < steps; ++b) {
-            const std::size_t begin = b * batch_size;
-            const std::size_t count = std::min(batch_size, examples - begin);
-            if constexpr (StrategyType::synchronous) {
-                const std::uint64_t step = ++step_;
-                for (std::size_t w = 0, at = begin; w < workers; ++w) {
-                    const std::size_t slice = count / workers + (w < count % workers ? 1 : 0);
-                    const double weight = static_cast<double>(slice) / static_cast<double>(count);
-                    const double scale = static_cast<double>(workers) * weight;
-                    // The slice's loss weighted by its share of the batch: their sum is the batch's loss.
-                    results[b].push_back(
-                        {schedule_step(detail::take_rows(xd, order, at, slice), detail::take_rows(yd, order, at, slice),
-                                       step, scale),
-                         weight});
-                    at += slice;
+        // The closures scheduled and not yet counted, oldest first; batch b's loss is the sum of its
+        // closures' losses, each weighted by its share of the batch.
+        struct Closure {
+            std::size_t batch, begin, count;
+            std::uint64_t step;
+            double scale, weight;
+            RemoteValue<double> value;
+        };
+        std::deque<Closure> window;
+        auto schedule_closure = [&](Closure c) {
+            c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                    detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
+            window.push_back(std::move(c));
+        };
+        // A worker process that lost the model: once every closure has ended, send the model again and
+        // rerun the closures that failed for it or were cancelled after it (none of them pushed).
+        auto recover = [&] {
+            for (std::size_t i = 0; i <= window.size(); ++i) {
+                try {
+                    coordinator_->join();
+                    break;
+                } catch (const UnavailableError&) {
+                    throw;
+                } catch (const Error&) {  // each closure's own error is looked at below
                 }
-            } else {
-                results[b].push_back(
-                    {schedule_step(detail::take_rows(xd, order, begin, count), detail::take_rows(yd, order, begin, count),
-                                   0, 1.0),
-                     1.0});
             }
-        }
-
+            send_remote_model();
+            for (auto& c : window) {
+                try {
+                    (void)c.value.fetch();
+                    continue;
+                } catch (const CancelledError&) {
+                } catch (const NotFoundError& e) {
+                    if (!detail::is_remote_model_unknown(e)) throw;
+                }
+                c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                        detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
+            }
+        };
         double sum = 0;
+        std::size_t counted = 0;
+        auto count_batch = [&] {  // the oldest batch's loss, once its closures are done
+            for (;;) {
+                try {
+                    double batch_loss = 0;
+                    std::size_t n = 0;
+                    for (; n < window.size() && window[n].batch == counted; ++n)
+                        batch_loss += window[n].weight * window[n].value.fetch();
+                    window.erase(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(n));
+                    sum += batch_loss;
+                    ++counted;
+                    progress.update(counted, sum / static_cast<double>(counted));
+                    return;
+                } catch (const NotFoundError& e) {
+                    if (!remote || !detail::is_remote_model_unknown(e) || rebuilds_left == 0) throw;
+                    --rebuilds_left;
+                    recover();
+                }
+            }
+        };
         try {
             for (std::size_t b = 0; b < steps; ++b) {
-                double batch_loss = 0;
-                for (const auto& [r, weight] : results[b]) batch_loss += weight * r.fetch();
-                sum += batch_loss;
-                progress.update(b + 1, sum / static_cast<double>(b + 1));
+                const std::size_t begin = b * batch_size;
+                const std::size_t count = std::min(batch_size, examples - begin);
+                if constexpr (StrategyType::synchronous) {
+                    const std::uint64_t step = ++step_;
+                    for (std::size_t w = 0, at = begin; w < workers; ++w) {
+                        const std::size_t slice = count / workers + (w < count % workers ? 1 : 0);
+                        const double weight = static_cast<double>(slice) / static_cast<double>(count);
+                        const double scale = static_cast<double>(workers) * weight;
+                        schedule_closure({b, at, slice, step, scale, weight, {}});
+                        at += slice;
+                    }
+                } else {
+                    schedule_closure({b, begin, count, 0, 1.0, 1.0, {}});
+                }
+                if (b + 1 - counted > max_batches_in_flight) count_batch();
             }
+            while (counted < steps) count_batch();
             coordinator_->join();
         } catch (...) {
             if (terminal) out << "\n" << std::flush;
@@ -683,16 +890,16 @@ double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::
                                           std::size_t batch_size) {
     require_compiled("evaluate");
     check_batch_size(batch_size, "evaluate");
-    const xt::xarray<double> xd = prepare_inputs(x, "evaluate");
-    const std::size_t examples = xd.shape()[0];
-    const xt::xarray<double> yd = prepare_targets(y, examples, "evaluate");
+    prepare_inputs(x, "evaluate");
+    const std::size_t examples = x.shape()[0];
+    prepare_targets(y, examples, "evaluate");
     std::vector<std::size_t> order(examples);
     std::iota(order.begin(), order.end(), std::size_t{0});
     double total = 0;
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const auto predictions = run_forward(layers_, detail::take_rows(xd, order, begin, count), 0);
-        total += loss_->value(detail::take_rows(yd, order, begin, count), predictions) * static_cast<double>(count);
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        total += loss_->value(detail::take_rows(y, order, begin, count), predictions) * static_cast<double>(count);
     }
     return total / static_cast<double>(examples);
 }
@@ -700,8 +907,8 @@ double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::
 template <class StrategyType>
 xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, std::size_t batch_size) {
     check_batch_size(batch_size, "predict");
-    const xt::xarray<double> xd = prepare_inputs(x, "predict");
-    const std::size_t examples = xd.shape()[0];
+    prepare_inputs(x, "predict");
+    const std::size_t examples = x.shape()[0];
     Shape shape = *output_shape_;
     shape.insert(shape.begin(), examples);
     xt::xarray<float> out = xt::xarray<float>::from_shape(shape);
@@ -710,9 +917,13 @@ xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, 
     std::iota(order.begin(), order.end(), std::size_t{0});
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const auto predictions = run_forward(layers_, detail::take_rows(xd, order, begin, count), 0);
-        std::transform(predictions.begin(), predictions.end(), out.data() + begin * width,
-                       [](double v) { return static_cast<float>(v); });
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        predictions.visit(
+            [&](const auto& p) {
+                std::transform(p.begin(), p.end(), out.data() + begin * width, [](auto v) { return static_cast<float>(v); });
+                return 0;
+            },
+            0);
     }
     return out;
 }
