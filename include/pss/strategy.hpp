@@ -72,7 +72,9 @@ public:
         for (int i = 0; i < num_ps; ++i) {
             servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync));
             auto* server = servers_.back().get();
-            transport_.serve(TaskId{"ps", i}, [server](Request&& r) { return server->handle(std::move(r)); });
+            transport_.serve(TaskId{"ps", i}, [server](Request&& r, Responder respond) {
+                server->handle(std::move(r), std::move(respond));
+            });
         }
     }
     ~TransportChannel() override { transport_.shutdown(); }
@@ -109,14 +111,14 @@ public:
         if (self_.type == "ps") {
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
             server_ = std::make_unique<TransportPolicy>(spec_);
-            server_->serve(self_, [this](Request&& r) {
-                if (r.op == Op::shutdown) return stop_requested();
-                return ps_->handle(std::move(r));
+            server_->serve(self_, [this](Request&& r, Responder respond) {
+                if (r.op == Op::shutdown) return respond(stop_requested());
+                ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
             server_ = std::make_unique<TransportPolicy>(spec_);
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
-            server_->serve(self_, [this, weak](Request&& r) -> Reply {
+            server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
                 if (r.op == Op::shutdown) return stop_requested();
                 if (r.op != Op::call)
                     return Reply::error(ErrorCode::invalid_argument,
@@ -124,7 +126,7 @@ public:
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
                 current_worker = self_.index;
                 return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
-            });
+            }));
         }
     }
 

@@ -180,8 +180,11 @@ PSS_NAMESPACE_END
 
 // pss/message.hpp: Request and Reply, the messages every transport carries between tasks.
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -214,6 +217,22 @@ using Shape = std::vector<std::size_t>;
     for (std::size_t d : shape) n *= d;
     return n;
 }
+
+namespace detail {
+/// The element count of an untrusted shape, or -1 when it exceeds `max_elements`. An empty axis makes
+/// the count 0, but the other axes must still fit: an array's strides are their products, so a shape
+/// (0, 2^62, 2^62) would overflow them.
+[[nodiscard]] inline std::int64_t bounded_elements(const Shape& shape, std::uint64_t max_elements) noexcept {
+    std::uint64_t elements = 1;
+    bool empty = false;
+    for (std::uint64_t d : shape) {
+        if (d == 0) empty = true;
+        else if (elements > max_elements / d) return -1;
+        else elements *= d;
+    }
+    return empty ? 0 : static_cast<std::int64_t>(elements);
+}
+}  // namespace detail
 
 /// @brief Python's tuple spelling of a shape, as TensorFlow prints it: `()`, `(5,)`, `(1024, 1024)`.
 [[nodiscard]] inline std::string format_shape(const Shape& shape) {
@@ -487,8 +506,97 @@ struct Reply {
     }
 };
 
-/// @brief What a serving task runs for each request that reaches it. Must not throw: errors are replies.
-using RequestHandler = std::function<Reply(Request&&)>;
+namespace detail {
+
+/// Where a Responder delivers its one Reply (a promise, a connection's write queue).
+class ReplySink {
+public:
+    virtual ~ReplySink() = default;
+    virtual void deliver(Reply&& reply) noexcept = 0;
+};
+
+template <class Deliver>
+class ReplySinkOf final : public ReplySink {
+public:
+    explicit ReplySinkOf(Deliver deliver) : deliver_(std::move(deliver)) {}
+    void deliver(Reply&& reply) noexcept override { deliver_(std::move(reply)); }
+
+private:
+    Deliver deliver_;
+};
+
+}  // namespace detail
+
+/// @brief The one-shot answer to one request: a handler calls it with the Reply, at once or later, from
+/// any thread.
+///
+/// A handler that cannot answer yet (a synchronous pull for a step not applied) keeps its Responder and
+/// calls it when it can; the handler returns at once, so the task handles its next request meanwhile. A
+/// Responder destroyed without having answered answers `ErrorCode::unavailable` ("the task dropped the
+/// request"): a sender's future always completes. Move-only.
+class Responder {
+public:
+    /// @brief An empty responder: answering it does nothing.
+    Responder() = default;
+
+    /// @brief A responder that hands its Reply to `deliver(Reply&&)`, which must not throw.
+    template <class Deliver>
+        requires std::invocable<Deliver&, Reply&&> && (!std::same_as<std::decay_t<Deliver>, Responder>)
+    explicit Responder(Deliver deliver)
+        : sink_(std::make_unique<detail::ReplySinkOf<std::decay_t<Deliver>>>(std::move(deliver))) {}
+
+    Responder(Responder&&) noexcept = default;
+    Responder& operator=(Responder&& other) noexcept {
+        if (this != &other) {
+            drop();
+            sink_ = std::move(other.sink_);
+        }
+        return *this;
+    }
+    Responder(const Responder&) = delete;
+    Responder& operator=(const Responder&) = delete;
+    ~Responder() { drop(); }
+
+    /// @brief Answers the request with `reply`. A second call does nothing.
+    void operator()(Reply reply) noexcept {
+        if (auto sink = std::move(sink_)) sink->deliver(std::move(reply));
+    }
+
+    /// @brief True until the responder has answered (false for an empty one).
+    [[nodiscard]] explicit operator bool() const noexcept { return sink_ != nullptr; }
+
+private:
+    void drop() noexcept {
+        if (!sink_) return;
+        (*this)(Reply::error(ErrorCode::unavailable,
+                             "pss: the task dropped the request without answering it (it shut down, or its handler "
+                             "lost the responder)"));
+    }
+
+    std::unique_ptr<detail::ReplySink> sink_;
+};
+
+/// @brief What a serving task runs for each request that reaches it: it answers through the Responder,
+/// before it returns or later. Must not throw: errors are replies.
+using RequestHandler = std::function<void(Request&&, Responder)>;
+
+/// @brief A RequestHandler from a function that answers every request at once: `f(request)` is the
+/// Reply; an exception it throws becomes the error reply (an Error its code, anything else `internal`).
+/// @par Example
+/// `transport.serve(task, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));`
+template <class Handler>
+    requires std::is_invocable_r_v<Reply, Handler&, Request&&>
+[[nodiscard]] RequestHandler answer_at_once(Handler handler) {
+    return [handler = std::move(handler)](Request&& request, Responder respond) mutable {
+        try {
+            respond(handler(std::move(request)));
+        } catch (const Error& e) {
+            respond(Reply::error(e.code(), e.what()));
+        } catch (const std::exception& e) {
+            respond(Reply::error(ErrorCode::internal, std::string("pss: internal error in a request handler: ") + e.what()));
+        }
+    };
+}
 
 PSS_NAMESPACE_END
 
@@ -1034,7 +1142,7 @@ template <class T>
 concept transport_is_constructible_from_cluster_spec = std::constructible_from<T, const ClusterSpec&>;
 
 template <class T>
-concept transport_has_serve = requires(T& t, const TaskId& task, RequestHandler handler) {
+concept transport_has_serve_with_responder = requires(T& t, const TaskId& task, RequestHandler handler) {
     t.serve(task, std::move(handler));
 };
 
@@ -1056,27 +1164,33 @@ concept transport_has_shutdown = requires(T& t) { t.shutdown(); };
 ///
 /// @par Requirements
 /// `T` is a Transport when, for `t` an lvalue of `T`, `spec` a `const ClusterSpec&`, `task` a
-/// `const TaskId&`, `h` a `RequestHandler` and `r` a `Request` rvalue:
+/// `const TaskId&`, `h` a `RequestHandler` (`std::function<void(Request&&, Responder)>`) and `r` a
+/// `Request` rvalue:
 ///
 /// | expression | type | semantics |
 /// | --- | --- | --- |
 /// | `T(spec)` | | a transport for the tasks of `spec` (fragment `transport_is_constructible_from_cluster_spec`) |
-/// | `t.serve(task, h)` | | `task` answers each request that reaches it with `h(request)` (fragment `transport_has_serve`) |
+/// | `t.serve(task, h)` | | `task` calls `h(request, respond)` for each request that reaches it; the Reply the handler gives `respond`, before `h` returns or later from any thread, is the request's reply (fragment `transport_has_serve_with_responder`) |
 /// | `t.send(task, r)` | `std::future<Reply>` | delivers `r` to `task`; the future holds its Reply (fragment `transport_has_send_returning_future_reply`) |
 /// | `t.shutdown()` | | stops serving; idempotent (fragment `transport_has_shutdown`) |
 ///
 /// @par Rules the compiler cannot check
 /// - Requests to one task are handled one at a time, in the order `send` was called from one thread:
-///   a shard is never updated by two requests at once, so an optimizer step is atomic.
+///   a shard is never updated by two requests at once, so an optimizer step is atomic. A handler that
+///   keeps its Responder has finished handling: the task goes on to its next request, and replies may
+///   come back in another order than their requests went.
+/// - A reply can wait: the transport delivers a Responder's Reply whenever it comes (a ParameterServer
+///   holds a synchronous pull until its step is applied), and a Responder destroyed unanswered answers
+///   `ErrorCode::unavailable`, so a future from `send` always completes, also across `shutdown()`.
 /// - `send` never throws for a remote failure: an unreachable task, or one that has shut down, gives a
 ///   Reply with `ErrorCode::unavailable`; a handler's error comes back as its Reply.
 /// - Payload tensors are moved, never copied, where the transport can (in-process always).
 /// - After `shutdown()`, `send` answers with `ErrorCode::unavailable` and no handler runs again.
 ///
 /// @par Models
-/// InProcessTransport (threads in one process).
+/// InProcessTransport (threads in one process), TcpTransport (processes, over TCP).
 template <class T>
-concept Transport = detail::transport_is_constructible_from_cluster_spec<T> && detail::transport_has_serve<T> &&
+concept Transport = detail::transport_is_constructible_from_cluster_spec<T> && detail::transport_has_serve_with_responder<T> &&
                     detail::transport_has_send_returning_future_reply<T> && detail::transport_has_shutdown<T>;
 
 PSS_NAMESPACE_END
@@ -3306,7 +3420,6 @@ PSS_NAMESPACE_END
 
 // pss/transport/in_process.hpp: InProcessTransport, every task a thread of one process, payloads moved.
 
-#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -3323,8 +3436,8 @@ PSS_NAMESPACE_BEGIN
 /// @brief The embedded transport: each served task is its own thread, owning its state, with a mailbox.
 ///
 /// `send` moves the Request (and so its tensor buffer) into the task's mailbox; the task's thread runs
-/// the handler and moves the Reply into the future. No element is copied and no task reads another
-/// task's memory. Models the Transport concept.
+/// the handler, whose Responder moves the Reply into the future, then or later (from any thread). No
+/// element is copied and no task reads another task's memory. Models the Transport concept.
 class InProcessTransport {
 public:
     explicit InProcessTransport(const ClusterSpec& spec) : spec_(spec) {}
@@ -3332,7 +3445,7 @@ public:
     InProcessTransport& operator=(const InProcessTransport&) = delete;
     ~InProcessTransport() { shutdown(); }
 
-    /// @brief Starts `task`'s thread, which answers every request with `handler`.
+    /// @brief Starts `task`'s thread, which hands every request to `handler` with its Responder.
     /// @throws InvalidArgumentError when `task` is not in the cluster spec or is served already.
     void serve(const TaskId& task, RequestHandler handler) {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
@@ -3344,7 +3457,7 @@ public:
         slot = std::make_shared<Mailbox>(std::move(handler));
     }
 
-    /// @brief Moves `request` to `task`; the future becomes ready when the task has handled it.
+    /// @brief Moves `request` to `task`; the future becomes ready when the task's handler answers it.
     std::future<Reply> send(const TaskId& task, Request request) {
         std::shared_ptr<Mailbox> box;
         {
@@ -3356,7 +3469,8 @@ public:
         return future ? std::move(*future) : unavailable(task);
     }
 
-    /// @brief Finishes the requests already queued, then stops every task's thread. Idempotent.
+    /// @brief Hands the requests already queued to their handlers, then stops every task's thread.
+    /// Idempotent. A reply held by a handler comes when the handler answers (or drops) it.
     void shutdown() {
         std::map<std::string, std::shared_ptr<Mailbox>> tasks;
         {
@@ -3380,7 +3494,6 @@ private:
                 std::lock_guard lock(mutex_);
                 if (closed_) return std::nullopt;
                 queue_.emplace_back(std::move(request), std::move(promise));
-                pending_.store(true, std::memory_order_release);
             }
             ready_.notify_one();
             return future;
@@ -3399,18 +3512,15 @@ private:
     private:
         void run() {
             for (;;) {
-                // A short spin before sleeping: a training loop sends its next request within microseconds,
-                // and waking a sleeping thread costs more than the request itself for small payloads.
-                for (int spin = 0; spin < 200 && !pending_.load(std::memory_order_acquire); ++spin)
-                    std::this_thread::yield();
                 std::unique_lock lock(mutex_);
                 ready_.wait(lock, [&] { return !queue_.empty() || closed_; });
-                if (queue_.empty()) return;  // closed, and everything queued has been answered
+                if (queue_.empty()) return;  // closed, and everything queued has been handled
                 auto [request, promise] = std::move(queue_.front());
                 queue_.pop_front();
-                pending_.store(!queue_.empty(), std::memory_order_release);
                 lock.unlock();
-                promise.set_value(handler_(std::move(request)));
+                handler_(std::move(request), Responder([promise = std::move(promise)](Reply&& reply) mutable {
+                             promise.set_value(std::move(reply));
+                         }));
             }
         }
 
@@ -3419,7 +3529,6 @@ private:
         std::condition_variable ready_;
         std::deque<std::pair<Request, std::promise<Reply>>> queue_;
         bool closed_ = false;
-        std::atomic<bool> pending_{false};  // the queue is not empty; read without the lock while spinning
         std::mutex join_mutex_;
         std::thread thread_;  // last: it starts after everything it uses exists
     };
@@ -3881,27 +3990,13 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     body.shape.resize(header.rank);
     for (std::size_t a = 0; a < header.rank; ++a) body.shape[a] = detail::get_le<8>(body.shape_bytes.data() + 8 * a);
     if (!header.has_payload()) return;
-    // The element count of an untrusted shape, refusing it before it can overflow.
     const std::size_t element_size = dtype_size(header.dtype);
-    const std::uint64_t max_elements = limits.max_payload_bytes / element_size;
-    // An empty axis makes the count 0, but the other axes must still fit: the array's strides are their
-    // products (a shape (0, 2^62, 2^62) would overflow them).
-    std::uint64_t elements = 1;
-    bool over = false, empty = false;
-    for (std::uint64_t d : body.shape) {
-        if (d == 0) {
-            empty = true;
-            continue;
-        }
-        if (over || elements > max_elements / d) over = true;
-        else elements *= d;
-    }
-    if (empty) elements = 0;
+    const std::int64_t elements = detail::bounded_elements(body.shape, limits.max_payload_bytes / element_size);
     const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
-    if (over)
+    if (elements < 0)
         fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
              " bytes");
-    const std::uint64_t needed = elements * element_size;
+    const std::uint64_t needed = static_cast<std::uint64_t>(elements) * element_size;
     if (!header.payload_elided() && header.payload_length != needed)
         fail("payload length " + std::to_string(header.payload_length) + " does not match shape " + described +
              ", which needs " + std::to_string(needed) + " bytes");
@@ -4285,27 +4380,36 @@ private:
         if (ec) return close();
         const Op op = header_.op();
         const std::uint64_t id = header_.request_id;
-        Reply reply;
         if (header_.task != static_cast<std::uint32_t>(task_->task.index)) {
-            reply = Reply::error(ErrorCode::invalid_argument,
-                                 "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
-                                     " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
-                                     "; the sender's cluster spec gives this address to another task");
+            answer(id, op,
+                   Reply::error(ErrorCode::invalid_argument,
+                                "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
+                                    " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
+                                    "; the sender's cluster spec gives this address to another task"));
         } else {
+            // The reply goes out through the task's strand whenever the handler answers: at once (the
+            // dispatch runs inline, on this strand) or later from any thread.
+            Responder respond([self = shared_from_this(), id, op](Reply&& reply) {
+                asio::dispatch(self->task_->strand, [self, id, op, reply = std::move(reply)]() mutable {
+                    self->answer(id, op, std::move(reply));
+                });
+            });
             try {
-                reply = task_->handler(to_request(header_, body_, std::move(incoming_)));
-            } catch (const Error& e) {
-                reply = Reply::error(e.code(), e.what());
-            } catch (const std::exception& e) {
-                reply = Reply::error(ErrorCode::internal, std::string("pss: internal error in a request handler: ") +
-                                                              e.what());
+                task_->handler(to_request(header_, body_, std::move(incoming_)), std::move(respond));
+            } catch (...) {
+                // A handler must not throw; one that does has dropped its Responder, which answered
+                // unavailable. The connection and the task go on.
             }
         }
         incoming_ = Tensor{};
+        read_header();
+    }
+
+    /// Queues the reply to request `id` (strand).
+    void answer(std::uint64_t id, Op op, Reply reply) {
         // An update's reply payload is the spent request buffer: the client hands its own back.
         const bool elide = reply.ok() && reply.payload.has_value() && !reply_carries_value(op);
         queue_reply(id, std::move(reply), elide);
-        read_header();
     }
 
     /// A bad frame: an error reply when its id can be trusted, then (or else at once) the connection closes.
@@ -5354,6 +5458,11 @@ struct SyncOptions {
 /// A ParameterServer is driven by one thread (the transport's task), so it needs no locks: requests to
 /// one task are handled one at a time. `handle` validates every request completely before it changes
 /// anything, so a request that fails leaves the shard as it was.
+///
+/// In synchronous training a pull (`read` or `gather` with a `step`) for a step not applied yet is held:
+/// `handle(request, respond)` keeps `respond` and answers once the push that completes the step arrives.
+/// A held pull is answered with an error when its shard is destroyed (`not_found`) or the server is
+/// (`unavailable`), so that no sender waits forever.
 /// @tparam OptimizerPolicy applies gradients; its slots live beside each float shard.
 template <Optimizer OptimizerPolicy>
 class ParameterServer {
@@ -5366,17 +5475,27 @@ public:
             throw InvalidArgumentError("pss: ParameterServer: synchronous training needs at least one worker");
     }
 
-    /// @brief Handles one request; errors become replies (never exceptions), so a bad request cannot
-    /// take the task down.
-    Reply handle(Request&& request) noexcept {
-        try {
-            return dispatch(std::move(request));
-        } catch (const Error& e) {
-            return Reply::error(e.code(), e.what());
-        } catch (const std::exception& e) {
-            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
-        }
+    ParameterServer(const ParameterServer&) = delete;
+    ParameterServer& operator=(const ParameterServer&) = delete;
+
+    /// Answers the pulls still held: the server is going away, their step will not come.
+    ~ParameterServer() {
+        for (auto& [key, shard] : shards_)
+            std::visit([&](auto& state) { release_held(shard, state, ErrorCode::unavailable, "the parameter server shut down"); },
+                       shard.state);
     }
+
+    /// @brief Handles one request and answers it through `respond`, at once, or (a synchronous pull for a
+    /// step not applied yet) when that step is applied. Errors become replies (never exceptions), so a
+    /// bad request cannot take the task down.
+    void handle(Request&& request, Responder respond) noexcept {
+        Reply reply = run(std::move(request), &respond);
+        if (respond) respond(std::move(reply));  // else held: answered by the push that completes its step
+    }
+
+    /// @brief Handles one request and returns its reply at once: a synchronous pull for a step not
+    /// applied yet is answered `ErrorCode::not_ready` (the caller asks again), never held.
+    Reply handle(Request&& request) noexcept { return run(std::move(request), nullptr); }
 
     /// @brief Number of shards this task holds.
     [[nodiscard]] std::size_t num_shards() const noexcept { return shards_.size(); }
@@ -5401,6 +5520,12 @@ private:
             std::vector<Rows> sparse;            // the sparse gradients of the step, in arrival order
         };
         std::map<std::uint64_t, Pending> pending;
+        // Synchronous pulls waiting for their step, answered from push_step.
+        struct Held {
+            Request request;
+            Responder respond;
+        };
+        std::vector<Held> held;
     };
     using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>>;
 
@@ -5417,7 +5542,19 @@ private:
         }
     };
 
-    Reply dispatch(Request&& request) {
+    /// Runs `request`; a pull that has to wait for its step moves `*hold` into the shard (hold null: it
+    /// is answered not_ready instead).
+    Reply run(Request&& request, Responder* hold) noexcept {
+        try {
+            return dispatch(std::move(request), hold);
+        } catch (const Error& e) {
+            return Reply::error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        }
+    }
+
+    Reply dispatch(Request&& request, Responder* hold) {
         if (request.op == Op::create) return create(std::move(request));
         if (request.op == Op::call || request.op == Op::shutdown)
             throw InvalidArgumentError("pss: a " + std::string(op_name(request.op)) +
@@ -5430,12 +5567,14 @@ private:
                                 " on this task (the variable was destroyed or never created here)");
         Shard& shard = it->second;
         if (request.op == Op::destroy) {
+            std::visit([&](auto& state) { release_held(shard, state, ErrorCode::not_found, "the variable was destroyed"); },
+                       shard.state);
             shards_.erase(it);
             return {};
         }
         const std::string what = std::string(op_name(request.op)) + " on variable '" + shard.name + "'";
         detail::validate_request(request.op, what, shard.shape, shard.dtype, request.payload, request.ids);
-        return std::visit([&](auto& state) { return apply(shard, state, std::move(request)); }, shard.state);
+        return std::visit([&](auto& state) { return apply(shard, state, std::move(request), hold); }, shard.state);
     }
 
     Reply create(Request&& request) {
@@ -5455,13 +5594,22 @@ private:
         return {};
     }
 
+    /// A synchronous pull for `step` may run once the steps up to `step - 1 - staleness` are applied.
     template <class T>
-    Reply apply(const Shard& shard, State<T>& state, Request&& request) {
+    [[nodiscard]] bool step_ready(const State<T>& state, std::uint64_t step) const noexcept {
+        return step == 0 || state.applied + 1 + sync_.staleness >= step;
+    }
+
+    template <class T>
+    Reply apply(const Shard& shard, State<T>& state, Request&& request, Responder* hold) {
         xt::xarray<T>& value = state.value;
         Reply reply;
-        if (sync_.synchronous && (request.op == Op::read || request.op == Op::gather) && request.step != 0 &&
-            state.applied + 1 + sync_.staleness < request.step)
+        if (sync_.synchronous && (request.op == Op::read || request.op == Op::gather) && !step_ready(state, request.step))
         {
+            if (hold != nullptr && *hold) {
+                state.held.push_back({std::move(request), std::move(*hold)});
+                return reply;  // not sent: the responder has moved into `held`
+            }
             reply = Reply::error(ErrorCode::not_ready, "pss: " + std::string(op_name(request.op)) + " on variable '" +
                                                            shard.name + "' for step " + std::to_string(request.step) +
                                                            ": step " + std::to_string(state.applied + 1) +
@@ -5581,6 +5729,41 @@ private:
             }
             ++state.applied;
         }
+        answer_ready(shard, state);
+    }
+
+    /// Answers the held pulls whose step is applied now, in the order they arrived.
+    template <class T>
+    void answer_ready(const Shard& shard, State<T>& state) {
+        if (std::none_of(state.held.begin(), state.held.end(),
+                         [&](const auto& h) { return step_ready(state, h.request.step); }))
+            return;
+        std::vector<typename State<T>::Held> ready, waiting;
+        for (auto& h : state.held) (step_ready(state, h.request.step) ? ready : waiting).push_back(std::move(h));
+        state.held = std::move(waiting);
+        for (auto& h : ready) h.respond(run_held(shard, state, std::move(h.request)));
+    }
+
+    template <class T>
+    Reply run_held(const Shard& shard, State<T>& state, Request&& request) noexcept {
+        try {
+            return apply(shard, state, std::move(request), nullptr);
+        } catch (const Error& e) {
+            return Reply::error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        }
+    }
+
+    /// Answers every held pull of a shard with `code`: its step will not be applied here.
+    template <class T>
+    static void release_held(const Shard& shard, State<T>& state, ErrorCode code, const char* why) noexcept {
+        auto held = std::move(state.held);
+        state.held.clear();
+        for (auto& h : held)
+            h.respond(Reply::error(code, "pss: " + std::string(op_name(h.request.op)) + " on variable '" + shard.name +
+                                             "' for step " + std::to_string(h.request.step) + " was waiting when " +
+                                             why + "; the step will not be applied"));
     }
 
     template <class T>
@@ -5821,6 +6004,19 @@ private:
 
     std::string describe(Op op) const { return std::string(op_name(op)) + " on variable '" + name() + "'"; }
 
+    /// A reply's value must be what was asked for before any byte of it is copied by this handle's
+    /// shapes: a handle received from a peer may lie about them, and a ps (or a peer posing as one)
+    /// may answer anything.
+    void check_reply(Op op, const Tensor& part, const Shape& expected, std::uint32_t shard) const {
+        if (part.has_value() && part.dtype() == dtype() && part.shape() == expected) return;
+        throw InvalidArgumentError(
+            "pss: " + describe(op) + ": shard " + std::to_string(shard) + " answered " +
+            (part.has_value() ? "shape " + format_shape(part.shape()) + " dtype " + std::string(dtype_name(part.dtype()))
+                              : std::string("no value")) +
+            " where shape " + format_shape(expected) + " dtype " + std::string(dtype_name(dtype())) +
+            " was asked for; this handle does not describe the variable its parameter servers hold");
+    }
+
     Request request(Op op, std::uint32_t shard, std::uint64_t step = 0) const {
         Request r;
         r.op = op;
@@ -6027,13 +6223,29 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
         waiting.push_back(i);
     }
     std::exception_ptr error;
+    auto cancelled = [] {
+        return detail::cancel_counter != nullptr && detail::cancel_counter->load() != detail::cancel_seen;
+    };
+    auto abandon = [&](std::size_t i) {
+        return std::make_exception_ptr(CancelledError(
+            "pss: " + describe(again[i].op) + " for step " + std::to_string(again[i].step) +
+            " was abandoned: another closure failed, so the step may never complete"));
+    };
+    // A ps holds a synchronous pull until its step is applied, so the reply may take a whole step of the
+    // slowest worker: such a wait wakes every millisecond to see whether the coordinator gave up on it.
+    auto wait = [&](std::size_t i) {
+        if (again[i].step == 0 || detail::cancel_counter == nullptr) return futures[i].wait(), true;
+        while (futures[i].wait_for(std::chrono::milliseconds(1)) != std::future_status::ready)
+            if (cancelled()) return false;
+        return true;
+    };
     for (auto pause = std::chrono::microseconds(20); !waiting.empty(); pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
         std::vector<std::size_t> retry;
         for (std::size_t i : waiting) {
-            // Spin briefly before blocking: an in-process reply often comes within microseconds.
-            for (int spin = 0; spin < 200 && futures[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready;
-                 ++spin)
-                std::this_thread::yield();
+            if (!wait(i)) {  // the replies still to come are not waited for: nobody will read them
+                if (!error) error = abandon(i);
+                break;
+            }
             Reply reply = futures[i].get();
             if (reply.code == ErrorCode::not_ready && !error) {
                 retry.push_back(i);
@@ -6046,11 +6258,8 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                 if (!error) error = std::current_exception();
             }
         }
-        if (!error && !retry.empty() && detail::cancel_counter != nullptr &&
-            detail::cancel_counter->load() != detail::cancel_seen)
-            error = std::make_exception_ptr(CancelledError(
-                "pss: " + describe(again[retry.front()].op) + " for step " + std::to_string(again[retry.front()].step) +
-                " was abandoned: another closure failed, so the step may never complete"));
+        // A ps that cannot hold a pull answers not_ready: ask again after a pause, unless cancelled.
+        if (!error && !retry.empty() && cancelled()) error = abandon(retry.front());
         if (error) break;  // what is not ready is not asked again: the operation has failed
         if (!retry.empty()) std::this_thread::sleep_for(pause);
         for (std::size_t i : retry) post(i, std::move(again[i]));
@@ -6065,6 +6274,7 @@ inline Tensor Variable::read_value(std::uint64_t step) const {
     std::vector<std::pair<int, Request>> outgoing;
     for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s.index, step));
     auto parts = exchange(std::move(outgoing));
+    for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
@@ -6081,7 +6291,9 @@ void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
         r.payload = std::move(out);
         std::vector<std::pair<int, Request>> outgoing;
         outgoing.emplace_back(info().shards.front().task, std::move(r));
-        out = std::move(exchange(std::move(outgoing)).front().template get<T>());
+        Tensor part = std::move(exchange(std::move(outgoing)).front());
+        check_reply(Op::read, part, info().shards.front().shape, info().shards.front().index);
+        out = std::move(part.template get<T>());
         return;
     }
     out = std::move(read_value(step).get<T>());
@@ -6151,6 +6363,9 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
         asked.push_back(s);
     }
     auto parts = exchange(std::move(outgoing));
+    for (std::size_t p = 0; p < parts.size(); ++p)
+        check_reply(Op::gather, parts[p], detail::rows_shape(shards[asked[p]].shape, picked[asked[p]].size()),
+                    shards[asked[p]].index);
     if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
     Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
@@ -6287,17 +6502,10 @@ inline Tensor decode_tensor(ByteReader& r) {
     if (code > 4) r.fail("dtype code " + std::to_string(code) + " is unknown");
     const auto dtype = static_cast<DType>(code);
     const Shape shape = decode_shape(r);
-    // The axes that are not empty must fit in the bytes sent even when an empty axis makes the count 0:
-    // the array's strides are their products.
-    std::size_t extent = 1;
-    bool empty = false;
-    for (auto d : shape) {
-        if (d == 0) empty = true;
-        else if (extent > (std::size_t{1} << 48) / d) r.fail("shape " + format_shape(shape) + " has too many elements");
-        else extent *= d;
-    }
-    const std::size_t elements = empty ? 0 : extent;
-    if (elements > r.remaining() / dtype_size(dtype)) r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
+    const std::int64_t elements = bounded_elements(shape, std::uint64_t{1} << 48);
+    if (elements < 0) r.fail("shape " + format_shape(shape) + " has too many elements");
+    if (static_cast<std::size_t>(elements) > r.remaining() / dtype_size(dtype))
+        r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
     Tensor t = Tensor::uninitialized(dtype, shape);
     r.bytes(t.bytes(), t.nbytes());
     return t;
@@ -6406,6 +6614,9 @@ struct Codec<Variable> {
         if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
         info->shape = decode_shape(r);
+        // Only a sane size is checked here; what the ps really holds is checked on every reply.
+        if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
+            r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
         const std::size_t shards = r.count(24);
         if (shards == 0 || (shards > 1 && (info->shape.empty() || shards > info->shape[0])))
             r.fail(std::to_string(shards) + " shards for shape " + format_shape(info->shape));
@@ -6631,7 +6842,9 @@ public:
         for (int i = 0; i < num_ps; ++i) {
             servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync));
             auto* server = servers_.back().get();
-            transport_.serve(TaskId{"ps", i}, [server](Request&& r) { return server->handle(std::move(r)); });
+            transport_.serve(TaskId{"ps", i}, [server](Request&& r, Responder respond) {
+                server->handle(std::move(r), std::move(respond));
+            });
         }
     }
     ~TransportChannel() override { transport_.shutdown(); }
@@ -6668,14 +6881,14 @@ public:
         if (self_.type == "ps") {
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
             server_ = std::make_unique<TransportPolicy>(spec_);
-            server_->serve(self_, [this](Request&& r) {
-                if (r.op == Op::shutdown) return stop_requested();
-                return ps_->handle(std::move(r));
+            server_->serve(self_, [this](Request&& r, Responder respond) {
+                if (r.op == Op::shutdown) return respond(stop_requested());
+                ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
             server_ = std::make_unique<TransportPolicy>(spec_);
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
-            server_->serve(self_, [this, weak](Request&& r) -> Reply {
+            server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
                 if (r.op == Op::shutdown) return stop_requested();
                 if (r.op != Op::call)
                     return Reply::error(ErrorCode::invalid_argument,
@@ -6683,7 +6896,7 @@ public:
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
                 current_worker = self_.index;
                 return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
-            });
+            }));
         }
     }
 

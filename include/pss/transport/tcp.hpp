@@ -299,27 +299,36 @@ private:
         if (ec) return close();
         const Op op = header_.op();
         const std::uint64_t id = header_.request_id;
-        Reply reply;
         if (header_.task != static_cast<std::uint32_t>(task_->task.index)) {
-            reply = Reply::error(ErrorCode::invalid_argument,
-                                 "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
-                                     " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
-                                     "; the sender's cluster spec gives this address to another task");
+            answer(id, op,
+                   Reply::error(ErrorCode::invalid_argument,
+                                "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
+                                    " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
+                                    "; the sender's cluster spec gives this address to another task"));
         } else {
+            // The reply goes out through the task's strand whenever the handler answers: at once (the
+            // dispatch runs inline, on this strand) or later from any thread.
+            Responder respond([self = shared_from_this(), id, op](Reply&& reply) {
+                asio::dispatch(self->task_->strand, [self, id, op, reply = std::move(reply)]() mutable {
+                    self->answer(id, op, std::move(reply));
+                });
+            });
             try {
-                reply = task_->handler(to_request(header_, body_, std::move(incoming_)));
-            } catch (const Error& e) {
-                reply = Reply::error(e.code(), e.what());
-            } catch (const std::exception& e) {
-                reply = Reply::error(ErrorCode::internal, std::string("pss: internal error in a request handler: ") +
-                                                              e.what());
+                task_->handler(to_request(header_, body_, std::move(incoming_)), std::move(respond));
+            } catch (...) {
+                // A handler must not throw; one that does has dropped its Responder, which answered
+                // unavailable. The connection and the task go on.
             }
         }
         incoming_ = Tensor{};
+        read_header();
+    }
+
+    /// Queues the reply to request `id` (strand).
+    void answer(std::uint64_t id, Op op, Reply reply) {
         // An update's reply payload is the spent request buffer: the client hands its own back.
         const bool elide = reply.ok() && reply.payload.has_value() && !reply_carries_value(op);
         queue_reply(id, std::move(reply), elide);
-        read_header();
     }
 
     /// A bad frame: an error reply when its id can be trusted, then (or else at once) the connection closes.
