@@ -326,6 +326,41 @@ TEST_SUITE("net") {
         CHECK(after.message == "pss: TcpTransport: request to /job:ps/replica:0/task:0 after shutdown()");
     }
 
+    TEST_CASE("TcpTransport: a handler that keeps its Responder answers later from another thread; the task "
+              "handles the next request meanwhile; a dropped Responder answers unavailable" *
+              doctest::timeout(30)) {
+        pss::TcpTransport transport(one_ps());
+        const pss::TaskId ps{"ps", 0};
+        std::promise<pss::Responder> kept;  // the responder of request 1, answered by the test's thread
+        transport.serve(ps, [&](pss::Request&& r, pss::Responder respond) {
+            if (r.key.variable == 1) return kept.set_value(std::move(respond));
+            if (r.key.variable == 3) return;  // dropped unanswered
+            pss::Reply reply;
+            reply.payload = xt::xarray<std::int64_t>{static_cast<std::int64_t>(r.key.variable) * 10};
+            respond(std::move(reply));
+        });
+        auto request = [](std::uint64_t variable) {
+            pss::Request r;
+            r.op = pss::Op::gather;
+            r.key.variable = variable;
+            return r;
+        };
+        auto first = transport.send(ps, request(1));
+        auto second = transport.send(ps, request(2));
+        CHECK(second.get().take().get<std::int64_t>()(0) == 20);  // answered while request 1 waits
+        CHECK(first.wait_for(std::chrono::milliseconds(20)) == std::future_status::timeout);
+        std::thread([respond = kept.get_future().get()]() mutable {
+            pss::Reply reply;
+            reply.payload = xt::xarray<std::int64_t>{10};
+            respond(std::move(reply));
+        }).join();
+        CHECK(first.get().take().get<std::int64_t>()(0) == 10);
+        pss::Reply dropped = transport.send(ps, request(3)).get();
+        CHECK(dropped.code == pss::ErrorCode::unavailable);
+        CHECK(dropped.message == "pss: the task dropped the request without answering it (it shut down, or its "
+                                 "handler lost the responder)");
+    }
+
     TEST_CASE("TcpTransport: 100 pipelined requests on one connection are all answered, each with its own value, "
               "handled in order" *
               doctest::timeout(30)) {

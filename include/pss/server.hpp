@@ -123,8 +123,8 @@ struct SyncOptions {
 ///
 /// In synchronous training a pull (`read` or `gather` with a `step`) for a step not applied yet is held:
 /// `handle(request, respond)` keeps `respond` and answers once the push that completes the step arrives.
-/// A held pull is answered with an error when its shard is destroyed (`not_found`) or the server is
-/// (`unavailable`), so that no sender waits forever.
+/// A held pull is answered with an error when its shard is destroyed (`not_found`), or the server is
+/// destroyed or stops serving (`unavailable`, see `release_held`), so that no sender waits forever.
 /// @tparam OptimizerPolicy applies gradients; its slots live beside each float shard.
 template <Optimizer OptimizerPolicy>
 class ParameterServer {
@@ -141,7 +141,12 @@ public:
     ParameterServer& operator=(const ParameterServer&) = delete;
 
     /// Answers the pulls still held: the server is going away, their step will not come.
-    ~ParameterServer() {
+    ~ParameterServer() { release_held(); }
+
+    /// @brief Answers every held pull `ErrorCode::unavailable`: the task stops serving, so their steps
+    /// will not be applied here. Call it once the transport has stopped handing this server requests
+    /// (after its `shutdown()`), since a ParameterServer takes no locks.
+    void release_held() noexcept {
         for (auto& [key, shard] : shards_)
             std::visit([&](auto& state) { release_held(shard, state, ErrorCode::unavailable, "the parameter server shut down"); },
                        shard.state);

@@ -77,7 +77,7 @@ public:
             });
         }
     }
-    ~TransportChannel() override { transport_.shutdown(); }
+    ~TransportChannel() override { shutdown(); }
 
     std::future<Reply> send(int task, Request request) override {
         return transport_.send(TaskId{"ps", task}, std::move(request));
@@ -85,7 +85,10 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
-    void shutdown() override { transport_.shutdown(); }
+    void shutdown() override {
+        transport_.shutdown();
+        for (auto& server : servers_) server->release_held();  // a pull waiting for a step gets unavailable
+    }
 
 private:
     TransportPolicy transport_;
@@ -156,6 +159,7 @@ public:
     void shutdown() override {
         std::lock_guard lock(shutdown_mutex_);
         if (server_) server_->shutdown();
+        if (ps_) ps_->release_held();  // a pull waiting for a step gets unavailable
         client_.shutdown();
     }
 
