@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <string>
@@ -310,6 +311,14 @@ TEST_SUITE("ParameterServer") {
     }
 }
 
+/// A near miss of Transport: its serve takes a handler that returns the Reply (no Responder).
+struct ReplyNowTransport {
+    explicit ReplyNowTransport(const pss::ClusterSpec&) {}
+    void serve(const pss::TaskId&, std::function<pss::Reply(pss::Request&&)>) {}
+    std::future<pss::Reply> send(const pss::TaskId&, pss::Request) { return {}; }
+    void shutdown() {}
+};
+
 TEST_SUITE("ParameterServerStrategy") {
     TEST_CASE("ParameterServerStrategy: num_replicas_in_sync is 1 and the default cluster is 2 ps, 2 workers") {
         pss::ParameterServerStrategy<> strategy;
@@ -394,6 +403,9 @@ TEST_SUITE("ParameterServerStrategy") {
                                                pss::archetypes::OptimizerArchetype,
                                                pss::archetypes::ClusterResolverArchetype>;
         static_assert(std::is_base_of_v<pss::Strategy, S>);
+        static_assert(pss::Transport<pss::archetypes::TransportArchetype>);
+        static_assert(pss::Transport<pss::InProcessTransport>);
+        static_assert(!pss::Transport<ReplyNowTransport>);  // a near miss: its handler must return the Reply
         // The archetype transport runs requests on the caller's thread, so the whole path is exercised.
         S strategy(pss::archetypes::ClusterResolverArchetype{}, pss::archetypes::PartitionerArchetype(0),
                    pss::archetypes::OptimizerArchetype(0));
