@@ -39,13 +39,13 @@ struct TcpFixture {
     const pss::TaskId ps{"ps", 0};
     pss::TcpTransport transport{pss::ClusterSpec{{"ps", {"127.0.0.1:0"}}}};
     TcpFixture() {
-        transport.serve(ps, [](pss::Request&& r) {
+        transport.serve(ps, pss::answer_at_once([](pss::Request&& r) {
             pss::Reply reply;
             if (r.op == pss::Op::read && !r.payload.has_value())  // the first pull of a size: no buffer to reuse yet
                 r.payload = pss::Tensor::zeros(pss::DType::float32, {static_cast<std::size_t>(r.key.variable)});
             reply.payload = std::move(r.payload);
             return reply;
-        });
+        }));
     }
     static TcpFixture& get() {
         static TcpFixture fixture;

@@ -1,6 +1,8 @@
 // Tests of tensors, the in-process transport, parameter servers, variables and the strategy.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <string>
@@ -82,13 +84,13 @@ TEST_SUITE("InProcessTransport") {
         pss::InProcessTransport transport(spec);
         std::atomic<const void*> seen{nullptr};
         std::thread::id handler_thread;
-        transport.serve({"ps", 0}, [&](pss::Request&& r) {
+        transport.serve({"ps", 0}, pss::answer_at_once([&](pss::Request&& r) {
             seen = r.payload.bytes();
             handler_thread = std::this_thread::get_id();
             pss::Reply reply;
             reply.payload = std::move(r.payload);
             return reply;
-        });
+        }));
         xt::xarray<float> value = xt::ones<float>({4096});
         const void* data = value.data();
         pss::Request request;
@@ -102,24 +104,24 @@ TEST_SUITE("InProcessTransport") {
     TEST_CASE("InProcessTransport: a task never served and a task after shutdown answer unavailable") {
         pss::ClusterSpec spec{{"ps", {"a:1", "b:1"}}, {"worker", {"c:1"}}};
         pss::InProcessTransport transport(spec);
-        transport.serve({"ps", 0}, [](pss::Request&&) { return pss::Reply{}; });
+        transport.serve({"ps", 0}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));
         auto r1 = transport.send({"ps", 1}, {}).get();
         CHECK(r1.code == pss::ErrorCode::unavailable);
         CHECK(r1.message == "pss: task /job:ps/replica:0/task:1 is not serving (never started, or shut down)");
         CHECK(transport.send({"ps", 0}, {}).get().ok());
         transport.shutdown();
         CHECK(transport.send({"ps", 0}, {}).get().code == pss::ErrorCode::unavailable);
-        CHECK_THROWS_AS(transport.serve({"ps", 5}, [](pss::Request&&) { return pss::Reply{}; }),
+        CHECK_THROWS_AS(transport.serve({"ps", 5}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; })),
                         pss::InvalidArgumentError);
     }
     TEST_CASE("InProcessTransport: requests to one task run one at a time, in order") {
         pss::ClusterSpec spec{{"ps", {"a:1"}}, {"worker", {"c:1"}}};
         pss::InProcessTransport transport(spec);
         std::vector<std::uint64_t> order;
-        transport.serve({"ps", 0}, [&](pss::Request&& r) {
+        transport.serve({"ps", 0}, pss::answer_at_once([&](pss::Request&& r) {
             order.push_back(r.key.variable);
             return pss::Reply{};
-        });
+        }));
         std::vector<std::future<pss::Reply>> futures;
         for (std::uint64_t i = 0; i < 100; ++i) {
             pss::Request r;
@@ -129,6 +131,37 @@ TEST_SUITE("InProcessTransport") {
         for (auto& f : futures) f.get();
         REQUIRE(order.size() == 100);
         for (std::uint64_t i = 0; i < 100; ++i) CHECK(order[i] == i);
+    }
+    TEST_CASE("InProcessTransport: a handler that keeps its Responder answers later; one dropped answers "
+              "unavailable; the task goes on meanwhile") {
+        pss::ClusterSpec spec{{"ps", {"a:1"}}, {"worker", {"c:1"}}};
+        pss::InProcessTransport transport(spec);
+        pss::Responder kept;  // the task's thread only
+        transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
+            if (r.key.variable == 1) return void(kept = std::move(respond));  // answered by request 2
+            if (r.key.variable == 2) {
+                pss::Reply late;
+                late.message = "late";
+                kept(std::move(late));
+                pss::Reply now;
+                now.message = "now";
+                return respond(std::move(now));
+            }
+            // variable 3: the responder is dropped unanswered
+        });
+        pss::Request r1, r2, r3;
+        r1.key.variable = 1;
+        r2.key.variable = 2;
+        r3.key.variable = 3;
+        auto f1 = transport.send({"ps", 0}, std::move(r1));
+        CHECK(f1.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+        auto f2 = transport.send({"ps", 0}, std::move(r2));
+        CHECK(f1.get().message == "late");
+        CHECK(f2.get().message == "now");
+        pss::Reply dropped = transport.send({"ps", 0}, std::move(r3)).get();
+        CHECK(dropped.code == pss::ErrorCode::unavailable);
+        CHECK(dropped.message == "pss: the task dropped the request without answering it (it shut down, or its "
+                                 "handler lost the responder)");
     }
 }
 
@@ -183,7 +216,109 @@ TEST_SUITE("ParameterServer") {
             CHECK(r.code == (i == 0 ? pss::ErrorCode::ok : pss::ErrorCode::already_exists));
         }
     }
+    TEST_CASE("ParameterServer: a synchronous read for step 2 is held until both workers pushed step 1, then "
+              "answered with the applied value") {
+        pss::ParameterServer<pss::SGD> server(pss::SGD(1.0), pss::SyncOptions{true, 2, 0});
+        auto handle = [&](pss::Request r) {
+            std::promise<pss::Reply> p;
+            auto f = p.get_future();
+            server.handle(std::move(r), pss::Responder([p = std::move(p)](pss::Reply&& x) mutable {
+                              p.set_value(std::move(x));
+                          }));
+            return f;
+        };
+        pss::Request create;
+        create.op = pss::Op::create;
+        create.key = {1, 0};
+        create.name = "w";
+        create.payload = xt::xarray<float>{1, 2};
+        REQUIRE(handle(std::move(create)).get().ok());
+        auto push = [&](float g) {
+            pss::Request r;
+            r.op = pss::Op::apply_dense;
+            r.key = {1, 0};
+            r.step = 1;
+            r.payload = xt::xarray<float>{g, g};
+            return handle(std::move(r));
+        };
+        auto pull = [&](pss::Op op, std::uint64_t step) {
+            pss::Request r;
+            r.op = op;
+            r.key = {1, 0};
+            r.step = step;
+            if (op == pss::Op::gather) r.ids = {1};
+            return handle(std::move(r));
+        };
+        auto read1 = pull(pss::Op::read, 1);  // step 1 needs nothing applied: answered at once
+        REQUIRE(read1.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+        CHECK(read1.get().take().get<float>() == xt::xarray<float>{1, 2});
+        auto read2 = pull(pss::Op::read, 2);
+        auto gather2 = pull(pss::Op::gather, 2);
+        CHECK(push(2).get().ok());
+        CHECK(read2.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+        CHECK(gather2.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+        pss::Request not_held;  // the one-argument handle cannot hold: it answers not_ready
+        not_held.op = pss::Op::read;
+        not_held.key = {1, 0};
+        not_held.step = 2;
+        CHECK(server.handle(std::move(not_held)).code == pss::ErrorCode::not_ready);
+        CHECK(push(4).get().ok());  // step 1 complete: the mean gradient 3 is applied
+        REQUIRE(read2.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+        CHECK(read2.get().take().get<float>() == xt::xarray<float>{-2, -1});
+        CHECK(gather2.get().take().get<float>() == xt::xarray<float>{-1});
+    }
+    TEST_CASE("ParameterServer: a held read is answered not_found when its variable is destroyed, unavailable "
+              "when the server is") {
+        std::future<pss::Reply> destroyed, shut_down;
+        {
+            pss::ParameterServer<pss::SGD> server(pss::SGD(1.0), pss::SyncOptions{true, 1, 0});
+            for (std::uint64_t v : {1, 2}) {
+                pss::Request create;
+                create.op = pss::Op::create;
+                create.key = {v, 0};
+                create.name = "w" + std::to_string(v);
+                create.payload = xt::xarray<float>{1};
+                REQUIRE(server.handle(std::move(create)).ok());
+            }
+            auto held = [&](std::uint64_t v) {
+                pss::Request r;
+                r.op = pss::Op::read;
+                r.key = {v, 0};
+                r.step = 5;
+                std::promise<pss::Reply> p;
+                auto f = p.get_future();
+                server.handle(std::move(r), pss::Responder([p = std::move(p)](pss::Reply&& x) mutable {
+                                  p.set_value(std::move(x));
+                              }));
+                return f;
+            };
+            destroyed = held(1);
+            shut_down = held(2);
+            pss::Request destroy;
+            destroy.op = pss::Op::destroy;
+            destroy.key = {1, 0};
+            CHECK(server.handle(std::move(destroy)).ok());
+            REQUIRE(destroyed.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+            CHECK(shut_down.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+        }
+        pss::Reply d = destroyed.get();
+        CHECK(d.code == pss::ErrorCode::not_found);
+        CHECK(d.message == "pss: read on variable 'w1' for step 5 was waiting when the variable was destroyed; the "
+                           "step will not be applied");
+        pss::Reply s = shut_down.get();
+        CHECK(s.code == pss::ErrorCode::unavailable);
+        CHECK(s.message == "pss: read on variable 'w2' for step 5 was waiting when the parameter server shut down; "
+                           "the step will not be applied");
+    }
 }
+
+/// A near miss of Transport: its serve takes a handler that returns the Reply (no Responder).
+struct ReplyNowTransport {
+    explicit ReplyNowTransport(const pss::ClusterSpec&) {}
+    void serve(const pss::TaskId&, std::function<pss::Reply(pss::Request&&)>) {}
+    std::future<pss::Reply> send(const pss::TaskId&, pss::Request) { return {}; }
+    void shutdown() {}
+};
 
 TEST_SUITE("ParameterServerStrategy") {
     TEST_CASE("ParameterServerStrategy: num_replicas_in_sync is 1 and the default cluster is 2 ps, 2 workers") {
@@ -270,6 +405,9 @@ TEST_SUITE("ParameterServerStrategy") {
                                                pss::archetypes::ClusterResolverArchetype,
                                                pss::archetypes::ConsistencyArchetype>;
         static_assert(std::is_base_of_v<pss::Strategy, S>);
+        static_assert(pss::Transport<pss::archetypes::TransportArchetype>);
+        static_assert(pss::Transport<pss::InProcessTransport>);
+        static_assert(!pss::Transport<ReplyNowTransport>);  // a near miss: its handler must return the Reply
         // The archetype transport runs requests on the caller's thread, so the whole path is exercised.
         S strategy(pss::archetypes::ClusterResolverArchetype{}, pss::archetypes::PartitionerArchetype(0),
                    pss::archetypes::OptimizerArchetype(0));

@@ -970,10 +970,9 @@ public:
             std::lock_guard lock(mutex_);
             names_.push_back(request.name);
         }
-        const int previous = pss::detail::current_worker;
-        pss::detail::current_worker = worker;
+        const pss::detail::ClosureContext context{worker};
+        const pss::detail::ClosureContext::Guard current(context);  // as a worker process serving a call
         pss::Tensor answer = pss::detail::run_call(request.name, request.payload, pss::detail::CallContext{channel, worker});
-        pss::detail::current_worker = previous;
         std::promise<pss::Reply> reply;
         reply.set_value(pss::Reply{pss::ErrorCode::ok, {}, std::move(answer)});
         return reply.get_future();
@@ -1084,8 +1083,8 @@ TEST_SUITE("keras/remote") {
 
     TEST_CASE("pss.keras.Sequential.step for a model the worker does not have answers NotFoundError naming the worker and the model") {
         pss::detail::testing_forget_remote_models();
-        const int previous = pss::detail::current_worker;
-        pss::detail::current_worker = 3;
+        const pss::detail::ClosureContext context{3};
+        const pss::detail::ClosureContext::Guard current(context);
         const xt::xarray<float> one = column_f({1});
         CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("0123456789abcdef", one, one, 0, 1.0),
                              "pss: Sequential: worker task 3 does not have the model \"0123456789abcdef\" (it restarted, "
@@ -1098,7 +1097,6 @@ TEST_SUITE("keras/remote") {
             CHECK(pss::detail::is_remote_model_unknown(e));
         }
         CHECK_FALSE(pss::detail::is_remote_model_unknown(pss::NotFoundError("pss: something else")));
-        pss::detail::current_worker = previous;
     }
 
     TEST_CASE("pss.keras.Sequential.build: a worker keeps the 16 models used last; a description that is not one throws InvalidArgumentError naming the field") {
@@ -1110,8 +1108,8 @@ TEST_SUITE("keras/remote") {
         const std::string description =
             json{{"class_name", "Sequential"}, {"config", model.get_config()},
                  {"loss", pss::serialize(pss::MeanSquaredError())}, {"weight_counts", {2}}}.dump();
-        const int previous = pss::detail::current_worker;
-        pss::detail::current_worker = 0;
+        const pss::detail::ClosureContext context{0};
+        const pss::detail::ClosureContext::Guard current(context);
         for (int i = 0; i < 17; ++i) pss::detail::keras_remote_build("m" + std::to_string(i), description, model.weights());
         const xt::xarray<float> x = xt::ones<float>({1, 2}), y = column_f({3});
         CHECK_THROWS_AS((void)pss::detail::keras_remote_step("m0", x, y, 0, 1.0), pss::NotFoundError);  // evicted
@@ -1131,7 +1129,6 @@ TEST_SUITE("keras/remote") {
         CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", no_layers.dump(), model.weights()),
                              doctest::Contains("\"layers\" is [], not a list of at least one layer"), pss::InvalidArgumentError);
         CHECK_THROWS_AS((void)pss::detail::keras_remote_step("bad", x, y, 0, 1.0), pss::NotFoundError);
-        pss::detail::current_worker = previous;
         pss::detail::testing_forget_remote_models();
     }
 }

@@ -294,13 +294,13 @@ TEST_SUITE("net") {
         static_assert(pss::Transport<pss::TcpTransport>);
         pss::TcpTransport transport(one_ps());
         const pss::TaskId ps{"ps", 0};
-        transport.serve(ps, [](pss::Request&& r) {
+        transport.serve(ps, pss::answer_at_once([](pss::Request&& r) {
             pss::Reply reply;
             reply.message = r.name + " with " + std::to_string(r.ids.size()) + " ids, variable " +
                             std::to_string(r.key.variable) + "/" + std::to_string(r.key.shard);
             reply.payload = std::move(r.payload);
             return reply;
-        });
+        }));
         CHECK(transport.bound_port(ps) != 0);
         CHECK(transport.endpoint(ps).address() == asio::ip::address_v4::loopback());
         pss::Request r;
@@ -316,7 +316,7 @@ TEST_SUITE("net") {
         CHECK_THROWS_WITH_AS((void)transport.bound_port({"ps", 1}),
                              "pss: TcpTransport: task /job:ps/replica:0/task:1 is not served by this transport",
                              pss::NotFoundError);
-        CHECK_THROWS_WITH_AS(transport.serve(ps, [](pss::Request&&) { return pss::Reply{}; }),
+        CHECK_THROWS_WITH_AS(transport.serve(ps, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; })),
                              "pss: TcpTransport: task /job:ps/replica:0/task:0 is served twice",
                              pss::InvalidArgumentError);
         transport.shutdown();
@@ -326,18 +326,53 @@ TEST_SUITE("net") {
         CHECK(after.message == "pss: TcpTransport: request to /job:ps/replica:0/task:0 after shutdown()");
     }
 
+    TEST_CASE("TcpTransport: a handler that keeps its Responder answers later from another thread; the task "
+              "handles the next request meanwhile; a dropped Responder answers unavailable" *
+              doctest::timeout(30)) {
+        pss::TcpTransport transport(one_ps());
+        const pss::TaskId ps{"ps", 0};
+        std::promise<pss::Responder> kept;  // the responder of request 1, answered by the test's thread
+        transport.serve(ps, [&](pss::Request&& r, pss::Responder respond) {
+            if (r.key.variable == 1) return kept.set_value(std::move(respond));
+            if (r.key.variable == 3) return;  // dropped unanswered
+            pss::Reply reply;
+            reply.payload = xt::xarray<std::int64_t>{static_cast<std::int64_t>(r.key.variable) * 10};
+            respond(std::move(reply));
+        });
+        auto request = [](std::uint64_t variable) {
+            pss::Request r;
+            r.op = pss::Op::gather;
+            r.key.variable = variable;
+            return r;
+        };
+        auto first = transport.send(ps, request(1));
+        auto second = transport.send(ps, request(2));
+        CHECK(second.get().take().get<std::int64_t>()(0) == 20);  // answered while request 1 waits
+        CHECK(first.wait_for(std::chrono::milliseconds(20)) == std::future_status::timeout);
+        std::thread([respond = kept.get_future().get()]() mutable {
+            pss::Reply reply;
+            reply.payload = xt::xarray<std::int64_t>{10};
+            respond(std::move(reply));
+        }).join();
+        CHECK(first.get().take().get<std::int64_t>()(0) == 10);
+        pss::Reply dropped = transport.send(ps, request(3)).get();
+        CHECK(dropped.code == pss::ErrorCode::unavailable);
+        CHECK(dropped.message == "pss: the task dropped the request without answering it (it shut down, or its "
+                                 "handler lost the responder)");
+    }
+
     TEST_CASE("TcpTransport: 100 pipelined requests on one connection are all answered, each with its own value, "
               "handled in order" *
               doctest::timeout(30)) {
         pss::TcpTransport transport(one_ps());
         const pss::TaskId ps{"ps", 0};
         std::vector<std::int64_t> seen;  // the handler runs on the task's strand: one at a time
-        transport.serve(ps, [&](pss::Request&& r) {
+        transport.serve(ps, pss::answer_at_once([&](pss::Request&& r) {
             seen.push_back(r.ids.at(0));
             pss::Reply reply;
             reply.payload = xt::xarray<std::int64_t>{r.ids.at(0) * 2};
             return reply;
-        });
+        }));
         std::vector<std::future<pss::Reply>> futures;
         for (std::int64_t i = 0; i < 100; ++i) {
             pss::Request r;
@@ -365,7 +400,7 @@ TEST_SUITE("net") {
         xt::xarray<std::int32_t> expected = xt::xarray<std::int32_t>::from_shape({n});
         std::memcpy(expected.data(), pattern.data(), n * 4);
         std::atomic<bool> bit_exact{false};
-        transport.serve(ps, [&](pss::Request&& r) {
+        transport.serve(ps, pss::answer_at_once([&](pss::Request&& r) {
             pss::Reply reply;
             if (r.op == pss::Op::read) {  // fill the offered buffer (or a new one) with the pattern
                 auto out = r.payload.has_value() ? std::move(r.payload) : pss::Tensor::zeros(pss::DType::int32, {n});
@@ -376,7 +411,7 @@ TEST_SUITE("net") {
                 reply.payload = std::move(r.payload);  // the spent buffer
             }
             return reply;
-        });
+        }));
         pss::Request push;
         push.op = pss::Op::assign_add;
         push.payload = expected;
@@ -440,10 +475,10 @@ TEST_SUITE("net") {
 
         std::promise<void> release;
         auto released = release.get_future().share();
-        transport.serve({"ps", 1}, [released](pss::Request&&) {
+        transport.serve({"ps", 1}, pss::answer_at_once([released](pss::Request&&) {
             released.wait();
             return pss::Reply{};
-        });
+        }));
         pss::Reply slow = transport.send({"ps", 1}, pss::Request{}).get();
         CHECK(slow.code == pss::ErrorCode::unavailable);
         CHECK(slow.message == "pss: request to /job:ps/replica:0/task:1 timed out after 0.1 s");
@@ -458,12 +493,12 @@ TEST_SUITE("net") {
         pss::TcpTransport transport(one_ps());
         const pss::TaskId ps{"ps", 0};
         std::atomic<int> handled{0};
-        transport.serve(ps, [&](pss::Request&& r) {
+        transport.serve(ps, pss::answer_at_once([&](pss::Request&& r) {
             ++handled;
             pss::Reply reply;
             reply.payload = std::move(r.payload);
             return reply;
-        });
+        }));
         const std::uint16_t port = transport.bound_port(ps);
         pss::Request echo;
         echo.op = pss::Op::gather;

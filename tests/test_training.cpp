@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <latch>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -491,6 +492,17 @@ TEST_SUITE("Remote calls") {
                              "pss: AutoTransport: 1 of the 2 addresses of the cluster are embedded (\"inproc:...\") "
                              "and the others are not; a cluster runs in one process or over the network, not both",
                              pss::InvalidArgumentError);
+        // The strategy uses the Transport it is given: TcpTransport refuses the embedded addresses.
+        using TcpLocal = pss::ParameterServerStrategy<pss::TcpTransport>;
+        CHECK_THROWS_WITH_AS(TcpLocal{},
+                             "pss: TcpTransport: task /job:ps/replica:0/task:0 has address \"inproc:ps:0\", an embedded "
+                             "cluster's (threads of one process); TcpTransport reaches \"host:port\" addresses. Use "
+                             "InProcessTransport for the embedded cluster, or AutoTransport (ClusterStrategy) for a "
+                             "program that runs either way",
+                             pss::InvalidArgumentError);
+        static_assert(pss::detail::transport_crosses_processes<pss::TcpTransport>);
+        static_assert(pss::detail::transport_crosses_processes<pss::AutoTransport>);
+        static_assert(!pss::detail::transport_crosses_processes<pss::InProcessTransport>);
         pss::ClusterStrategy<> alone;  // no launcher in this test's environment: the embedded cluster
         CHECK(!alone.is_distributed());
         auto scope = alone.scope();
@@ -577,6 +589,27 @@ TEST_SUITE("Consistency") {
                              "pss: read on variable 'w:0' for step 2 was abandoned: another closure failed, so the "
                              "step may never complete",
                              pss::CancelledError);
+    }
+    TEST_CASE("Synchronous: a pull waiting for a step is answered UnavailableError when the strategy shuts down") {
+        auto strategy = std::make_unique<LinearStrategy<pss::Synchronous, 2>>(pss::LocalClusterResolver<2, 2>{},
+                                                                               pss::NoPartitioner{}, pss::SGD(1.0));
+        pss::Variable w = [&] {
+            auto scope = strategy->scope();
+            return pss::Variable(xt::xarray<float>{0}, "w");
+        }();
+        w.apply_gradient(xt::xarray<float>{2}, 1);  // worker 1 never pushes step 1
+        std::atomic<bool> answered{false};
+        std::jthread waiter([&] {
+            CHECK_THROWS_WITH_AS((void)w.read<float>(2),
+                                 doctest::Contains("for step 2 was waiting when the parameter server shut down"),
+                                 pss::UnavailableError);
+            answered = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        CHECK_FALSE(answered.load());  // held at the ps, not refused
+        strategy.reset();
+        waiter.join();
+        CHECK(answered.load());
     }
     TEST_CASE("Synchronous: a push without its step is refused") {
         LinearStrategy<pss::Synchronous, 2> strategy;

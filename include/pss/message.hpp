@@ -1,8 +1,11 @@
 // pss/message.hpp: Request and Reply, the messages every transport carries between tasks.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,7 +98,96 @@ struct Reply {
     }
 };
 
-/// @brief What a serving task runs for each request that reaches it. Must not throw: errors are replies.
-using RequestHandler = std::function<Reply(Request&&)>;
+namespace detail {
+
+/// Where a Responder delivers its one Reply (a promise, a connection's write queue).
+class ReplySink {
+public:
+    virtual ~ReplySink() = default;
+    virtual void deliver(Reply&& reply) noexcept = 0;
+};
+
+template <class Deliver>
+class ReplySinkOf final : public ReplySink {
+public:
+    explicit ReplySinkOf(Deliver deliver) : deliver_(std::move(deliver)) {}
+    void deliver(Reply&& reply) noexcept override { deliver_(std::move(reply)); }
+
+private:
+    Deliver deliver_;
+};
+
+}  // namespace detail
+
+/// @brief The one-shot answer to one request: a handler calls it with the Reply, at once or later, from
+/// any thread.
+///
+/// A handler that cannot answer yet (a synchronous pull for a step not applied) keeps its Responder and
+/// calls it when it can; the handler returns at once, so the task handles its next request meanwhile. A
+/// Responder destroyed without having answered answers `ErrorCode::unavailable` ("the task dropped the
+/// request"): a sender's future always completes. Move-only.
+class Responder {
+public:
+    /// @brief An empty responder: answering it does nothing.
+    Responder() = default;
+
+    /// @brief A responder that hands its Reply to `deliver(Reply&&)`, which must not throw.
+    template <class Deliver>
+        requires std::invocable<Deliver&, Reply&&> && (!std::same_as<std::decay_t<Deliver>, Responder>)
+    explicit Responder(Deliver deliver)
+        : sink_(std::make_unique<detail::ReplySinkOf<std::decay_t<Deliver>>>(std::move(deliver))) {}
+
+    Responder(Responder&&) noexcept = default;
+    Responder& operator=(Responder&& other) noexcept {
+        if (this != &other) {
+            drop();
+            sink_ = std::move(other.sink_);
+        }
+        return *this;
+    }
+    Responder(const Responder&) = delete;
+    Responder& operator=(const Responder&) = delete;
+    ~Responder() { drop(); }
+
+    /// @brief Answers the request with `reply`. A second call does nothing.
+    void operator()(Reply reply) noexcept {
+        if (auto sink = std::move(sink_)) sink->deliver(std::move(reply));
+    }
+
+    /// @brief True until the responder has answered (false for an empty one).
+    [[nodiscard]] explicit operator bool() const noexcept { return sink_ != nullptr; }
+
+private:
+    void drop() noexcept {
+        if (!sink_) return;
+        (*this)(Reply::error(ErrorCode::unavailable,
+                             "pss: the task dropped the request without answering it (it shut down, or its handler "
+                             "lost the responder)"));
+    }
+
+    std::unique_ptr<detail::ReplySink> sink_;
+};
+
+/// @brief What a serving task runs for each request that reaches it: it answers through the Responder,
+/// before it returns or later. Must not throw: errors are replies.
+using RequestHandler = std::function<void(Request&&, Responder)>;
+
+/// @brief A RequestHandler from a function that answers every request at once: `f(request)` is the
+/// Reply; an exception it throws becomes the error reply (an Error its code, anything else `internal`).
+/// @par Example
+/// `transport.serve(task, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));`
+template <class Handler>
+    requires std::is_invocable_r_v<Reply, Handler&, Request&&>
+[[nodiscard]] RequestHandler answer_at_once(Handler handler) {
+    return [handler = std::move(handler)](Request&& request, Responder respond) mutable {
+        try {
+            respond(handler(std::move(request)));
+        } catch (const Error& e) {
+            respond(Reply::error(e.code(), e.what()));
+        } catch (const std::exception& e) {
+            respond(Reply::error(ErrorCode::internal, std::string("pss: internal error in a request handler: ") + e.what()));
+        }
+    };
+}
 
 PSS_NAMESPACE_END

@@ -75,6 +75,11 @@ struct SyncOptions {
 /// A ParameterServer is driven by one thread (the transport's task), so it needs no locks: requests to
 /// one task are handled one at a time. `handle` validates every request completely before it changes
 /// anything, so a request that fails leaves the shard as it was.
+///
+/// In synchronous training a pull (`read` or `gather` with a `step`) for a step not applied yet is held:
+/// `handle(request, respond)` keeps `respond` and answers once the push that completes the step arrives.
+/// A held pull is answered with an error when its shard is destroyed (`not_found`), or the server is
+/// destroyed or stops serving (`unavailable`, see `release_held`), so that no sender waits forever.
 /// @tparam OptimizerPolicy applies gradients; its slots live beside each float shard.
 template <Optimizer OptimizerPolicy>
 class ParameterServer {
@@ -87,17 +92,32 @@ public:
             throw InvalidArgumentError("pss: ParameterServer: synchronous training needs at least one worker");
     }
 
-    /// @brief Handles one request; errors become replies (never exceptions), so a bad request cannot
-    /// take the task down.
-    Reply handle(Request&& request) noexcept {
-        try {
-            return dispatch(std::move(request));
-        } catch (const Error& e) {
-            return Reply::error(e.code(), e.what());
-        } catch (const std::exception& e) {
-            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
-        }
+    ParameterServer(const ParameterServer&) = delete;
+    ParameterServer& operator=(const ParameterServer&) = delete;
+
+    /// Answers the pulls still held: the server is going away, their step will not come.
+    ~ParameterServer() { release_held(); }
+
+    /// @brief Answers every held pull `ErrorCode::unavailable`: the task stops serving, so their steps
+    /// will not be applied here. Call it once the transport has stopped handing this server requests
+    /// (after its `shutdown()`), since a ParameterServer takes no locks.
+    void release_held() noexcept {
+        for (auto& [key, shard] : shards_)
+            std::visit([&](auto& state) { release_held(shard, state, ErrorCode::unavailable, "the parameter server shut down"); },
+                       shard.state);
     }
+
+    /// @brief Handles one request and answers it through `respond`, at once, or (a synchronous pull for a
+    /// step not applied yet) when that step is applied. Errors become replies (never exceptions), so a
+    /// bad request cannot take the task down.
+    void handle(Request&& request, Responder respond) noexcept {
+        Reply reply = run(std::move(request), &respond);
+        if (respond) respond(std::move(reply));  // else held: answered by the push that completes its step
+    }
+
+    /// @brief Handles one request and returns its reply at once: a synchronous pull for a step not
+    /// applied yet is answered `ErrorCode::not_ready` (the caller asks again), never held.
+    Reply handle(Request&& request) noexcept { return run(std::move(request), nullptr); }
 
     /// @brief Number of shards this task holds.
     [[nodiscard]] std::size_t num_shards() const noexcept { return shards_.size(); }
@@ -122,6 +142,12 @@ private:
             std::vector<Rows> sparse;            // the sparse gradients of the step, in arrival order
         };
         std::map<std::uint64_t, Pending> pending;
+        // Synchronous pulls waiting for their step, answered from push_step.
+        struct Held {
+            Request request;
+            Responder respond;
+        };
+        std::vector<Held> held;
     };
     using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>>;
 
@@ -138,7 +164,19 @@ private:
         }
     };
 
-    Reply dispatch(Request&& request) {
+    /// Runs `request`; a pull that has to wait for its step moves `*hold` into the shard (hold null: it
+    /// is answered not_ready instead).
+    Reply run(Request&& request, Responder* hold) noexcept {
+        try {
+            return dispatch(std::move(request), hold);
+        } catch (const Error& e) {
+            return Reply::error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        }
+    }
+
+    Reply dispatch(Request&& request, Responder* hold) {
         if (request.op == Op::create) return create(std::move(request));
         if (request.op == Op::call || request.op == Op::shutdown)
             throw InvalidArgumentError("pss: a " + std::string(op_name(request.op)) +
@@ -151,12 +189,14 @@ private:
                                 " on this task (the variable was destroyed or never created here)");
         Shard& shard = it->second;
         if (request.op == Op::destroy) {
+            std::visit([&](auto& state) { release_held(shard, state, ErrorCode::not_found, "the variable was destroyed"); },
+                       shard.state);
             shards_.erase(it);
             return {};
         }
         const std::string what = std::string(op_name(request.op)) + " on variable '" + shard.name + "'";
         detail::validate_request(request.op, what, shard.shape, shard.dtype, request.payload, request.ids);
-        return std::visit([&](auto& state) { return apply(shard, state, std::move(request)); }, shard.state);
+        return std::visit([&](auto& state) { return apply(shard, state, std::move(request), hold); }, shard.state);
     }
 
     Reply create(Request&& request) {
@@ -176,13 +216,22 @@ private:
         return {};
     }
 
+    /// A synchronous pull for `step` may run once the steps up to `step - 1 - staleness` are applied.
     template <class T>
-    Reply apply(const Shard& shard, State<T>& state, Request&& request) {
+    [[nodiscard]] bool step_ready(const State<T>& state, std::uint64_t step) const noexcept {
+        return step == 0 || state.applied + 1 + sync_.staleness >= step;
+    }
+
+    template <class T>
+    Reply apply(const Shard& shard, State<T>& state, Request&& request, Responder* hold) {
         xt::xarray<T>& value = state.value;
         Reply reply;
-        if (sync_.synchronous && (request.op == Op::read || request.op == Op::gather) && request.step != 0 &&
-            state.applied + 1 + sync_.staleness < request.step)
+        if (sync_.synchronous && (request.op == Op::read || request.op == Op::gather) && !step_ready(state, request.step))
         {
+            if (hold != nullptr && *hold) {
+                state.held.push_back({std::move(request), std::move(*hold)});
+                return reply;  // not sent: the responder has moved into `held`
+            }
             reply = Reply::error(ErrorCode::not_ready, "pss: " + std::string(op_name(request.op)) + " on variable '" +
                                                            shard.name + "' for step " + std::to_string(request.step) +
                                                            ": step " + std::to_string(state.applied + 1) +
@@ -302,6 +351,41 @@ private:
             }
             ++state.applied;
         }
+        answer_ready(shard, state);
+    }
+
+    /// Answers the held pulls whose step is applied now, in the order they arrived.
+    template <class T>
+    void answer_ready(const Shard& shard, State<T>& state) {
+        if (std::none_of(state.held.begin(), state.held.end(),
+                         [&](const auto& h) { return step_ready(state, h.request.step); }))
+            return;
+        std::vector<typename State<T>::Held> ready, waiting;
+        for (auto& h : state.held) (step_ready(state, h.request.step) ? ready : waiting).push_back(std::move(h));
+        state.held = std::move(waiting);
+        for (auto& h : ready) h.respond(run_held(shard, state, std::move(h.request)));
+    }
+
+    template <class T>
+    Reply run_held(const Shard& shard, State<T>& state, Request&& request) noexcept {
+        try {
+            return apply(shard, state, std::move(request), nullptr);
+        } catch (const Error& e) {
+            return Reply::error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        }
+    }
+
+    /// Answers every held pull of a shard with `code`: its step will not be applied here.
+    template <class T>
+    static void release_held(const Shard& shard, State<T>& state, ErrorCode code, const char* why) noexcept {
+        auto held = std::move(state.held);
+        state.held.clear();
+        for (auto& h : held)
+            h.respond(Reply::error(code, "pss: " + std::string(op_name(h.request.op)) + " on variable '" + shard.name +
+                                             "' for step " + std::to_string(h.request.step) + " was waiting when " +
+                                             why + "; the step will not be applied"));
     }
 
     template <class T>

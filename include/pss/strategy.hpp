@@ -74,10 +74,12 @@ public:
         for (int i = 0; i < num_ps; ++i) {
             servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync));
             auto* server = servers_.back().get();
-            transport_.serve(TaskId{"ps", i}, [server](Request&& r) { return server->handle(std::move(r)); });
+            transport_.serve(TaskId{"ps", i}, [server](Request&& r, Responder respond) {
+                server->handle(std::move(r), std::move(respond));
+            });
         }
     }
-    ~TransportChannel() override { transport_.shutdown(); }
+    ~TransportChannel() override { shutdown(); }
 
     std::future<Reply> send(int task, Request request) override {
         return transport_.send(TaskId{"ps", task}, std::move(request));
@@ -85,7 +87,10 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
-    void shutdown() override { transport_.shutdown(); }
+    void shutdown() override {
+        transport_.shutdown();
+        for (auto& server : servers_) server->release_held();  // a pull waiting for a step gets unavailable
+    }
 
 private:
     TransportPolicy transport_;
@@ -111,14 +116,14 @@ public:
         if (self_.type == "ps") {
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
             server_ = std::make_unique<TransportPolicy>(spec_);
-            server_->serve(self_, [this](Request&& r) {
-                if (r.op == Op::shutdown) return stop_requested();
-                return ps_->handle(std::move(r));
+            server_->serve(self_, [this](Request&& r, Responder respond) {
+                if (r.op == Op::shutdown) return respond(stop_requested());
+                ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
             server_ = std::make_unique<TransportPolicy>(spec_);
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
-            server_->serve(self_, [this, weak](Request&& r) -> Reply {
+            server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
                 if (r.op == Op::shutdown) return stop_requested();
                 if (r.op != Op::call)
                     return Reply::error(ErrorCode::invalid_argument,
@@ -127,7 +132,7 @@ public:
                 const ClosureContext context{self_.index};
                 const ClosureContext::Guard current(context);
                 return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
-            });
+            }));
         }
     }
 
@@ -157,6 +162,7 @@ public:
     void shutdown() override {
         std::lock_guard lock(shutdown_mutex_);
         if (server_) server_->shutdown();
+        if (ps_) ps_->release_held();  // a pull waiting for a step gets unavailable
         client_.shutdown();
     }
 
@@ -194,12 +200,6 @@ private:
     std::mutex mutex_, shutdown_mutex_;
     std::condition_variable stopped_;
     bool stop_ = false;
-};
-
-/// A Transport that reaches other processes says so with `static constexpr bool crosses_processes = true`.
-template <class T>
-concept transport_crosses_processes = requires {
-    requires T::crosses_processes;
 };
 
 }  // namespace detail

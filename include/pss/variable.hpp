@@ -348,13 +348,28 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
         waiting.push_back(i);
     }
     std::exception_ptr error;
+    const detail::ClosureContext* closure = detail::ClosureContext::current();
+    auto cancelled = [closure] { return closure != nullptr && closure->cancelled(); };
+    auto abandon = [&](std::size_t i) {
+        return std::make_exception_ptr(CancelledError(
+            "pss: " + describe(again[i].op) + " for step " + std::to_string(again[i].step) +
+            " was abandoned: another closure failed, so the step may never complete"));
+    };
+    // A ps holds a synchronous pull until its step is applied, so the reply may take a whole step of the
+    // slowest worker: such a wait wakes every millisecond to see whether the coordinator gave up on it.
+    auto wait = [&](std::size_t i) {
+        if (again[i].step == 0 || closure == nullptr || closure->failures == nullptr) return futures[i].wait(), true;
+        while (futures[i].wait_for(std::chrono::milliseconds(1)) != std::future_status::ready)
+            if (cancelled()) return false;
+        return true;
+    };
     for (auto pause = std::chrono::microseconds(20); !waiting.empty(); pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
         std::vector<std::size_t> retry;
         for (std::size_t i : waiting) {
-            // Spin briefly before blocking: an in-process reply often comes within microseconds.
-            for (int spin = 0; spin < 200 && futures[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready;
-                 ++spin)
-                std::this_thread::yield();
+            if (!wait(i)) {  // the replies still to come are not waited for: nobody will read them
+                if (!error) error = abandon(i);
+                break;
+            }
             Reply reply = futures[i].get();
             if (reply.code == ErrorCode::not_ready && !error) {
                 retry.push_back(i);
@@ -367,11 +382,8 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                 if (!error) error = std::current_exception();
             }
         }
-        if (!error && !retry.empty() && detail::ClosureContext::current() != nullptr &&
-            detail::ClosureContext::current()->cancelled())
-            error = std::make_exception_ptr(CancelledError(
-                "pss: " + describe(again[retry.front()].op) + " for step " + std::to_string(again[retry.front()].step) +
-                " was abandoned: another closure failed, so the step may never complete"));
+        // A ps that cannot hold a pull answers not_ready: ask again after a pause, unless cancelled.
+        if (!error && !retry.empty() && cancelled()) error = abandon(retry.front());
         if (error) break;  // what is not ready is not asked again: the operation has failed
         if (!retry.empty()) std::this_thread::sleep_for(pause);
         for (std::size_t i : retry) post(i, std::move(again[i]));

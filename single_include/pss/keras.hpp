@@ -1805,7 +1805,7 @@ inline bool is_remote_model_unknown(const Error& e) {
 inline void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights) {
     std::shared_ptr<RemoteModel> model = parse_model_description(description, std::move(weights));
     auto& store = RemoteModels::instance();
-    const int worker = current_worker;
+    const int worker = worker_index();
     std::lock_guard lock(store.mutex);
     model->last_used = ++store.clock;
     store.models[{worker, model_id}] = std::move(model);
@@ -1834,9 +1834,9 @@ inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::u
     {
         auto& store = RemoteModels::instance();
         std::lock_guard lock(store.mutex);
-        const auto it = store.models.find({current_worker, model_id});
+        const auto it = store.models.find({worker_index(), model_id});
         if (it == store.models.end())
-            throw NotFoundError(std::string(remote_model_unknown) + std::to_string(current_worker) +
+            throw NotFoundError(std::string(remote_model_unknown) + std::to_string(worker_index()) +
                                 std::string(remote_model_unknown_tail) + json_text(model_id) +
                                 " (it restarted, or evicted the model: a worker keeps the " +
                                 std::to_string(remote_models_per_worker) +

@@ -53,7 +53,11 @@ concept cluster_resolver_has_rpc_layer = requires(const R& r) {
 /// | `r.cluster_spec()`| convertible to `ClusterSpec`       | every task's address, by job (`detail::cluster_resolver_has_cluster_spec`) |
 /// | `r.task_type()`   | convertible to `std::string`       | this task's job name: "chief", "worker", "ps", "evaluator", or "" when this process does not know its role (TensorFlow's `None`) (`detail::cluster_resolver_has_task_type`) |
 /// | `r.task_id()`     | convertible to `int`               | this task's index in its job (`detail::cluster_resolver_has_task_id`) |
-/// | `r.rpc_layer()`   | convertible to `std::string`       | the protocol the addresses are meant for: "grpc", "inproc", or "" when not said, in which case the strategy's Transport decides (`detail::cluster_resolver_has_rpc_layer`) |
+/// | `r.rpc_layer()`   | convertible to `std::string`       | the protocol the addresses are meant for: "grpc", "inproc", or "" when not said. "inproc" (the embedded cluster) keeps the whole cluster in one process; otherwise a Transport that crosses processes makes this process the task `task_type()`/`task_id()` names (`detail::cluster_resolver_has_rpc_layer`) |
+///
+/// Optional: `R::num_ps`, a `static constexpr int`, the number of ps tasks when the cluster's shape is a
+/// compile-time constant (`LocalClusterResolver<NumPs, NumWorkers>`); with it,
+/// `ParameterServerStrategy::shard_placement<K>()` is a constant expression.
 ///
 /// @par Rules the compiler cannot check
 /// 1. `cluster_spec()`, `task_type()`, `task_id()` and `rpc_layer()` return the same values on every

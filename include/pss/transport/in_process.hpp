@@ -22,8 +22,8 @@ PSS_NAMESPACE_BEGIN
 /// @brief The embedded transport: each served task is its own thread, owning its state, with a mailbox.
 ///
 /// `send` moves the Request (and so its tensor buffer) into the task's mailbox; the task's thread runs
-/// the handler and moves the Reply into the future. No element is copied and no task reads another
-/// task's memory. Models the Transport concept.
+/// the handler, whose Responder moves the Reply into the future, then or later (from any thread). No
+/// element is copied and no task reads another task's memory. Models the Transport concept.
 class InProcessTransport {
 public:
     explicit InProcessTransport(const ClusterSpec& spec) : spec_(spec) {}
@@ -31,7 +31,7 @@ public:
     InProcessTransport& operator=(const InProcessTransport&) = delete;
     ~InProcessTransport() { shutdown(); }
 
-    /// @brief Starts `task`'s thread, which answers every request with `handler`.
+    /// @brief Starts `task`'s thread, which hands every request to `handler` with its Responder.
     /// @throws InvalidArgumentError when `task` is not in the cluster spec or is served already.
     void serve(const TaskId& task, RequestHandler handler) {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
@@ -43,7 +43,7 @@ public:
         slot = std::make_shared<Mailbox>(std::move(handler));
     }
 
-    /// @brief Moves `request` to `task`; the future becomes ready when the task has handled it.
+    /// @brief Moves `request` to `task`; the future becomes ready when the task's handler answers it.
     std::future<Reply> send(const TaskId& task, Request request) {
         std::shared_ptr<Mailbox> box;
         {
@@ -55,7 +55,8 @@ public:
         return future ? std::move(*future) : unavailable(task);
     }
 
-    /// @brief Finishes the requests already queued, then stops every task's thread. Idempotent.
+    /// @brief Hands the requests already queued to their handlers, then stops every task's thread.
+    /// Idempotent. A reply held by a handler comes when the handler answers (or drops) it.
     void shutdown() {
         std::map<std::string, std::shared_ptr<Mailbox>> tasks;
         {
@@ -99,17 +100,21 @@ private:
         void run() {
             for (;;) {
                 // A short spin before sleeping: a training loop sends its next request within microseconds,
-                // and waking a sleeping thread costs more than the request itself for small payloads.
+                // and waking a sleeping thread costs more than the request itself for small payloads. Kept
+                // because it measures faster: without it (the condition variable alone), a 1 MB push of
+                // bench_in_process took 98 to 113 us against 77 to 87 us with it, on a loaded 2-core machine.
                 for (int spin = 0; spin < 200 && !pending_.load(std::memory_order_acquire); ++spin)
                     std::this_thread::yield();
                 std::unique_lock lock(mutex_);
                 ready_.wait(lock, [&] { return !queue_.empty() || closed_; });
-                if (queue_.empty()) return;  // closed, and everything queued has been answered
+                if (queue_.empty()) return;  // closed, and everything queued has been handled
                 auto [request, promise] = std::move(queue_.front());
                 queue_.pop_front();
                 pending_.store(!queue_.empty(), std::memory_order_release);
                 lock.unlock();
-                promise.set_value(handler_(std::move(request)));
+                handler_(std::move(request), Responder([promise = std::move(promise)](Reply&& reply) mutable {
+                             promise.set_value(std::move(reply));
+                         }));
             }
         }
 

@@ -1,0 +1,425 @@
+// pss/transport/tcp/client.hpp: TcpClientConnection, the connection from this process to one task: connect, write, read replies.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <asio.hpp>
+
+#include <pss/cluster/cluster_spec.hpp>
+#include <pss/config.hpp>
+#include <pss/errors.hpp>
+#include <pss/message.hpp>
+#include <pss/tensor.hpp>
+#include <pss/transport/tcp/buffers.hpp>
+#include <pss/transport/tcp/options.hpp>
+#include <pss/transport/tcp/read_ahead.hpp>
+#include <pss/wire.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// The client side of the connection from this process to one task: created by the first `send`,
+/// connected with retries, requests pipelined on it and their replies matched by id.
+///
+/// Threading rule: everything runs on `strand_` (or, once the transport's threads are joined, on the
+/// thread that shuts it down), except `send` and `closed`, which touch only `inbox_` under
+/// `inbox_mutex_` (held to append or take requests, never across I/O) and the atomic `closed_`.
+class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnection> {
+public:
+    using Clock = std::chrono::steady_clock;
+
+    TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
+                        const TcpOptions& options)
+        : task_(std::move(task)),
+          where_(std::move(where)),
+          options_(options),
+          strand_(asio::make_strand(io)),
+          socket_(strand_),
+          backoff_timer_(strand_),
+          deadline_timer_(strand_) {}
+
+    /// Starts connecting (on the strand).
+    void start() {
+        connect_deadline_ = Clock::now() + options_.connect_timeout;
+        backoff_ = options_.connect_backoff_initial;
+        asio::post(strand_, [self = shared_from_this()] { self->attempt(); });
+    }
+
+    [[nodiscard]] bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+
+    /// Hands `request` to the strand, which writes it once the connection is up.
+    std::future<Reply> send(Request request) {
+        auto out = std::make_shared<Outgoing>();
+        out->request = std::move(request);
+        auto future = out->promise.get_future();
+        bool first = false;
+        {
+            std::unique_lock lock(inbox_mutex_);
+            if (inbox_closed_) {
+                const std::string reason = closed_reason_for_senders_;
+                lock.unlock();
+                out->answer(Reply::error(ErrorCode::unavailable, reason));
+                return future;
+            }
+            first = inbox_.empty();
+            inbox_.push_back(std::move(out));
+        }
+        if (first) asio::post(strand_, [self = shared_from_this()] { self->take_inbox(); });
+        return future;
+    }
+
+    /// Answers every waiting request with `reason` (unavailable) and closes the socket (strand, or after
+    /// the transport's threads are joined).
+    void fail(const std::string& reason) {
+        std::vector<std::shared_ptr<Outgoing>> inbox;
+        {
+            std::lock_guard lock(inbox_mutex_);
+            if (inbox_closed_) return;
+            inbox_closed_ = true;
+            closed_reason_for_senders_ = reason;
+            inbox.swap(inbox_);
+        }
+        closed_.store(true, std::memory_order_release);
+        state_ = State::closed;
+        closed_reason_ = reason;
+        std::error_code ignored;
+        deadline_timer_.cancel();
+        backoff_timer_.cancel();
+        socket_.close(ignored);
+        auto pending = std::move(pending_);
+        pending_.clear();
+        queue_.clear();
+        for (auto& [id, p] : pending) p.out->answer(Reply::error(ErrorCode::unavailable, reason));
+        for (auto& out : inbox) out->answer(Reply::error(ErrorCode::unavailable, reason));
+    }
+
+private:
+    enum class State { connecting, connected, closed };
+
+    /// A request on its way: its frame points into it, and its promise is answered exactly once.
+    struct Outgoing {
+        Request request;
+        OutgoingFrame frame;
+        std::uint64_t id = 0;
+        std::promise<Reply> promise;
+        bool answered = false;
+
+        void answer(Reply reply) {
+            if (answered) return;
+            answered = true;
+            promise.set_value(std::move(reply));
+        }
+        /// Dropped unanswered (its transport stopped before the strand took it): answered unavailable.
+        ~Outgoing() {
+            if (!answered)
+                promise.set_value(Reply::error(ErrorCode::unavailable,
+                                               "pss: TcpTransport: the transport stopped before the request was sent"));
+        }
+    };
+
+    struct Pending {
+        std::shared_ptr<Outgoing> out;
+        bool sent = false;
+        std::optional<Clock::time_point> deadline;
+        /// A reply handing the payload back that was read before this request's write completed (the
+        /// two completions race on the strand): kept until the write is done, so that the caller never
+        /// gets a buffer a write may still read.
+        std::optional<Reply> early;
+    };
+
+    std::string address_text() const { return where_text_.empty() ? std::string("?") : where_text_; }
+
+    std::string lost(std::error_code ec) const {
+        return "pss: TcpTransport: the connection to " + task_.to_string() + " at " + address_text() +
+               " was lost (" + ec.message() + "); a request in flight may or may not have been applied";
+    }
+
+    // ---- taking requests ----
+
+    /// Moves the requests `send` queued into the write queue, framed and numbered.
+    void take_inbox() {
+        std::vector<std::shared_ptr<Outgoing>> inbox;
+        {
+            std::lock_guard lock(inbox_mutex_);
+            inbox.swap(inbox_);
+        }
+        const auto now = Clock::now();
+        for (auto& out : inbox) {
+            if (state_ == State::closed) {
+                out->answer(Reply::error(ErrorCode::unavailable, closed_reason_));
+                continue;
+            }
+            out->id = next_id_++;
+            // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
+            const bool elide = out->request.op == Op::read && out->request.payload.has_value();
+            try {
+                out->frame =
+                    OutgoingFrame::request(out->request, out->id, static_cast<std::uint32_t>(task_.index), elide);
+            } catch (const Error& e) {  // a request the wire cannot carry (rank above 8)
+                out->answer(Reply::error(e.code(), e.what()));
+                continue;
+            }
+            Pending& pending = pending_[out->id];
+            pending.out = out;
+            if (state_ == State::connected) start_clock(pending, now);
+            queue_.push_back(std::move(out));
+        }
+        if (state_ == State::connected && !writing_) write_queued();
+    }
+
+    // ---- connecting ----
+
+    void attempt() {
+        if (state_ == State::closed) return;
+        TcpHostPort where;
+        try {
+            where = where_();
+        } catch (const Error& e) {
+            return fail(e.what());
+        }
+        where_text_ = where.host + ":" + std::to_string(where.port);
+        std::error_code ec;
+        const auto address = asio::ip::make_address(where.host == "localhost" ? "127.0.0.1" : where.host, ec);
+        if (!ec) {
+            socket_.async_connect(asio::ip::tcp::endpoint(address, where.port),
+                                  [self = shared_from_this()](std::error_code ec2) { self->on_connect(ec2); });
+            return;
+        }
+        resolver_ = std::make_unique<asio::ip::tcp::resolver>(strand_);
+        resolver_->async_resolve(
+            where.host, std::to_string(where.port),
+            [self = shared_from_this()](std::error_code ec2, asio::ip::tcp::resolver::results_type results) {
+                if (ec2) return self->retry(ec2);
+                asio::async_connect(self->socket_, results,
+                                    [self](std::error_code ec3, const asio::ip::tcp::endpoint&) { self->on_connect(ec3); });
+            });
+    }
+
+    void on_connect(std::error_code ec) {
+        if (state_ == State::closed) return;
+        if (ec) return retry(ec);
+        std::error_code ignored;
+        socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+        socket_.non_blocking(true, ignored);
+        state_ = State::connected;
+        const auto now = Clock::now();
+        for (auto& [id, p] : pending_) start_clock(p, now);
+        write_queued();
+        read_header();
+    }
+
+    void retry(std::error_code ec) {
+        if (state_ == State::closed) return;
+        ++attempts_;
+        std::error_code ignored;
+        socket_.close(ignored);
+        const auto now = Clock::now();
+        if (now >= connect_deadline_)
+            return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
+                        " within " + format_seconds(options_.connect_timeout) + " (" + std::to_string(attempts_) +
+                        " attempts): " + ec.message());
+        const auto wait = std::min<Clock::duration>(backoff_, connect_deadline_ - now);
+        backoff_ = std::min(options_.connect_backoff_max,
+                            std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(
+                                static_cast<double>(backoff_.count()) * options_.connect_backoff_factor + 0.5)));
+        if (backoff_.count() == 0) backoff_ = std::chrono::milliseconds(1);
+        backoff_timer_.expires_after(wait);
+        backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
+            if (!ec2) self->attempt();
+        });
+    }
+
+    // ---- deadlines ----
+
+    void start_clock(Pending& pending, Clock::time_point now) {
+        if (options_.request_timeout.count() <= 0) return;
+        pending.deadline = now + options_.request_timeout;
+        if (timer_armed_) return;  // it fires at an earlier deadline, then re-arms for the next
+        timer_armed_ = true;
+        deadline_timer_.expires_at(*pending.deadline);
+        deadline_timer_.async_wait([self = shared_from_this()](std::error_code ec) { self->on_deadline(ec); });
+    }
+
+    void on_deadline(std::error_code ec) {
+        if (ec == asio::error::operation_aborted) return;
+        timer_armed_ = false;
+        if (state_ == State::closed) return;
+        const auto now = Clock::now();
+        // Ids grow with the strand's taking order, and so do deadlines: the overdue requests come first.
+        std::vector<std::shared_ptr<Outgoing>> expired;
+        for (auto it = pending_.begin(); it != pending_.end();) {
+            if (!it->second.deadline || *it->second.deadline > now) break;
+            if (it->second.early)  // answered, its write still not complete: the answer without the buffer
+                it->second.out->answer(std::move(*it->second.early));
+            else
+                expired.push_back(it->second.out);
+            it = pending_.erase(it);
+        }
+        if (!pending_.empty() && pending_.begin()->second.deadline) {
+            timer_armed_ = true;
+            deadline_timer_.expires_at(*pending_.begin()->second.deadline);
+            deadline_timer_.async_wait([self = shared_from_this()](std::error_code ec2) { self->on_deadline(ec2); });
+        }
+        for (auto& out : expired)
+            out->answer(Reply::error(ErrorCode::unavailable, "pss: request to " + task_.to_string() + " timed out after " +
+                                                                 format_seconds(options_.request_timeout)));
+    }
+
+    // ---- writing ----
+
+    /// Writes the queued frames, several in one gather write (a small batch at once, see TcpWriteBatch).
+    void write_queued() {
+        if (state_ != State::connected || queue_.empty()) {
+            writing_ = false;
+            return;
+        }
+        writing_ = true;
+        batch_.gather(queue_, [](const std::shared_ptr<Outgoing>& out) -> const OutgoingFrame& { return out->frame; });
+        batch_.write(socket_, [self = shared_from_this()](std::error_code ec) { self->on_written(ec); });
+    }
+
+    void on_written(std::error_code ec) {
+        if (state_ == State::closed) return;
+        if (ec) return fail(lost(ec));
+        for (std::size_t n = batch_.frames(); n > 0 && !queue_.empty(); --n) {
+            if (auto it = pending_.find(queue_.front()->id); it != pending_.end()) {
+                it->second.sent = true;
+                if (it->second.early) {
+                    it->second.early->payload = std::move(it->second.out->request.payload);
+                    it->second.out->answer(std::move(*it->second.early));
+                    pending_.erase(it);
+                }
+            }
+            queue_.pop_front();
+        }
+        write_queued();
+    }
+
+    // ---- reading ----
+
+    void read_header() {
+        ahead_.read_header(socket_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
+    }
+
+    void on_header(std::error_code ec) {
+        if (state_ == State::closed) return;
+        if (ec) return fail(lost(ec));
+        try {
+            header_ = decode_header(header_bytes_, options_.limits);
+            if (!header_.is_reply())
+                throw WireError("pss: wire: a request frame came back from " + task_.to_string() +
+                                "; a client takes replies only");
+        } catch (const WireError& e) {
+            return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
+        }
+        ahead_.fill(socket_, body_buffers(header_, body_),
+                    [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
+    }
+
+    void on_body(std::error_code ec) {
+        if (state_ == State::closed) return;
+        if (ec) return fail(lost(ec));
+        try {
+            decode_body(header_bytes_, header_, body_, options_.limits);
+        } catch (const WireError& e) {
+            return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
+        }
+        target_.reset();
+        incoming_ = Tensor{};
+        if (!header_.has_payload() || header_.payload_elided()) return on_payload({});
+        // A read lands in the buffer its request offered, when it fits.
+        if (auto it = pending_.find(header_.request_id); it != pending_.end()) {
+            const Tensor& buffer = it->second.out->request.payload;
+            if (it->second.out->request.op == Op::read && buffer.has_value() && buffer.dtype() == header_.dtype &&
+                buffer.size() == num_elements(body_.shape))
+                target_ = it->second.out;
+        }
+        Tensor* into = &incoming_;
+        if (target_) {
+            into = &target_->request.payload;
+            reshape_in_place(*into, body_.shape);
+        } else {
+            incoming_ = payload_buffer(header_, body_);
+        }
+        if (header_.payload_length == 0) return on_payload({});
+        ahead_.fill(socket_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
+                    [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+    }
+
+    void on_payload(std::error_code ec) {
+        if (state_ == State::closed) return;
+        if (ec) return fail(lost(ec));
+        Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
+        target_.reset();
+        Reply reply = to_reply(header_, body_, std::move(payload));
+        if (auto it = pending_.find(header_.request_id); it != pending_.end() && !it->second.early) {
+            if (header_.payload_elided() && !it->second.sent) {
+                it->second.early = std::move(reply);  // answered by on_written
+            } else {
+                // An update's spent payload is handed back from here: its bytes have been written.
+                if (header_.payload_elided()) reply.payload = std::move(it->second.out->request.payload);
+                auto out = std::move(it->second.out);
+                pending_.erase(it);
+                out->answer(std::move(reply));
+            }
+        }  // else it timed out
+        read_header();
+    }
+
+    TaskId task_;
+    std::function<TcpHostPort()> where_;
+    TcpOptions options_;
+    TcpStrand strand_;
+    asio::ip::tcp::socket socket_;
+    std::unique_ptr<asio::ip::tcp::resolver> resolver_;
+    asio::steady_timer backoff_timer_;
+    asio::steady_timer deadline_timer_;
+
+    // Shared with sending threads.
+    std::mutex inbox_mutex_;
+    std::vector<std::shared_ptr<Outgoing>> inbox_;  // sent, not yet taken by the strand
+    bool inbox_closed_ = false;
+    std::string closed_reason_for_senders_;
+    std::atomic<bool> closed_{false};
+
+    // The strand's own.
+    State state_ = State::connecting;
+    std::string closed_reason_;
+    std::uint64_t next_id_ = 1;
+    std::map<std::uint64_t, Pending> pending_;
+    std::deque<std::shared_ptr<Outgoing>> queue_;  // taken, not yet written
+    bool writing_ = false;
+    bool timer_armed_ = false;
+    TcpWriteBatch batch_;
+    std::string where_text_;
+    Clock::time_point connect_deadline_;
+    std::chrono::milliseconds backoff_{1};
+    int attempts_ = 0;
+    std::array<std::byte, frame_header_size> header_bytes_{};
+    TcpReadAhead ahead_;
+    FrameHeader header_;
+    FrameBody body_;
+    Tensor incoming_;
+    std::shared_ptr<Outgoing> target_;
+};
+
+}  // namespace detail
+
+PSS_NAMESPACE_END
