@@ -234,7 +234,7 @@ public:
     }
 
     /// @brief The loss of a batch (the mean over its examples), computed in the predictions' dtype
-    /// (float32 or float64; targets of another dtype are converted to it) and summed in double.
+    /// (float32 or float64; targets of another dtype are converted to it), returned as a double.
     /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
     [[nodiscard]] virtual double value(const Tensor& y_true, const Tensor& y_pred) const = 0;
     /// @brief d value / d y_pred, of y_pred's shape and dtype.
@@ -684,8 +684,10 @@ struct LayerGradients {
 /// training, 0 otherwise) and keeps what backward needs; `backward(grad_out)` uses it. One layer object
 /// runs one step at a time: a model gives each worker its own `clone()` (clones share the variables).
 ///
-/// To write a layer: derive, implement `clone`, `class_name`, `do_build`, `forward`, `backward`, and
-/// `weights` when it has any; override `check_input_values` to reject inputs before training starts.
+/// To write a layer: derive, implement `clone`, `class_name`, `do_build`, `forward` and `backward`
+/// (both on float32 and float64 tensors), and `weights` when it has any; override `check_input_values`
+/// to reject inputs before training starts. For worker processes, also override `get_config` and
+/// `do_bind`, and teach detail::parse_layer_config the class.
 class Layer {
 public:
     virtual ~Layer() = default;

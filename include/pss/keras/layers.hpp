@@ -201,8 +201,10 @@ struct LayerGradients {
 /// training, 0 otherwise) and keeps what backward needs; `backward(grad_out)` uses it. One layer object
 /// runs one step at a time: a model gives each worker its own `clone()` (clones share the variables).
 ///
-/// To write a layer: derive, implement `clone`, `class_name`, `do_build`, `forward`, `backward`, and
-/// `weights` when it has any; override `check_input_values` to reject inputs before training starts.
+/// To write a layer: derive, implement `clone`, `class_name`, `do_build`, `forward` and `backward`
+/// (both on float32 and float64 tensors), and `weights` when it has any; override `check_input_values`
+/// to reject inputs before training starts. For worker processes, also override `get_config` and
+/// `do_bind`, and teach detail::parse_layer_config the class.
 class Layer {
 public:
     virtual ~Layer() = default;

@@ -50,7 +50,7 @@ public:
     }
 
     /// @brief The loss of a batch (the mean over its examples), computed in the predictions' dtype
-    /// (float32 or float64; targets of another dtype are converted to it) and summed in double.
+    /// (float32 or float64; targets of another dtype are converted to it), returned as a double.
     /// @pre check_targets(y_true, y_pred's shape without the batch axis) passed; the batch is not empty
     [[nodiscard]] virtual double value(const Tensor& y_true, const Tensor& y_pred) const = 0;
     /// @brief d value / d y_pred, of y_pred's shape and dtype.
