@@ -6445,7 +6445,9 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     // A ps holds a synchronous pull until its step is applied, so the reply may take a whole step of the
     // slowest worker: such a wait wakes every millisecond to see whether the coordinator gave up on it.
     auto wait = [&](std::size_t i) {
-        if (again[i].step == 0 || closure == nullptr || closure->failures == nullptr) return futures[i].wait(), true;
+        // Only a pull is held; a push is answered at once, and its effect stands whether or not it is awaited.
+        const bool held = again[i].step != 0 && (again[i].op == Op::read || again[i].op == Op::gather);
+        if (!held || closure == nullptr || closure->failures == nullptr) return futures[i].wait(), true;
         while (futures[i].wait_for(std::chrono::milliseconds(1)) != std::future_status::ready)
             if (cancelled()) return false;
         return true;
