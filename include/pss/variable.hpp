@@ -358,6 +358,11 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     // A ps holds a synchronous pull until its step is applied, so the reply may take a whole step of the
     // slowest worker: such a wait wakes every millisecond to see whether the coordinator gave up on it.
     auto wait = [&](std::size_t i) {
+        // Spin briefly before blocking: an in-process reply often comes within microseconds, and a
+        // sleeping thread's wake-up costs more (without the spin, bench_ctr's synchronous 2 workers ran
+        // 430 to 480 steps/s against 665 to 741 with it, on a loaded 2-core machine).
+        for (int spin = 0; spin < 200 && futures[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready; ++spin)
+            std::this_thread::yield();
         // Only a pull is held; a push is answered at once, and its effect stands whether or not it is awaited.
         const bool held = again[i].step != 0 && (again[i].op == Op::read || again[i].op == Op::gather);
         if (!held || closure == nullptr || closure->failures == nullptr) return futures[i].wait(), true;
