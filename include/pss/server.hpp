@@ -102,9 +102,11 @@ public:
     /// will not be applied here. Call it once the transport has stopped handing this server requests
     /// (after its `shutdown()`), since a ParameterServer takes no locks.
     void release_held() noexcept {
-        for (auto& [key, shard] : shards_)
+        for (auto& entry : shards_) {  // not a structured binding: clang 14 cannot capture one in a lambda
+            Shard& shard = entry.second;
             std::visit([&](auto& state) { release_held(shard, state, ErrorCode::unavailable, "the parameter server shut down"); },
                        shard.state);
+        }
     }
 
     /// @brief Handles one request and answers it through `respond`, at once, or (a synchronous pull for a
