@@ -972,9 +972,10 @@ public:
         }
         const pss::detail::ClosureContext context{worker};
         const pss::detail::ClosureContext::Guard current(context);  // as a worker process serving a call
-        pss::Tensor answer = pss::detail::run_call(request.name, request.payload, pss::detail::CallContext{channel, worker});
+        pss::Reply answer;
+        answer.values = pss::detail::run_call(request.name, std::move(request.values), pss::detail::CallContext{channel, worker});
         std::promise<pss::Reply> reply;
-        reply.set_value(pss::Reply{pss::ErrorCode::ok, {}, std::move(answer)});
+        reply.set_value(std::move(answer));
         return reply.get_future();
     }
     /// How many calls of `name` were made.

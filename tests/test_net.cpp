@@ -25,11 +25,7 @@ namespace {
 using Bytes = std::vector<std::byte>;
 using Ids = std::vector<std::int64_t>;
 
-Bytes frame_bytes(const pss::OutgoingFrame& frame) {
-    Bytes out(frame.size());
-    asio::buffer_copy(asio::buffer(out), frame.buffers());
-    return out;
-}
+Bytes frame_bytes(const pss::OutgoingFrame& frame) { return frame.bytes(); }
 
 /// The frame of assign_add of float32 [1.5, -2] to shard 7/2, named "w", with ids {3, -1}, id 0x0102030405060708.
 pss::Request known_request() {
@@ -55,17 +51,19 @@ void put_u64(Bytes& b, std::size_t at, std::uint64_t v) {
     for (int i = 0; i < 8; ++i) b[at + static_cast<std::size_t>(i)] = static_cast<std::byte>((v >> (8 * i)) & 0xFF);
 }
 
+std::uint64_t get_le(const Bytes& b, std::size_t at, int n) {
+    std::uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | std::to_integer<std::uint64_t>(b[at + static_cast<std::size_t>(i)]);
+    return v;
+}
+
 /// Re-seals a frame whose header or sections a test changed, so that only the intended check fails.
 void reseal(Bytes& b) {
-    const auto rank = std::to_integer<std::size_t>(b[37]);
-    std::uint64_t name = 0, message = 0, ids = 0;
-    for (int i = 3; i >= 0; --i) name = (name << 8) | std::to_integer<std::uint64_t>(b[40 + static_cast<std::size_t>(i)]);
-    for (int i = 3; i >= 0; --i) message = (message << 8) | std::to_integer<std::uint64_t>(b[44 + static_cast<std::size_t>(i)]);
-    for (int i = 7; i >= 0; --i) ids = (ids << 8) | std::to_integer<std::uint64_t>(b[48 + static_cast<std::size_t>(i)]);
-    const std::size_t body = rank * 8 + name + message + ids * 8;
-    std::uint32_t crc = pss::crc32c(0, std::span<const std::byte>(b.data(), 72));
-    crc = pss::crc32c(crc, std::span<const std::byte>(b.data() + 76, std::min(body, b.size() - 76)));
-    put_u32(b, 72, crc);
+    const std::size_t body = get_le(b, 38, 2) * 8 + get_le(b, 40, 4) + get_le(b, 44, 4) + get_le(b, 72, 4) +
+                             get_le(b, 48, 8) * 8;
+    std::uint32_t crc = pss::crc32c(0, std::span<const std::byte>(b.data(), 76));
+    crc = pss::crc32c(crc, std::span<const std::byte>(b.data() + 80, std::min(body, b.size() - 80)));
+    put_u32(b, 76, crc);
 }
 
 std::string decode_error(const Bytes& b, const pss::WireLimits& limits = {}) {
@@ -109,41 +107,40 @@ TEST_SUITE("net") {
         CHECK(pss::crc32c(0, {}) == 0u);
     }
 
-    TEST_CASE("wire: the frame of assign_add [1.5, -2] to shard 7/2 has these exact 76 + 25 + 8 bytes" *
+    TEST_CASE("wire: the frame of assign_add [1.5, -2] to shard 7/2 has these exact 80 + 33 + 8 bytes" *
               doctest::timeout(30)) {
         const Bytes b = known_frame();
-        REQUIRE(b.size() == 76 + 8 + 1 + 16 + 8);
-        const std::array<std::uint8_t, 72> expected_header{
+        REQUIRE(b.size() == 80 + 16 + 1 + 16 + 8);
+        const std::array<std::uint8_t, 76> expected_header{
             'P',  'S', 'S', '1',                      // magic
-            1,    0,                                  // version 1
+            2,    0,                                  // version 2
             4,                                        // kind: assign_add
-            1,                                        // flags: a payload
+            0,                                        // flags: none
             0,    0,   0,   0,                        // error code ok
             8,    7,   6,   5,   4, 3, 2, 1,          // request id 0x0102030405060708
             1,    0,   0,   0,                        // task 1
             7,    0,   0,   0,   0, 0, 0, 0,          // variable 7
             2,    0,   0,   0,                        // shard 2
-            1,                                        // dtype float32
-            1,                                        // rank 1
-            0,    0,                                  // reserved
+            1,    0,                                  // 1 tensor
+            2,    0,                                  // 2 descriptor words
             1,    0,   0,   0,                        // name length 1
             0,    0,   0,   0,                        // message length 0
             2,    0,   0,   0,   0, 0, 0, 0,          // 2 ids
             8,    0,   0,   0,   0, 0, 0, 0,          // payload 8 bytes
-            5,    0,   0,   0,   0, 0, 0, 0};         // step 5
+            5,    0,   0,   0,   0, 0, 0, 0,          // step 5
+            0,    0,   0,   0};                       // values length 0
         for (std::size_t i = 0; i < expected_header.size(); ++i) {
             CAPTURE(i);
             CHECK(std::to_integer<std::uint8_t>(b[i]) == expected_header[i]);
         }
-        // The checksum: CRC-32C of header bytes 0..71 and the sections, not the payload.
-        const std::uint32_t crc = pss::crc32c(0, std::span<const std::byte>(b.data(), 72));
-        const std::uint32_t expected_crc =
-            pss::crc32c(crc, std::span<const std::byte>(b.data() + 76, 8 + 1 + 16));
-        std::uint32_t carried = 0;
-        for (int i = 3; i >= 0; --i) carried = (carried << 8) | std::to_integer<std::uint32_t>(b[72 + static_cast<std::size_t>(i)]);
+        // The checksum: CRC-32C of header bytes 0..75 and the sections, not the payload.
+        const std::uint32_t crc = pss::crc32c(0, std::span<const std::byte>(b.data(), 76));
+        const std::uint32_t expected_crc = pss::crc32c(crc, std::span<const std::byte>(b.data() + 80, 16 + 1 + 16));
+        const auto carried = static_cast<std::uint32_t>(get_le(b, 76, 4));
         CHECK(carried == expected_crc);
-        CHECK(carried == 0x7fb86753u);  // pinned: a change of layout or checksum shows up here
-        const std::array<std::uint8_t, 33> expected_sections{
+        CHECK(carried == 0x0ba5a541u);  // pinned: a change of layout or checksum shows up here
+        const std::array<std::uint8_t, 41> expected_sections{
+            1, 1, 0, 0, 0, 0, 0, 0,                          // descriptor: float32 (1), rank 1
             2, 0, 0, 0, 0, 0, 0, 0,                          // shape (2,)
             'w',                                             // name
             3, 0, 0, 0, 0, 0, 0, 0,                          // id 3
@@ -152,7 +149,7 @@ TEST_SUITE("net") {
             0, 0, 0, 0xc0};                                  // -2.0f
         for (std::size_t i = 0; i < expected_sections.size(); ++i) {
             CAPTURE(i);
-            CHECK(std::to_integer<std::uint8_t>(b[76 + i]) == expected_sections[i]);
+            CHECK(std::to_integer<std::uint8_t>(b[80 + i]) == expected_sections[i]);
         }
     }
 
@@ -163,6 +160,7 @@ TEST_SUITE("net") {
         CHECK(frame.header.request_id == 0x0102030405060708u);
         CHECK(frame.header.task == 1u);
         auto request = pss::to_request(frame.header, frame.body, std::move(frame.payload));
+        CHECK(request.kind == pss::RequestKind::operation);
         CHECK(request.op == pss::Op::assign_add);
         CHECK(request.key == pss::ShardKey{7, 2});
         CHECK(request.name == "w");
@@ -170,7 +168,7 @@ TEST_SUITE("net") {
         CHECK(request.step == 5u);
         CHECK(request.payload.get<float>() == xt::xarray<float>{1.5f, -2.0f});
 
-        pss::Reply reply{pss::ErrorCode::out_of_range, "pss: id 9 is out of range", xt::xarray<std::int64_t>{{1, 2}, {3, 4}}};
+        pss::Reply reply{pss::ErrorCode::out_of_range, "pss: id 9 is out of range", xt::xarray<std::int64_t>{{1, 2}, {3, 4}}, {}};
         const Bytes rb = frame_bytes(pss::OutgoingFrame::reply(reply, 42, 3, false));
         auto rf = pss::decode_frame(rb);
         CHECK(rf.header.is_reply());
@@ -183,12 +181,40 @@ TEST_SUITE("net") {
         pss::Request read;
         read.payload = xt::xarray<double>(xt::zeros<double>({3, 5}));
         const Bytes eb = frame_bytes(pss::OutgoingFrame::request(read, 1, 0, true));
-        CHECK(eb.size() == 76 + 16);
+        CHECK(eb.size() == 80 + 24);
         auto ef = pss::decode_frame(eb);
         CHECK(ef.header.payload_elided());
-        CHECK(ef.header.dtype == pss::DType::float64);
-        CHECK(ef.body.shape == pss::Shape{3, 5});
+        CHECK(ef.body.payload().dtype == pss::DType::float64);
+        CHECK(ef.body.payload().shape == pss::Shape{3, 5});
         CHECK_FALSE(ef.payload.has_value());
+
+        // A call: its function, its CBOR values and three tensors (one of rank 0) as sections of their own.
+        pss::Request call;
+        call.kind = pss::RequestKind::call;
+        call.name = "f";
+        call.values.cbor = {0x82, 0x01, 0x02};  // [1, 2]
+        call.values.tensors = {pss::Tensor(xt::xarray<float>{1.0f, 2.0f}), pss::Tensor(xt::xarray<std::int64_t>(xt::ones<std::int64_t>(pss::Shape{}) * 7)),
+                               pss::Tensor(xt::xarray<double>{{0.5, 1.0}, {-0.5, 2.0}})};
+        const Bytes cb = frame_bytes(pss::OutgoingFrame::request(call, 5, 0, false));
+        CHECK(cb.size() == 80 + 8 * (2 + 1 + 3) + 1 + 3 + 8 + 8 + 32);
+        CHECK(std::to_integer<int>(cb[6]) == 13);
+        CHECK(std::to_integer<int>(cb[7]) == 4);
+        auto cf = pss::decode_frame(cb);
+        auto back_call = pss::to_request(cf.header, cf.body, std::move(cf.payload), std::move(cf.tensors));
+        CHECK(back_call.kind == pss::RequestKind::call);
+        CHECK(back_call.name == "f");
+        CHECK(back_call.values.cbor == std::vector<std::uint8_t>{0x82, 0x01, 0x02});
+        REQUIRE(back_call.values.tensors.size() == 3);
+        CHECK(back_call.values.tensors[0].get<float>() == xt::xarray<float>{1.0f, 2.0f});
+        CHECK(back_call.values.tensors[1].get<std::int64_t>() == xt::xarray<std::int64_t>(xt::ones<std::int64_t>(pss::Shape{}) * 7));
+        CHECK(back_call.values.tensors[2].get<double>() == xt::xarray<double>{{0.5, 1.0}, {-0.5, 2.0}});
+        CHECK_FALSE(back_call.payload.has_value());
+
+        pss::Request shutdown;
+        shutdown.kind = pss::RequestKind::shutdown;
+        auto sf = pss::decode_frame(frame_bytes(pss::OutgoingFrame::request(shutdown, 6, 0, false)));
+        CHECK(pss::to_request(sf.header, sf.body, {}).kind == pss::RequestKind::shutdown);
+        CHECK(sf.size == 80);
     }
 
     TEST_CASE("wire: every malformed frame is a WireError naming the field and its value" * doctest::timeout(30)) {
@@ -203,8 +229,8 @@ TEST_SUITE("net") {
             const Bytes magic = with([](Bytes& b) { put_u32(b, 0, 0x58585858u); });
             CHECK(decode_error(magic) ==
                   "pss: wire: frame magic is 0x58585858, expected 0x31535350 (\"PSS1\"); the peer does not speak pss");
-            const Bytes version = with([](Bytes& b) { b[4] = std::byte{2}; });
-            CHECK(decode_error(version) == "pss: wire: frame version 2 is not supported; this build speaks version 1");
+            const Bytes version = with([](Bytes& b) { b[4] = std::byte{1}; });
+            CHECK(decode_error(version) == "pss: wire: frame version 1 is not supported; this build speaks version 2");
             try {
                 (void)pss::decode_frame(magic);
             } catch (const pss::WireError& e) {
@@ -212,28 +238,44 @@ TEST_SUITE("net") {
                 CHECK(e.code() == pss::ErrorCode::invalid_argument);
             }
         }
-        SUBCASE("kind, flags, error code, dtype, rank and reserved bytes out of their sets") {
-            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) ==
-                  "pss: wire: frame kind 99 is unknown; a request is an operation 1 to 14, a reply is 128");
-            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) ==
-                  "pss: wire: frame kind 0 is unknown; a request is an operation 1 to 14, a reply is 128");
-            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{5}; })) ==
-                  "pss: wire: frame flags 5 has unknown bits; only 1 (payload) and 2 (elided) are defined");
+        SUBCASE("kind, flags, error code, tensor counts and descriptors out of their sets") {
+            const std::string kinds = "a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply is 128";
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) == "pss: wire: frame kind 99 is unknown; " + kinds);
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) == "pss: wire: frame kind 0 is unknown; " + kinds);
+            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{9}; })) ==
+                  "pss: wire: frame flags 9 has unknown bits; only 2 (elided) and 4 (values) are defined");
             CHECK(decode_error(with([](Bytes& b) {
                       b[6] = std::byte{128};
                       put_u32(b, 8, 42);
                   })) == "pss: wire: frame error code 42 is unknown; codes are 0 (ok) to 9 (not ready)");
             CHECK(decode_error(with([](Bytes& b) { put_u32(b, 8, 6); })) ==
                   "pss: wire: frame error code 6 is set on a request; only a reply carries an error");
-            CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{9}; })) ==
-                  "pss: wire: frame dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)");
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{13}; })) ==
+                  "pss: wire: frame of a call carries no values; a call's arguments are its values");
+            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{4}; })) ==
+                  "pss: wire: frame of kind 4 carries values; only a call and its reply do");
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{14}; })) ==
+                  "pss: wire: frame of a shutdown carries tensors, ids or a name; it carries nothing");
+            CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{2}; })) ==
+                  "pss: wire: frame of a shard operation describes 2 tensors; it carries one at most");
+            CHECK(decode_error(with([](Bytes& b) { b[38] = std::byte{10}; })) ==
+                  "pss: wire: frame descriptor words 10 cannot describe 1 tensors of rank 0 to 8");
             CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{0}; })) ==
-                  "pss: wire: frame dtype byte 0 is not a dtype; expected 1 (float32) to 4 (int64)");
-            CHECK(decode_error(with([](Bytes& b) { b[37] = std::byte{9}; })) == "pss: wire: frame rank 9 exceeds the limit 8");
-            CHECK(decode_error(with([](Bytes& b) { b[38] = std::byte{1}; })) ==
-                  "pss: wire: frame reserved bytes are 1; they must be 0");
-            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{0}; })) ==
-                  "pss: wire: frame without a payload has dtype byte 1 and rank 1; both must be 0");
+                  "pss: wire: frame descriptor words 2 cannot describe 0 tensors of rank 0 to 8");
+            CHECK(decode_error(with([](Bytes& b) { b[80] = std::byte{9}; })) ==
+                  "pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)");
+            CHECK(decode_error(with([](Bytes& b) { b[80] = std::byte{0}; })) ==
+                  "pss: wire: frame tensor 0: dtype byte 0 is not a dtype; expected 1 (float32) to 4 (int64)");
+            CHECK(decode_error(with([](Bytes& b) { b[81] = std::byte{9}; })) ==
+                  "pss: wire: frame tensor 0: rank 9 exceeds the limit 8");
+            CHECK(decode_error(with([](Bytes& b) { b[82] = std::byte{1}; })) ==
+                  "pss: wire: frame tensor 0: descriptor 65793 has bits set above the rank byte");
+            CHECK(decode_error(with([](Bytes& b) { b[81] = std::byte{2}; })) ==
+                  "pss: wire: frame tensor 0: its rank 2 runs past the descriptor words");
+            CHECK(decode_error(with([](Bytes& b) { b[81] = std::byte{0}; })) ==
+                  "pss: wire: frame descriptor words 2 are more than the tensors use");
+            CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{2}; })) ==
+                  "pss: wire: frame payload length 8 is given but the payload is elided; it must be 0");
         }
         SUBCASE("lengths above the limits") {
             CHECK(decode_error(with([](Bytes& b) { put_u64(b, 56, 2147483648u); })) ==
@@ -246,45 +288,59 @@ TEST_SUITE("net") {
             CHECK(decode_error(good, small) == "pss: wire: frame ids count 2 exceeds the limit 1");
             CHECK(decode_error(with([](Bytes& b) { put_u32(b, 44, 70000); })) ==
                   "pss: wire: frame message length 70000 exceeds the limit 65536");
+            CHECK(decode_error(with([](Bytes& b) {
+                      b[7] = std::byte{4};
+                      b[6] = std::byte{13};
+                      put_u32(b, 72, 17u << 20);
+                  })) == "pss: wire: frame values length 17825792 exceeds the limit 16777216");
+            CHECK(decode_error(with([](Bytes& b) { put_u32(b, 72, 3); })) ==
+                  "pss: wire: frame values length 3 is given without the values flag; it must be 0");
+            CHECK(decode_error(with([](Bytes& b) {
+                      b[7] = std::byte{4};
+                      b[6] = std::byte{13};
+                      put_u32(b, 36, 5000);  // 5000 tensors, 0 descriptor words
+                  })) == "pss: wire: frame tensors 5000 exceeds the limit 4096");
         }
         SUBCASE("a checksum that does not match, and a payload length that does not match the shape") {
-            const Bytes corrupted = with([](Bytes& b) { b[76 + 8] = std::byte{'v'}; }, false);  // the name byte
+            const Bytes corrupted = with([](Bytes& b) { b[80 + 16] = std::byte{'v'}; }, false);  // the name byte
             CHECK(decode_error(corrupted) ==
-                  "pss: wire: frame checksum 0x7fb86753 does not match the computed 0x205cbb0c; the frame was corrupted");
+                  "pss: wire: frame checksum 0x0ba5a541 does not match the computed 0x5441791e; the frame was corrupted");
             try {
                 (void)pss::decode_frame(corrupted);
             } catch (const pss::WireError& e) {
                 CHECK(e.request_id() == std::optional<std::uint64_t>(0x0102030405060708u));
             }
             CHECK(decode_error(with([](Bytes& b) { put_u64(b, 56, 12); })) ==
-                  "pss: wire: frame payload length 12 does not match shape (2,) of float32, which needs 8 bytes");
+                  "pss: wire: frame payload length 12 does not match the tensors' 8 bytes (float32 (2,))");
             CHECK(decode_error(with([](Bytes& b) {
-                      b[37] = std::byte{2};  // rank 2: the shape is now (2, 0x7700000000000000 | 'w'...)
+                      b[38] = std::byte{3};  // rank 2: the descriptor words are now 3
+                      b[81] = std::byte{2};
                       put_u32(b, 40, 0);     // no name
-                      put_u64(b, 48, 0);     // no ids
-                      put_u64(b, 76, std::uint64_t{1} << 32);
-                      put_u64(b, 84, std::uint64_t{1} << 32);
-                  })) == "pss: wire: frame shape (4294967296, 4294967296) of float32 exceeds the payload limit "
-                         "1073741824 bytes");
+                      put_u64(b, 48, 2);     // the ids are the extents' words now
+                      put_u64(b, 88, std::uint64_t{1} << 32);
+                      put_u64(b, 96, std::uint64_t{1} << 32);
+                  })) == "pss: wire: frame tensor 0: shape (4294967296, 4294967296) of float32 exceeds the payload "
+                         "limit 1073741824 bytes");
             // An empty axis does not excuse the others: the strides of (0, 2^32, 2^32) would overflow.
             CHECK(decode_error(with([](Bytes& b) {
-                      b[37] = std::byte{3};
+                      b[38] = std::byte{4};
+                      b[81] = std::byte{3};
                       put_u32(b, 40, 0);
-                      put_u64(b, 48, 0);
+                      put_u64(b, 48, 1);
                       put_u64(b, 56, 0);  // no payload bytes: the shape has no element
-                      put_u64(b, 76, 0);
-                      put_u64(b, 84, std::uint64_t{1} << 32);
-                      put_u64(b, 92, std::uint64_t{1} << 32);
-                  })) == "pss: wire: frame shape (0, 4294967296, 4294967296) of float32 exceeds the payload limit "
-                         "1073741824 bytes");
+                      put_u64(b, 88, 0);
+                      put_u64(b, 96, std::uint64_t{1} << 32);
+                      put_u64(b, 104, std::uint64_t{1} << 32);
+                  })) == "pss: wire: frame tensor 0: shape (0, 4294967296, 4294967296) of float32 exceeds the payload "
+                         "limit 1073741824 bytes");
         }
         SUBCASE("a truncated frame") {
             CHECK(decode_error(Bytes(good.begin(), good.begin() + 40)) ==
-                  "pss: wire: frame is truncated: 40 bytes, the header needs 76");
-            CHECK(decode_error(Bytes(good.begin(), good.begin() + 80)) ==
-                  "pss: wire: frame is truncated: 80 bytes, the header and sections need 101");
+                  "pss: wire: frame is truncated: 40 bytes, the header needs 80");
+            CHECK(decode_error(Bytes(good.begin(), good.begin() + 90)) ==
+                  "pss: wire: frame is truncated: 90 bytes, the header and sections need 113");
             CHECK(decode_error(Bytes(good.begin(), good.end() - 1)) ==
-                  "pss: wire: frame is truncated: 108 bytes, the frame needs 109");
+                  "pss: wire: frame is truncated: 120 bytes, the frame needs 121");
         }
     }
 
@@ -527,9 +583,10 @@ TEST_SUITE("net") {
             {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
              "does not match the computed"},
             {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
-             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 14, a reply is 128"},
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply "
+             "is 128"},
             {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
-             "pss: wire: frame payload length 12 does not match shape (2,) of float32, which needs 8 bytes"},
+             "pss: wire: frame payload length 12 does not match the tensors' 8 bytes (float32 (2,))"},
             {"a reply sent to a server", modified([](Bytes& b) { b[6] = std::byte{128}; }),
              "pss: wire: a reply frame reached the server of task /job:ps/replica:0/task:0; a server takes requests "
              "only"},
@@ -561,7 +618,7 @@ TEST_SUITE("net") {
         // A well-formed frame on a raw socket, and a normal client, are answered as before.
         RawClient raw(port);
         raw.write(good);
-        Bytes answer(76 + 8 + 8);
+        Bytes answer(80 + 16 + 8);
         asio::read(raw.socket, asio::buffer(answer));
         auto frame = pss::decode_frame(answer);
         CHECK(frame.header.code == pss::ErrorCode::ok);

@@ -18,6 +18,7 @@
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xview.hpp>
 
+#include <nlohmann/json.hpp>
 #include <pss/pss.hpp>
 
 namespace {
@@ -254,7 +255,7 @@ float gather_rows(pss::Variable v) { return xt::sum(v.sparse_read(std::vector<st
 
 /// A handle as a stranger would forge it: the id and tasks of `real`, but the shape `claimed`, its rows
 /// split as `rows_of` says.
-pss::Tensor forged_handle(const pss::Variable& real, const pss::Shape& claimed, const std::vector<std::size_t>& rows_of) {
+pss::Values forged_handle(const pss::Variable& real, const pss::Shape& claimed, const std::vector<std::size_t>& rows_of) {
     auto info = std::make_shared<pss::detail::VariableInfo>();
     info->name = "forged";
     info->id = real.id();
@@ -273,101 +274,118 @@ pss::Tensor forged_handle(const pss::Variable& real, const pss::Shape& claimed, 
 }
 
 /// Runs a registered function as a worker process would, on `arguments` encoded here.
-template <class R, class... Args>
-R call_as_worker(const std::string& name, const pss::Tensor& arguments, std::shared_ptr<pss::detail::Channel> channel = {},
+template <class R>
+R call_as_worker(const std::string& name, pss::Values arguments, std::shared_ptr<pss::detail::Channel> channel = {},
                  int worker = 1) {
-    const pss::Tensor answer = pss::detail::run_call(name, arguments, pss::detail::CallContext{std::move(channel), worker});
-    return pss::detail::decode_result<R>(answer, name);
+    pss::Values answer = pss::detail::run_call(name, std::move(arguments), pss::detail::CallContext{std::move(channel), worker});
+    return pss::detail::decode_result<R>(std::move(answer), name);
+}
+
+/// Values as a peer could send them: hand-written CBOR items and the tensors beside them.
+pss::Values values_of(const nlohmann::json& items, std::vector<pss::Tensor> tensors = {}) {
+    return pss::Values{nlohmann::json::to_cbor(items), std::move(tensors)};
+}
+
+/// `v` through a call's encoding and back, as one argument.
+template <class T>
+T round_trip(const T& v) {
+    const pss::detail::CallContext none;
+    pss::detail::ValuesReader reader(pss::detail::encode_values(v), "test", none);
+    T back = pss::detail::Codec<T>::decode(reader, reader.next("a value"));
+    reader.finish();
+    return back;
+}
+
+/// The message of the InvalidArgumentError that decoding `values` as a T raises ("" when none).
+template <class T>
+std::string decode_error(pss::Values values) {
+    const pss::detail::CallContext none;
+    try {
+        pss::detail::ValuesReader reader(std::move(values), "test", none);
+        (void)pss::detail::Codec<T>::decode(reader, reader.next("a value"));
+        reader.finish();
+    } catch (const pss::InvalidArgumentError& e) {
+        return e.what();
+    }
+    return "";
 }
 }  // namespace
 
 TEST_SUITE("Remote calls") {
-    TEST_CASE("Codec: numbers, strings, vectors, arrays and flags round-trip exactly through a call's encoding") {
+    TEST_CASE("Codec: numbers, strings, vectors, arrays and flags round-trip exactly through a call's values") {
         static const auto describe = pss::register_function("test_training.describe_values", &describe_values);
         const auto args = pss::detail::encode_values(std::vector<std::int32_t>{4, 5, -6}, std::string("label"),
                                                      xt::xarray<double>{{1.5, 2.25}, {-0.75, 4}}, true);
+        CHECK(args.tensors.size() == 1);  // the array travels beside the CBOR, not inside it
         CHECK(call_as_worker<std::string>(describe.name(), args) == "label:3:-6:7.000000:yes");
-        pss::detail::ByteWriter w;
-        pss::detail::Codec<xt::xarray<float>>::encode(w, xt::xarray<float>{{1, 2, 3}});
-        pss::detail::Codec<std::vector<std::string>>::encode(w, {"a", "", "ccc"});
-        pss::detail::Codec<std::uint64_t>::encode(w, 1ull << 60);
-        pss::detail::ByteReader r(w.data(), "test");
-        const auto array = pss::detail::Codec<xt::xarray<float>>::decode(r, {});
+        const auto array = round_trip(xt::xarray<float>{{1, 2, 3}});
         CHECK(array == xt::xarray<float>{{1, 2, 3}});
         CHECK(array.shape()[0] == 1);
-        CHECK(pss::detail::Codec<std::vector<std::string>>::decode(r, {}) == std::vector<std::string>{"a", "", "ccc"});
-        CHECK(pss::detail::Codec<std::uint64_t>::decode(r, {}) == (1ull << 60));
-        CHECK(r.remaining() == 0);
+        CHECK(round_trip(std::vector<std::string>{"a", "", "ccc", std::string("\xff\x00z", 3)}) ==
+              std::vector<std::string>{"a", "", "ccc", std::string("\xff\x00z", 3)});  // any bytes, not only UTF-8
+        CHECK(round_trip(std::uint64_t{1} << 60) == (std::uint64_t{1} << 60));
+        CHECK(round_trip(std::int64_t{-(std::int64_t{1} << 62)}) == -(std::int64_t{1} << 62));
+        CHECK(round_trip(std::int8_t{-128}) == -128);
+        CHECK(round_trip(0.1f) == 0.1f);
+        CHECK(round_trip(-0.0) == 0.0);
+        CHECK(std::signbit(round_trip(-0.0)));
+        CHECK(std::isnan(round_trip(std::numeric_limits<double>::quiet_NaN())));
         // Every dtype, an empty batch (0, 4) and an empty Tensor round-trip; an int64 array keeps its values.
-        pss::detail::ByteWriter w2;
-        pss::detail::Codec<xt::xarray<std::int64_t>>::encode(w2, xt::xarray<std::int64_t>{-(1ll << 40), 3});
-        pss::detail::Codec<xt::xarray<std::int32_t>>::encode(w2, xt::xarray<std::int32_t>{7});
-        pss::detail::Codec<xt::xarray<double>>::encode(w2, xt::xarray<double>(xt::zeros<double>({0, 4})));
-        pss::detail::Codec<pss::Tensor>::encode(w2, pss::Tensor());
-        pss::detail::ByteReader r2(w2.data(), "test");
-        CHECK(pss::detail::Codec<xt::xarray<std::int64_t>>::decode(r2, {}) == xt::xarray<std::int64_t>{-(1ll << 40), 3});
-        CHECK(pss::detail::Codec<xt::xarray<std::int32_t>>::decode(r2, {}) == xt::xarray<std::int32_t>{7});
-        const auto empty = pss::detail::Codec<xt::xarray<double>>::decode(r2, {});
+        CHECK(round_trip(xt::xarray<std::int64_t>{-(1ll << 40), 3}) == xt::xarray<std::int64_t>{-(1ll << 40), 3});
+        CHECK(round_trip(xt::xarray<std::int32_t>{7}) == xt::xarray<std::int32_t>{7});
+        const auto empty = round_trip(xt::xarray<double>(xt::zeros<double>({0, 4})));
         CHECK(pss::Shape(empty.shape().begin(), empty.shape().end()) == pss::Shape{0, 4});
-        CHECK(!pss::detail::Codec<pss::Tensor>::decode(r2, {}).has_value());
-        CHECK(r2.remaining() == 0);
+        CHECK(!round_trip(pss::Tensor()).has_value());
+        CHECK(round_trip(std::vector<pss::Tensor>{pss::Tensor(xt::xarray<float>{1}), pss::Tensor(xt::xarray<float>{2})})[1]
+                  .get<float>() == xt::xarray<float>{2});
     }
-    TEST_CASE("Codec: a bool byte other than 0 or 1, and an empty axis beside 2^50 rows, are refused (found by fuzz_call)") {
-        pss::detail::ByteWriter w;
-        w.raw(pss::detail::tag::arithmetic<bool>);
-        w.raw(std::uint8_t{2});
-        pss::detail::ByteReader r(w.data(), "test");
-        CHECK_THROWS_WITH_AS(pss::detail::Codec<bool>::decode(r, {}), doctest::Contains("a bool is 2; it is 0 or 1"),
-                             pss::InvalidArgumentError);
-        pss::detail::ByteWriter t;
-        t.raw(pss::detail::tag::tensor);
-        t.raw(std::uint8_t{1});  // float32
-        pss::detail::encode_shape(t, {0, std::size_t{1} << 50});
-        pss::detail::ByteReader rt(t.data(), "test");
-        CHECK_THROWS_WITH_AS(pss::detail::decode_tensor(rt), doctest::Contains("has too many elements"),
-                             pss::InvalidArgumentError);
-    }
-    TEST_CASE("Codec: a value of another type, a truncated list, a lying count or extra bytes is an InvalidArgumentError") {
-        static const auto describe = pss::register_function("test_training.describe_values_2", &describe_values);
-        // An int where a vector is expected: the tags differ.
-        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::encode_values(7)),
-                             doctest::Contains("pss: call of \"test_training.describe_values_2\": the encoded values are "
-                                               "malformed: expected a vector (tag 118), found tag"),
-                             pss::InvalidArgumentError);
+    TEST_CASE("Codec: a value of another type or out of range, a bad tensor reference, deep nesting, bytes that are "
+              "not CBOR, a truncated list or extra values are an InvalidArgumentError") {
+        const std::string malformed = "pss: test: the encoded values are malformed: ";
+        const std::string hint = "; is the function registered with the same signature in every process?";
+        CHECK(decode_error<bool>(values_of({2})) == malformed + "expected a bool, found number" + hint);
+        CHECK(decode_error<std::int32_t>(values_of({std::int64_t{1} << 40})) ==
+              malformed + "expected an integer of 32 bits, found 1099511627776, out of its range" + hint);
+        CHECK(decode_error<std::uint8_t>(values_of({-1})) ==
+              malformed + "expected an integer of 8 bits, unsigned, found -1, out of its range" + hint);
+        CHECK(decode_error<std::int32_t>(values_of({1.5})) == malformed + "expected an integer of 32 bits, found number" + hint);
+        CHECK(decode_error<double>(values_of({1})) == malformed + "expected a floating-point number, found number" + hint);
+        CHECK(decode_error<std::string>(values_of({"text"})) == malformed + "expected a string, found string" + hint);
+        CHECK(decode_error<std::vector<int>>(values_of({7})) == malformed + "expected a vector, found number" + hint);
+        CHECK(decode_error<pss::Tensor>(values_of({{{"tensor", 1}}}, {pss::Tensor(xt::xarray<float>{1})})) ==
+              malformed + "a tensor reference 1 names no tensor of the 1 sent, or one taken already");
+        CHECK(decode_error<std::vector<pss::Tensor>>(
+                  values_of({{{{"tensor", 0}}, {{"tensor", 0}}}}, {pss::Tensor(xt::xarray<float>{1})})) ==
+              malformed + "a tensor reference 0 names no tensor of the 1 sent, or one taken already");
+        CHECK(decode_error<pss::Tensor>(values_of({{{"tensor", -1}}}, {pss::Tensor(xt::xarray<float>{1})})) ==
+              malformed + "a tensor reference -1 names no tensor of the 1 sent, or one taken already");
+        CHECK(decode_error<pss::Tensor>(values_of({{{"tensor", 0}}}, {pss::Tensor(xt::xarray<float>{1}),
+                                                                        pss::Tensor(xt::xarray<float>{2})})) ==
+              malformed + "tensor 1 of the 2 sent is not used");
+        CHECK(decode_error<xt::xarray<double>>(values_of({{{"tensor", 0}}}, {pss::Tensor(xt::xarray<float>{1})})) ==
+              malformed + "expected an array of float64, got float32");
+        CHECK(decode_error<int>(values_of({1, 2})) == malformed + "1 values are left over");
+        CHECK(decode_error<int>(values_of(nlohmann::json::array())) ==
+              malformed + "they end early: a value was expected after 0 values");
+        CHECK(decode_error<int>(values_of({{"not", "an array"}})) == malformed + "they are object, not an array of values");
+        std::vector<std::uint8_t> deep(100000, 0x81);  // 100,000 nested one-element arrays
+        deep.push_back(0x01);
+        CHECK(decode_error<int>(pss::Values{deep, {}}) == malformed + "they nest deeper than 64 levels");
+        CHECK(decode_error<int>(pss::Values{{0xff, 0x00}, {}}).starts_with(malformed + "they are not CBOR ("));
         // Every prefix of a good encoding fails cleanly.
-        pss::detail::ByteWriter w;
-        pss::detail::Codec<std::vector<std::int32_t>>::encode(w, {1, 2});
-        pss::detail::Codec<std::string>::encode(w, "xy");
-        pss::detail::Codec<xt::xarray<double>>::encode(w, xt::xarray<double>{3});
-        pss::detail::Codec<bool>::encode(w, false);
-        const auto full = w.data();
-        CHECK(call_as_worker<std::string>(describe.name(), pss::detail::to_blob(full)) == "xy:2:2:3.000000:no");
-        for (std::size_t n = 0; n < full.size(); ++n)
+        static const auto describe = pss::register_function("test_training.describe_values_2", &describe_values);
+        const auto full = pss::detail::encode_values(std::vector<std::int32_t>{1, 2}, std::string("xy"),
+                                                     xt::xarray<double>{3}, false);
+        CHECK(call_as_worker<std::string>(describe.name(), full) == "xy:2:2:3.000000:no");
+        for (std::size_t n = 0; n < full.cbor.size(); ++n)
             CHECK_THROWS_AS(call_as_worker<std::string>(
-                                describe.name(), pss::detail::to_blob(std::vector<std::byte>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(n)))),
+                                describe.name(), pss::Values{{full.cbor.begin(), full.cbor.begin() + static_cast<std::ptrdiff_t>(n)},
+                                                             full.tensors}),
                             pss::InvalidArgumentError);
-        auto extra = full;
-        extra.push_back(std::byte{0});
-        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::to_blob(extra)),
-                             doctest::Contains("1 bytes are left over"), pss::InvalidArgumentError);
-        // A vector claiming 2^40 elements, and a tensor claiming more bytes than were sent.
-        pss::detail::ByteWriter lying;
-        lying.raw(pss::detail::tag::vector);
-        lying.raw(std::uint64_t{1} << 40);
-        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::to_blob(lying.data())),
-                             doctest::Contains("a count of 1099511627776 is too large"), pss::InvalidArgumentError);
-        pss::detail::ByteWriter huge;
-        huge.raw(pss::detail::tag::tensor);
-        huge.raw(std::uint8_t{2});  // float64
-        pss::detail::encode_shape(huge, {1u << 20, 1u << 20});
-        pss::detail::ByteReader reader(huge.data(), "test");
-        CHECK_THROWS_WITH_AS(pss::detail::decode_tensor(reader), doctest::Contains("is larger than the bytes sent"),
-                             pss::InvalidArgumentError);
-        // A payload that is not a blob at all.
-        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::Tensor(xt::xarray<float>{1})),
-                             doctest::Contains("the payload is not an encoded list of values"), pss::InvalidArgumentError);
-        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::Tensor(xt::xarray<std::int64_t>{100})),
-                             doctest::Contains("the payload's byte count 100 is wrong"), pss::InvalidArgumentError);
+        const std::string wrong_type = "pss: call of \"test_training.describe_values_2\": the encoded values are "
+                                       "malformed: expected a vector, found number" + hint;
+        CHECK_THROWS_WITH_AS(call_as_worker<std::string>(describe.name(), pss::detail::encode_values(7)),
+                             wrong_type.c_str(), pss::InvalidArgumentError);
     }
     TEST_CASE("run_call: errors come back as their Error type with their message; an unknown name is NotFoundError") {
         static const auto range = pss::register_function("test_training.throws_out_of_range", &throws_out_of_range);
@@ -388,26 +406,34 @@ TEST_SUITE("Remote calls") {
             {}, pss::FixedShardsPartitioner(2));
         auto scope = strategy.scope();
         pss::Variable table(xt::xarray<float>{{1, 2}, {3, 4}, {5, 6}}, "table");
-        pss::detail::ByteWriter w;
-        pss::detail::Codec<pss::Variable>::encode(w, table);
+        const pss::Values handle = pss::detail::encode_values(table);
         std::shared_ptr<pss::detail::Channel> channel = pss::detail::Codec<pss::Variable>::channel_of(table);
+        const pss::detail::CallContext context{channel, 0};
+        auto decode = [&](pss::Values values, const pss::detail::CallContext& c) {
+            pss::detail::ValuesReader r(std::move(values), "test", c);
+            return pss::detail::Codec<pss::Variable>::decode(r, r.next("a Variable"));
+        };
         {
-            pss::detail::ByteReader r(w.data(), "test");
-            pss::Variable copy = pss::detail::Codec<pss::Variable>::decode(r, pss::detail::CallContext{channel, 0});
+            pss::Variable copy = decode(handle, context);
             CHECK(copy.name() == "table:0");
             CHECK(copy.shard_tasks() == std::vector<int>{0, 1});
             copy.scatter_add(std::vector<std::int64_t>{2}, xt::xarray<float>{{10, 10}});
         }  // the received handle is gone: the shards stay
         CHECK(table.read<float>() == xt::xarray<float>{{1, 2}, {3, 4}, {15, 16}});
         // Shards that do not tile the rows are refused before any handle exists.
-        auto bad = w.data();
-        bad[bad.size() - 8] = std::byte{9};  // the last shard's row count
-        pss::detail::ByteReader r(bad, "test");
-        CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(r, pss::detail::CallContext{channel, 0}),
+        nlohmann::json items = nlohmann::json::from_cbor(handle.cbor);
+        items[0]["variable"]["shards"][1][3] = 9;  // the last shard's row count
+        CHECK_THROWS_WITH_AS(decode(values_of(items), context),
                              doctest::Contains("shard 1 (index 1, task 1, rows 2 + 9) is not how 2 shards split shape (3, 2)"),
                              pss::InvalidArgumentError);
-        pss::detail::ByteReader no_cluster(w.data(), "test");
-        CHECK_THROWS_WITH_AS(pss::detail::Codec<pss::Variable>::decode(no_cluster, {}),
+        items[0]["variable"]["shards"][1][1] = -1;
+        CHECK_THROWS_WITH_AS(decode(values_of(items), context), doctest::Contains("(index 1, task -1, rows 2 + 9)"),
+                             pss::InvalidArgumentError);
+        items[0]["variable"]["dtype"] = "float32";
+        CHECK_THROWS_WITH_AS(decode(values_of(items), context),
+                             doctest::Contains("a Variable handle's \"dtype\" is missing or not a dtype code"),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(decode(handle, pss::detail::CallContext{}),
                              doctest::Contains("a Variable reached a process that has no cluster"), pss::InvalidArgumentError);
     }
     TEST_CASE("Codec: a forged Variable handle whose shape lies is refused before any byte is copied by its shape "

@@ -258,14 +258,13 @@ private:
         void run_remote(detail::RemoteWorkers& workers, int worker) override {
             if constexpr (detail::is_registered_function_v<F>) {
                 Request request;
-                request.op = Op::call;
+                request.kind = RequestKind::call;
                 request.name = fn->name();
-                request.payload = std::apply([](const auto&... a) { return detail::encode_values(a...); }, *args);
+                request.values = std::apply([](const auto&... a) { return detail::encode_values(a...); }, *args);
                 Reply reply = workers.call(worker, std::move(request)).get();
                 if (reply.code == ErrorCode::unavailable)
                     throw WorkerLostError("pss: worker " + std::to_string(worker) + " was lost: " + reply.message);
-                Tensor answer = reply.take();
-                finish([&] { return detail::decode_result<R>(answer, fn->name()); });
+                finish([&] { return detail::decode_result<R>(reply.take_values(), fn->name()); });
             } else {
                 throw InvalidArgumentError(
                     "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a "

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
@@ -59,105 +61,112 @@ struct CallContext {
     int worker = -1;
 };
 
-/// Writes values for a call: each one a tag byte, then its fields, little-endian as the host.
-class ByteWriter {
-public:
-    void bytes(const void* data, std::size_t n) {
-        const auto* p = static_cast<const std::byte*>(data);
-        out_.insert(out_.end(), p, p + n);
-    }
-    template <class T>
-        requires std::is_trivially_copyable_v<T>
-    void raw(const T& value) {
-        bytes(&value, sizeof value);
-    }
-    [[nodiscard]] std::vector<std::byte>& data() noexcept { return out_; }
+/// Builds the Values of a call or of its answer: each value a CBOR item, each tensor a reference
+/// (`{"tensor": i}`) to the i-th of `tensors`, which travel beside the CBOR, never inside it.
+struct ValuesWriter {
+    std::vector<Tensor> tensors;
 
-private:
-    std::vector<std::byte> out_;
+    nlohmann::json tensor(Tensor t) {
+        if (!t.has_value()) return {{"tensor", nullptr}};
+        tensors.push_back(std::move(t));
+        return {{"tensor", tensors.size() - 1}};
+    }
+    /// The Values of `items` (a CBOR array).
+    Values finish(const nlohmann::json& items) {
+        return Values{nlohmann::json::to_cbor(items), std::move(tensors)};
+    }
 };
 
-/// Reads what ByteWriter wrote, from bytes a peer sent: every length is checked before it is used.
-class ByteReader {
+/// Refuses CBOR nested deeper than `max_depth` before a tree is built: nlohmann's CBOR reader recurses
+/// once per level, and a peer's 1 MiB of nested arrays would otherwise overflow the stack.
+class CborDepthCheck final : public nlohmann::json_sax<nlohmann::json> {
 public:
-    ByteReader(std::span<const std::byte> in, std::string what) : in_(in), what_(std::move(what)) {}
-    void bytes(void* data, std::size_t n) {
-        if (n > remaining()) fail("it ends early");
-        if (n != 0) std::memcpy(data, in_.data() + at_, n);
-        at_ += n;
+    static constexpr std::size_t max_depth = 64;
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return ++depth_ <= max_depth; }
+    bool key(string_t&) override { return true; }
+    bool end_object() override { return --depth_, true; }
+    bool start_array(std::size_t) override { return ++depth_ <= max_depth; }
+    bool end_array() override { return --depth_, true; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+        error_ = e.what();
+        return false;
     }
-    template <class T>
-        requires std::is_trivially_copyable_v<T>
-    T raw() {
-        T value;
-        bytes(&value, sizeof value);
-        return value;
+    [[nodiscard]] bool too_deep() const noexcept { return depth_ > max_depth; }
+    [[nodiscard]] const std::string& error() const noexcept { return error_; }
+
+private:
+    std::size_t depth_ = 0;
+    std::string error_;
+};
+
+/// Reads Values a peer sent: the CBOR must be an array, each item of the type the function takes; each
+/// tensor reference names a tensor that came with the values, once.
+class ValuesReader {
+public:
+    ValuesReader(Values&& values, std::string what, const CallContext& context)
+        : what_(std::move(what)), context_(context), tensors_(std::move(values.tensors)), taken_(tensors_.size(), false) {
+        CborDepthCheck check;
+        const bool sound = nlohmann::json::sax_parse(values.cbor, &check, nlohmann::json::input_format_t::cbor);
+        if (check.too_deep()) fail("they nest deeper than " + std::to_string(CborDepthCheck::max_depth) + " levels");
+        if (!sound) fail("they are not CBOR (" + check.error() + ")");
+        items_ = nlohmann::json::from_cbor(values.cbor);
+        if (!items_.is_array()) fail(std::string("they are ") + items_.type_name() + ", not an array of values");
     }
-    /// A count of items of at least `item_bytes` each: more than the bytes left is a lie.
-    std::size_t count(std::size_t item_bytes) {
-        const auto n = raw<std::uint64_t>();
-        if (item_bytes != 0 && n > remaining() / item_bytes) fail("a count of " + std::to_string(n) + " is too large");
-        return static_cast<std::size_t>(n);
+    /// The next value; failing when there is none.
+    const nlohmann::json& next(const char* expected) {
+        if (at_ == items_.size())
+            fail(std::string("they end early: ") + expected + " was expected after " + std::to_string(at_) + " values");
+        return items_[at_++];
     }
-    [[nodiscard]] std::size_t remaining() const noexcept { return in_.size() - at_; }
+    /// The tensor a `{"tensor": i}` item refers to (empty for `{"tensor": null}`).
+    Tensor take_tensor(const nlohmann::json& item) {
+        const nlohmann::json* ref = item.size() == 1 ? member(item, "tensor") : nullptr;
+        if (ref == nullptr)
+            fail(std::string("expected a tensor, found ") + describe(item) + "; " + same_signature);
+        if (ref->is_null()) return {};
+        if (!ref->is_number_unsigned() || ref->get<std::uint64_t>() >= tensors_.size() || taken_[ref->get<std::size_t>()])
+            fail("a tensor reference " + ref->dump() + " names no tensor of the " + std::to_string(tensors_.size()) +
+                 " sent, or one taken already");
+        taken_[ref->get<std::size_t>()] = true;
+        return std::move(tensors_[ref->get<std::size_t>()]);
+    }
+    /// Every value and every tensor must have been used.
+    void finish() const {
+        if (at_ != items_.size()) fail(std::to_string(items_.size() - at_) + " values are left over");
+        for (std::size_t i = 0; i < taken_.size(); ++i)
+            if (!taken_[i]) fail("tensor " + std::to_string(i) + " of the " + std::to_string(taken_.size()) + " sent is not used");
+    }
     [[noreturn]] void fail(const std::string& why) const {
         throw InvalidArgumentError("pss: " + what_ + ": the encoded values are malformed: " + why);
     }
-    void expect(std::uint8_t tag, const char* type) {
-        const auto got = raw<std::uint8_t>();
-        if (got != tag)
-            fail(std::string("expected ") + type + " (tag " + std::to_string(tag) + "), found tag " +
-                 std::to_string(got) + "; is the function registered with the same signature in every process?");
+    [[nodiscard]] const CallContext& context() const noexcept { return context_; }
+    /// The value of `key` in the object `j`, or null when `j` is not an object or has no `key`.
+    [[nodiscard]] static const nlohmann::json* member(const nlohmann::json& j, const char* key) {
+        if (!j.is_object()) return nullptr;
+        const auto it = j.find(key);
+        return it == j.end() ? nullptr : &*it;
     }
-    [[nodiscard]] const std::string& what() const noexcept { return what_; }
+    [[nodiscard]] static std::string describe(const nlohmann::json& item) {
+        return std::string(item.is_binary() ? "a byte string" : item.type_name());
+    }
+    static constexpr const char* same_signature =
+        "is the function registered with the same signature in every process?";
 
 private:
-    std::span<const std::byte> in_;
-    std::size_t at_ = 0;
     std::string what_;
+    const CallContext& context_;
+    nlohmann::json items_;
+    std::size_t at_ = 0;
+    std::vector<Tensor> tensors_;
+    std::vector<bool> taken_;
 };
-
-namespace tag {
-inline constexpr std::uint8_t string = 's', tensor = 't', vector = 'v', variable = 'V';
-/// Arithmetic types: a letter for the kind, the size in the low bits, so that int and long differ.
-template <class T>
-inline constexpr std::uint8_t arithmetic =
-    static_cast<std::uint8_t>((std::is_same_v<T, bool> ? 0x10 : std::is_floating_point_v<T> ? 0x20 : std::is_signed_v<T> ? 0x30 : 0x40) | sizeof(T));
-}  // namespace tag
-
-inline void encode_shape(ByteWriter& w, const Shape& shape) {
-    w.raw(static_cast<std::uint8_t>(shape.size()));
-    for (auto d : shape) w.raw(static_cast<std::uint64_t>(d));
-}
-inline Shape decode_shape(ByteReader& r) {
-    const auto rank = r.raw<std::uint8_t>();
-    if (rank > 32) r.fail("a rank of " + std::to_string(rank) + " is above 32");
-    Shape shape(rank);
-    for (auto& d : shape) d = static_cast<std::size_t>(r.raw<std::uint64_t>());
-    return shape;
-}
-inline void encode_tensor(ByteWriter& w, const Tensor& t) {
-    w.raw(tag::tensor);
-    if (!t.has_value()) return w.raw(std::uint8_t{0});
-    w.raw(static_cast<std::uint8_t>(t.dtype()));  // 1 to 4; 0 is the empty tensor
-    encode_shape(w, t.shape());
-    w.bytes(t.bytes(), t.nbytes());
-}
-inline Tensor decode_tensor(ByteReader& r) {
-    r.expect(tag::tensor, "a tensor");
-    const auto code = r.raw<std::uint8_t>();
-    if (code == 0) return {};
-    if (code > 4) r.fail("dtype code " + std::to_string(code) + " is unknown");
-    const auto dtype = static_cast<DType>(code);
-    const Shape shape = decode_shape(r);
-    const std::int64_t elements = bounded_elements(shape, std::uint64_t{1} << 48);
-    if (elements < 0) r.fail("shape " + format_shape(shape) + " has too many elements");
-    if (static_cast<std::size_t>(elements) > r.remaining() / dtype_size(dtype))
-        r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
-    Tensor t = Tensor::uninitialized(dtype, shape);
-    r.bytes(t.bytes(), t.nbytes());
-    return t;
-}
 
 template <class T>
 struct Codec;
@@ -165,50 +174,64 @@ struct Codec;
 template <class T>
     requires std::is_arithmetic_v<T>
 struct Codec<T> {
-    static void encode(ByteWriter& w, const T& v) {
-        w.raw(tag::arithmetic<T>);
-        w.raw(v);
+    static nlohmann::json encode(ValuesWriter&, const T& v) {
+        if constexpr (std::is_same_v<T, bool> || std::is_floating_point_v<T>) return v;
+        else if constexpr (std::is_signed_v<T>) return static_cast<std::int64_t>(v);
+        else return static_cast<std::uint64_t>(v);
     }
-    static T decode(ByteReader& r, const CallContext&) {
-        r.expect(tag::arithmetic<T>, "a number of this type");
-        if constexpr (std::is_same_v<T, bool>) {  // a bool's byte other than 0 or 1 is not a bool
-            const auto byte = r.raw<std::uint8_t>();
-            if (byte > 1) r.fail("a bool is " + std::to_string(byte) + "; it is 0 or 1");
-            return byte == 1;
+    static T decode(ValuesReader& r, const nlohmann::json& j) {
+        auto wrong = [&](const std::string& why) {
+            r.fail("expected " + label() + ", found " + why + "; " + ValuesReader::same_signature);
+        };
+        if constexpr (std::is_same_v<T, bool>) {
+            if (!j.is_boolean()) wrong(ValuesReader::describe(j));
+            return j.get<bool>();
+        } else if constexpr (std::is_floating_point_v<T>) {
+            if (!j.is_number_float()) wrong(ValuesReader::describe(j));
+            return static_cast<T>(j.get<double>());
         } else {
-            return r.raw<T>();
+            if (!j.is_number_integer()) wrong(ValuesReader::describe(j));
+            if (j.is_number_unsigned()) {
+                const auto u = j.get<std::uint64_t>();
+                if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) wrong(std::to_string(u) + ", out of its range");
+                return static_cast<T>(u);
+            }
+            const auto i = j.get<std::int64_t>();
+            if (std::is_unsigned_v<T> || i < static_cast<std::int64_t>(std::numeric_limits<T>::min()))
+                wrong(std::to_string(i) + ", out of its range");
+            return static_cast<T>(i);
         }
     }
+    static std::string label() {
+        if constexpr (std::is_same_v<T, bool>) return "a bool";
+        else if constexpr (std::is_floating_point_v<T>) return "a floating-point number";
+        else return std::string("an integer of ") + std::to_string(sizeof(T) * 8) + " bits" +
+                    (std::is_signed_v<T> ? "" : ", unsigned");
+    }
 };
+/// A string crosses as a CBOR byte string: any bytes, not only UTF-8.
 template <>
 struct Codec<std::string> {
-    static void encode(ByteWriter& w, const std::string& s) {
-        w.raw(tag::string);
-        w.raw(static_cast<std::uint64_t>(s.size()));
-        w.bytes(s.data(), s.size());
+    static nlohmann::json encode(ValuesWriter&, const std::string& s) {
+        return nlohmann::json::binary(std::vector<std::uint8_t>(s.begin(), s.end()));
     }
-    static std::string decode(ByteReader& r, const CallContext&) {
-        r.expect(tag::string, "a string");
-        std::string s(r.count(1), '\0');
-        r.bytes(s.data(), s.size());
-        return s;
+    static std::string decode(ValuesReader& r, const nlohmann::json& j) {
+        if (!j.is_binary())
+            r.fail("expected a string, found " + ValuesReader::describe(j) + "; " + ValuesReader::same_signature);
+        const auto& bytes = j.get_binary();
+        return std::string(bytes.begin(), bytes.end());
     }
 };
 template <>
 struct Codec<Tensor> {
-    static void encode(ByteWriter& w, const Tensor& t) { encode_tensor(w, t); }
-    static Tensor decode(ByteReader& r, const CallContext&) { return decode_tensor(r); }
+    static nlohmann::json encode(ValuesWriter& w, const Tensor& t) { return w.tensor(t); }
+    static Tensor decode(ValuesReader& r, const nlohmann::json& j) { return r.take_tensor(j); }
 };
 template <Element T>
 struct Codec<xt::xarray<T>> {
-    static void encode(ByteWriter& w, const xt::xarray<T>& a) {
-        w.raw(tag::tensor);
-        w.raw(static_cast<std::uint8_t>(dtype_of<T>));
-        encode_shape(w, Shape(a.shape().begin(), a.shape().end()));
-        w.bytes(a.data(), a.size() * sizeof(T));
-    }
-    static xt::xarray<T> decode(ByteReader& r, const CallContext&) {
-        Tensor t = decode_tensor(r);
+    static nlohmann::json encode(ValuesWriter& w, const xt::xarray<T>& a) { return w.tensor(Tensor(a)); }
+    static xt::xarray<T> decode(ValuesReader& r, const nlohmann::json& j) {
+        Tensor t = r.take_tensor(j);
         if (!t.has_value() || t.dtype() != dtype_of<T>)
             r.fail(std::string("expected an array of ") + std::string(dtype_name(dtype_of<T>)) + ", got " +
                    (t.has_value() ? std::string(dtype_name(t.dtype())) : std::string("an empty tensor")));
@@ -217,17 +240,16 @@ struct Codec<xt::xarray<T>> {
 };
 template <class T>
 struct Codec<std::vector<T>> {
-    static void encode(ByteWriter& w, const std::vector<T>& v) {
-        w.raw(tag::vector);
-        w.raw(static_cast<std::uint64_t>(v.size()));
-        for (const auto& e : v) Codec<T>::encode(w, e);
+    static nlohmann::json encode(ValuesWriter& w, const std::vector<T>& v) {
+        nlohmann::json items = nlohmann::json::array();
+        for (const auto& e : v) items.push_back(Codec<T>::encode(w, e));
+        return items;
     }
-    static std::vector<T> decode(ByteReader& r, const CallContext& c) {
-        r.expect(tag::vector, "a vector");
+    static std::vector<T> decode(ValuesReader& r, const nlohmann::json& j) {
+        if (!j.is_array()) r.fail("expected a vector, found " + ValuesReader::describe(j) + "; " + ValuesReader::same_signature);
         std::vector<T> v;
-        const std::size_t n = r.count(2);  // every element takes at least a tag and a byte
-        v.reserve(n);
-        for (std::size_t i = 0; i < n; ++i) v.push_back(Codec<T>::decode(r, c));
+        v.reserve(j.size());
+        for (const auto& e : j) v.push_back(Codec<T>::decode(r, e));
         return v;
     }
 };
@@ -237,99 +259,101 @@ template <>
 struct Codec<Variable> {
     /// How `v` reaches its shards (what a received handle needs in this process).
     static std::shared_ptr<Channel> channel_of(const Variable& v) { return v.info().channel; }
-    static void encode(ByteWriter& w, const Variable& v) {
+    static nlohmann::json encode(ValuesWriter&, const Variable& v) {
         const VariableInfo& info = v.info();
-        w.raw(tag::variable);
-        w.raw(info.id);
-        Codec<std::string>::encode(w, info.name);
-        w.raw(static_cast<std::uint8_t>(info.dtype));
-        encode_shape(w, info.shape);
-        w.raw(static_cast<std::uint64_t>(info.shards.size()));
-        for (const auto& s : info.shards) {
-            w.raw(s.index);
-            w.raw(static_cast<std::int32_t>(s.task));
-            w.raw(static_cast<std::uint64_t>(s.row_offset));
-            w.raw(static_cast<std::uint64_t>(s.shape.empty() ? 0 : s.shape[0]));
-        }
+        nlohmann::json shards = nlohmann::json::array();
+        for (const auto& s : info.shards)
+            shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0]});
+        return {{"variable",
+                 {{"id", info.id}, {"name", info.name}, {"dtype", static_cast<int>(info.dtype)}, {"shape", info.shape},
+                  {"shards", std::move(shards)}}}};
     }
-    static Variable decode(ByteReader& r, const CallContext& c) {
-        r.expect(tag::variable, "a Variable");
-        if (!c.channel) r.fail("a Variable reached a process that has no cluster to reach its shards");
+    static Variable decode(ValuesReader& r, const nlohmann::json& j) {
+        const nlohmann::json* handle = j.size() == 1 ? ValuesReader::member(j, "variable") : nullptr;
+        if (handle == nullptr)
+            r.fail("expected a Variable, found " + ValuesReader::describe(j) + "; " + ValuesReader::same_signature);
+        if (!r.context().channel) r.fail("a Variable reached a process that has no cluster to reach its shards");
+        const nlohmann::json& h = *handle;
+        auto field = [&](const char* key, bool (nlohmann::json::*is)() const noexcept, const char* type) -> const nlohmann::json& {
+            const nlohmann::json* it = ValuesReader::member(h, key);
+            if (it == nullptr || !(it->*is)())
+                r.fail(std::string("a Variable handle's \"") + key + "\" is missing or not " + type);
+            return *it;
+        };
+        auto unsigned_of = [&](const nlohmann::json& v, const char* what) -> std::uint64_t {
+            if (!v.is_number_unsigned()) r.fail(std::string("a Variable handle's ") + what + " is not an unsigned integer");
+            return v.get<std::uint64_t>();
+        };
+        if (!h.is_object() || h.size() != 5) r.fail("a Variable handle has other fields than id, name, dtype, shape, shards");
         auto info = std::make_shared<VariableInfo>();
-        info->id = r.raw<std::uint64_t>();
-        info->name = Codec<std::string>::decode(r, c);
-        const auto dtype = r.raw<std::uint8_t>();
+        info->id = unsigned_of(field("id", &nlohmann::json::is_number_unsigned, "an unsigned integer"), "id");
+        const auto& name = field("name", &nlohmann::json::is_string, "a string");
+        info->name = name.get<std::string>();
+        const std::uint64_t dtype = unsigned_of(field("dtype", &nlohmann::json::is_number_unsigned, "a dtype code"), "dtype");
         if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
-        info->shape = decode_shape(r);
+        const auto& shape = field("shape", &nlohmann::json::is_array, "an array");
+        if (shape.size() > 32) r.fail("a rank of " + std::to_string(shape.size()) + " is above 32");
+        for (const auto& extent : shape) info->shape.push_back(static_cast<std::size_t>(unsigned_of(extent, "shape extent")));
         // Only a sane size is checked here; what the ps really holds is checked on every reply.
         if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
             r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
-        const std::size_t shards = r.count(24);
-        if (shards == 0 || (shards > 1 && (info->shape.empty() || shards > info->shape[0])))
-            r.fail(std::to_string(shards) + " shards for shape " + format_shape(info->shape));
+        const auto& shards = field("shards", &nlohmann::json::is_array, "an array");
+        if (shards.empty() || (shards.size() > 1 && (info->shape.empty() || shards.size() > info->shape[0])))
+            r.fail(std::to_string(shards.size()) + " shards for shape " + format_shape(info->shape));
         std::size_t next_row = 0;
-        for (std::size_t i = 0; i < shards; ++i) {
+        for (std::size_t i = 0; i < shards.size(); ++i) {
+            const auto& shard = shards[i];
+            if (!shard.is_array() || shard.size() != 4 || !shard[1].is_number_integer())
+                r.fail("shard " + std::to_string(i) + " is not [index, task, row offset, rows]");
             ShardInfo s;
-            s.index = r.raw<std::uint32_t>();
-            s.task = r.raw<std::int32_t>();
-            s.row_offset = static_cast<std::size_t>(r.raw<std::uint64_t>());
-            const auto rows = static_cast<std::size_t>(r.raw<std::uint64_t>());
+            const std::uint64_t index = unsigned_of(shard[0], "shard index");
+            const std::int64_t task = shard[1].get<std::int64_t>();
+            s.row_offset = static_cast<std::size_t>(unsigned_of(shard[2], "row offset"));
+            const auto rows = static_cast<std::size_t>(unsigned_of(shard[3], "row count"));
             s.shape = info->shape;
             if (!s.shape.empty()) s.shape[0] = rows;
             // The shards must split the rows as every strategy does (TensorFlow's rule): the handle finds
             // a row's shard by that rule.
-            if (s.index != i || s.task < 0 || s.row_offset != next_row ||
-                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards, i)))
-                r.fail("shard " + std::to_string(i) + " (index " + std::to_string(s.index) + ", task " +
-                       std::to_string(s.task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
-                       ") is not how " + std::to_string(shards) + " shards split shape " + format_shape(info->shape));
+            if (index != i || task < 0 || task > std::numeric_limits<std::int32_t>::max() || s.row_offset != next_row ||
+                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards.size(), i)))
+                r.fail("shard " + std::to_string(i) + " (index " + std::to_string(index) + ", task " +
+                       std::to_string(task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
+                       ") is not how " + std::to_string(shards.size()) + " shards split shape " + format_shape(info->shape));
+            s.index = static_cast<std::uint32_t>(index);
+            s.task = static_cast<int>(task);
             next_row += rows;
             info->shards.push_back(std::move(s));
         }
-        info->channel = c.channel;
+        info->channel = r.context().channel;
         info->borrowed = true;
         return Variable(std::move(info));
     }
 };
 template <class T>
 struct Codec<PerWorkerValues<T>> {
-    [[noreturn]] static void encode(ByteWriter&, const PerWorkerValues<T>&) {
+    [[noreturn]] static nlohmann::json encode(ValuesWriter&, const PerWorkerValues<T>&) {
         throw InvalidArgumentError(
             "pss: schedule: a PerWorkerValues cannot be sent to a worker in another process yet; create the "
             "worker's data inside the registered function from worker_index()");
     }
-    [[noreturn]] static PerWorkerValues<T> decode(ByteReader& r, const CallContext&) {
+    [[noreturn]] static PerWorkerValues<T> decode(ValuesReader& r, const nlohmann::json&) {
         r.fail("a PerWorkerValues cannot be received");
     }
 };
 
-/// Values as the payload of a call: a 1-D int64 tensor holding the byte count, then the bytes.
-inline Tensor to_blob(const std::vector<std::byte>& bytes) {
-    xt::xarray<std::int64_t> blob = xt::zeros<std::int64_t>({1 + (bytes.size() + 7) / 8});
-    blob(0) = static_cast<std::int64_t>(bytes.size());
-    if (!bytes.empty()) std::memcpy(blob.data() + 1, bytes.data(), bytes.size());
-    return Tensor(std::move(blob));
-}
-inline std::span<const std::byte> from_blob(const Tensor& blob, const std::string& what) {
-    if (!blob.has_value() || blob.dtype() != DType::int64 || blob.shape().size() != 1 || blob.size() == 0)
-        throw InvalidArgumentError("pss: " + what + ": the payload is not an encoded list of values");
-    const auto n = blob.get<std::int64_t>()(0);
-    if (n < 0 || static_cast<std::uint64_t>(n) > (blob.size() - 1) * 8)
-        throw InvalidArgumentError("pss: " + what + ": the payload's byte count " + std::to_string(n) + " is wrong");
-    return {blob.bytes() + 8, static_cast<std::size_t>(n)};
-}
-
 /// Encodes the arguments of a call.
 template <class... Args>
-Tensor encode_values(const Args&... args) {
-    ByteWriter w;
-    (Codec<std::remove_cvref_t<Args>>::encode(w, args), ...);
-    return to_blob(w.data());
+Values encode_values(const Args&... args) {
+    ValuesWriter w;
+    nlohmann::json items = nlohmann::json::array();
+    (items.push_back(Codec<std::remove_cvref_t<Args>>::encode(w, args)), ...);
+    return w.finish(items);
 }
 
-/// How a worker runs one registered function: decodes the arguments, calls, encodes the result.
-using Invoker = std::function<void(ByteReader&, const CallContext&, ByteWriter&)>;
+/// How a worker runs one registered function: decodes the arguments, calls, encodes the result (an
+/// empty array for void).
+using Invoker = std::function<nlohmann::json(ValuesReader&, ValuesWriter&)>;
 
 struct RegistryEntry {
     std::string signature;
@@ -346,13 +370,13 @@ struct Registry {
     }
 };
 
-inline constexpr std::uint8_t call_succeeded = 0, call_failed = 1;
+inline constexpr int call_succeeded = 0, call_failed = 1;
 
-/// What a worker answers to a call, always as a value: a status byte, then the result, or the error's
-/// code and message. Errors travel inside the answer so that an error reply can only mean that the
-/// worker itself was not reached (the coordinator then runs the closure elsewhere).
-inline Tensor run_call(const std::string& name, const Tensor& arguments, const CallContext& context) {
-    ByteWriter out;
+/// What a worker answers to a call, always as values: `[0, result]` (`[0]` for void), or `[1, code,
+/// message]`. Errors travel inside the answer so that an error reply can only mean that the worker
+/// itself was not reached (the coordinator then runs the closure elsewhere).
+inline Values run_call(const std::string& name, Values&& arguments, const CallContext& context) {
+    ValuesWriter out;
     try {
         Invoker invoke;
         {
@@ -364,19 +388,20 @@ inline Tensor run_call(const std::string& name, const Tensor& arguments, const C
                                     name + "\" in this process; call register_function at start-up in every process");
             invoke = it->second.invoke;
         }
-        const std::string what = "call of \"" + name + "\"";
-        ByteReader reader(from_blob(arguments, what), what);
-        out.raw(call_succeeded);
-        invoke(reader, context, out);
+        ValuesReader reader(std::move(arguments), "call of \"" + name + "\"", context);
+        nlohmann::json result = invoke(reader, out);
+        reader.finish();
+        nlohmann::json answer = nlohmann::json::array({call_succeeded});
+        if (!result.is_discarded()) answer.push_back(std::move(result));
+        return out.finish(answer);
     } catch (const std::exception& e) {
         const auto* error = dynamic_cast<const Error*>(&e);
-        out = ByteWriter();
-        out.raw(call_failed);
-        out.raw(static_cast<std::int32_t>(error ? error->code() : ErrorCode::internal));
-        Codec<std::string>::encode(out, error ? std::string(e.what()) : "pss: worker " + std::to_string(context.worker) +
-                                                                         ": \"" + name + "\" threw: " + e.what());
+        const std::string message =
+            error ? std::string(e.what()) : "pss: worker " + std::to_string(context.worker) + ": \"" + name + "\" threw: " + e.what();
+        return ValuesWriter{}.finish(
+            {call_failed, static_cast<int>(error ? error->code() : ErrorCode::internal),
+             nlohmann::json::binary(std::vector<std::uint8_t>(message.begin(), message.end()))});
     }
-    return to_blob(out.data());
 }
 
 template <class T>
@@ -413,17 +438,26 @@ struct is_registered_function<RegisteredFunction<S>> : std::true_type {};
 
 /// Decodes what run_call answered: the result, or the worker's error thrown as its Error subclass.
 template <class R>
-R decode_result(const Tensor& blob, const std::string& name) {
-    const std::string what = "answer to the call of \"" + name + "\"";
-    ByteReader reader(from_blob(blob, what), what);
-    if (reader.raw<std::uint8_t>() == call_failed) {
-        const auto code = reader.raw<std::int32_t>();
-        std::string message = Codec<std::string>::decode(reader, CallContext{});
-        throw_error(code > 0 && code <= static_cast<std::int32_t>(ErrorCode::internal) ? static_cast<ErrorCode>(code)
-                                                                                        : ErrorCode::internal,
+R decode_result(Values&& answer, const std::string& name) {
+    const CallContext none;
+    ValuesReader reader(std::move(answer), "answer to the call of \"" + name + "\"", none);
+    const nlohmann::json& status = reader.next("a status");
+    if (status == call_failed) {
+        const nlohmann::json& code = reader.next("an error code");
+        std::string message = Codec<std::string>::decode(reader, reader.next("an error message"));
+        const auto c = code.is_number_integer() ? code.get<std::int64_t>() : 0;
+        throw_error(c > 0 && c <= static_cast<std::int64_t>(ErrorCode::internal) ? static_cast<ErrorCode>(c)
+                                                                                 : ErrorCode::internal,
                     message);
     }
-    if constexpr (!std::is_void_v<R>) return Codec<std::remove_cvref_t<R>>::decode(reader, CallContext{});
+    if (status != call_succeeded) reader.fail("the status " + status.dump() + " is neither 0 (ok) nor 1 (error)");
+    if constexpr (std::is_void_v<R>) {
+        reader.finish();
+    } else {
+        R result = Codec<std::remove_cvref_t<R>>::decode(reader, reader.next("the result"));
+        reader.finish();
+        return result;
+    }
 }
 }  // namespace detail
 
@@ -439,11 +473,16 @@ RegisteredFunction<R(Args...)> register_function(std::string name, R (*fn)(Args.
     static_assert((Transferable<Args> && ...),
                   "pss: register_function: every parameter must be Transferable (a number, string, Tensor, "
                   "xt::xarray, Variable, PerWorkerValues, or a std::vector of these)");
-    detail::Invoker invoke = [fn](detail::ByteReader& reader, const detail::CallContext& context, detail::ByteWriter& out) {
-        std::tuple<std::remove_cvref_t<Args>...> args{detail::Codec<std::remove_cvref_t<Args>>::decode(reader, context)...};
-        if (reader.remaining() != 0) reader.fail(std::to_string(reader.remaining()) + " bytes are left over");
-        if constexpr (std::is_void_v<R>) std::apply(fn, args);
-        else detail::Codec<std::remove_cvref_t<R>>::encode(out, std::apply(fn, args));
+    detail::Invoker invoke = [fn](detail::ValuesReader& reader, detail::ValuesWriter& out) -> nlohmann::json {
+        // Braces: the arguments are decoded in order.
+        std::tuple<std::remove_cvref_t<Args>...> args{
+            detail::Codec<std::remove_cvref_t<Args>>::decode(reader, reader.next("an argument"))...};
+        if constexpr (std::is_void_v<R>) {
+            std::apply(fn, args);
+            return nlohmann::json(nlohmann::json::value_t::discarded);
+        } else {
+            return detail::Codec<std::remove_cvref_t<R>>::encode(out, std::apply(fn, args));
+        }
     };
     auto& registry = detail::Registry::instance();
     std::lock_guard lock(registry.mutex);

@@ -30,14 +30,18 @@ enum class Op : std::uint8_t {
     apply_dense = 10,    ///< the optimizer applies the gradient `payload` to the whole shard
     apply_sparse = 11,   ///< the optimizer applies gradient rows `payload` to rows `ids` (repeated ids summed)
     destroy = 12,        ///< forget the shard
-    call = 13,           ///< a worker runs the registered function `name` on the arguments encoded in `payload`
-    shutdown = 14,       ///< the coordinator ends the cluster: the task stops serving once it has answered
+};
+
+/// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
+/// worker, or the end of the cluster.
+enum class RequestKind : std::uint8_t {
+    operation = 0,  ///< `op` on the shard `key` of a parameter server
+    call = 1,       ///< a worker runs the registered function `name` on the arguments `values`
+    shutdown = 2,   ///< the coordinator ends the cluster: the task stops serving once it has answered
 };
 
 /// @brief True when a successful reply to `op` carries a value (not the spent request payload).
-[[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept {
-    return op == Op::read || op == Op::gather || op == Op::call;
-}
+[[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept { return op == Op::read || op == Op::gather; }
 
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
@@ -54,8 +58,6 @@ enum class Op : std::uint8_t {
         case Op::apply_dense: return "apply_gradient";
         case Op::apply_sparse: return "apply_sparse_gradient";
         case Op::destroy: return "destroy";
-        case Op::call: return "call";
-        case Op::shutdown: return "shutdown";
     }
     return "unknown operation";
 }
@@ -67,16 +69,26 @@ struct ShardKey {
     friend bool operator==(const ShardKey&, const ShardKey&) = default;
 };
 
-/// @brief A request to one task. Moving a Request moves its tensor; nothing in it is copied in transit.
+/// @brief The arguments or the result of a function call: the values in CBOR (nlohmann/json's), in
+/// which a tensor is a reference to one of `tensors`; the tensors travel as wire sections of their own,
+/// so that their bytes are never copied into the CBOR.
+struct Values {
+    std::vector<std::uint8_t> cbor;
+    std::vector<Tensor> tensors;
+};
+
+/// @brief A request to one task. Moving a Request moves its tensors; nothing in it is copied in transit.
 struct Request {
-    Op op = Op::read;
+    RequestKind kind = RequestKind::operation;
+    Op op = Op::read;  ///< the shard operation (kind `operation` only)
     ShardKey key;
-    std::string name;               ///< the shard's display name, sent with `create`
+    std::string name;               ///< the shard's display name, sent with `create`; a call's function
     Tensor payload;                 ///< value, delta, gradient, rows, or a buffer to read into
     std::vector<std::int64_t> ids;  ///< row ids of the scatter, gather and sparse operations
     /// The training step a synchronous push belongs to, or a synchronous pull is for (1, 2, ...);
     /// 0 outside synchronous training.
     std::uint64_t step = 0;
+    Values values;  ///< a call's arguments (kind `call` only)
 };
 
 /// @brief A task's answer: `code` is ok, or the error the task raised with its message.
@@ -84,6 +96,7 @@ struct Reply {
     ErrorCode code = ErrorCode::ok;
     std::string message;
     Tensor payload;  ///< a read or gathered value; for updates, the spent request payload handed back
+    Values values;   ///< what a call answered (its result, or the error the function raised)
 
     [[nodiscard]] bool ok() const noexcept { return code == ErrorCode::ok; }
 
@@ -93,8 +106,14 @@ struct Reply {
         return std::move(payload);
     }
 
+    /// @brief A call's answer when ok; otherwise throws the Error subclass of `code` with `message`.
+    Values take_values() {
+        if (!ok()) throw_error(code, message);
+        return std::move(values);
+    }
+
     [[nodiscard]] static Reply error(ErrorCode code, std::string message) {
-        return Reply{code, std::move(message), {}};
+        return Reply{code, std::move(message), {}, {}};
     }
 };
 

@@ -179,11 +179,12 @@ private:
     }
 
     Reply dispatch(Request&& request, Responder* hold) {
-        if (request.op == Op::create) return create(std::move(request));
-        if (request.op == Op::call || request.op == Op::shutdown)
-            throw InvalidArgumentError("pss: a " + std::string(op_name(request.op)) +
+        if (request.kind != RequestKind::operation)
+            throw InvalidArgumentError(std::string("pss: a ") +
+                                       (request.kind == RequestKind::call ? "call" : "shutdown") +
                                        " request reached a parameter server, which takes variable operations only "
                                        "(functions run on worker tasks)");
+        if (request.op == Op::create) return create(std::move(request));
         auto it = shards_.find(request.key);
         if (it == shards_.end())
             throw NotFoundError("pss: " + std::string(op_name(request.op)) + ": no shard " +
@@ -284,9 +285,7 @@ private:
                 }
                 break;
             case Op::create:
-            case Op::destroy:
-            case Op::call:
-            case Op::shutdown: break;
+            case Op::destroy: break;
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;

@@ -117,21 +117,23 @@ public:
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
             server_ = std::make_unique<TransportPolicy>(spec_);
             server_->serve(self_, [this](Request&& r, Responder respond) {
-                if (r.op == Op::shutdown) return respond(stop_requested());
+                if (r.kind == RequestKind::shutdown) return respond(stop_requested());
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
             server_ = std::make_unique<TransportPolicy>(spec_);
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
             server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
-                if (r.op == Op::shutdown) return stop_requested();
-                if (r.op != Op::call)
+                if (r.kind == RequestKind::shutdown) return stop_requested();
+                if (r.kind != RequestKind::call)
                     return Reply::error(ErrorCode::invalid_argument,
                                         "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
                 const ClosureContext context{self_.index};
                 const ClosureContext::Guard current(context);
-                return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
+                Reply reply;
+                reply.values = run_call(r.name, std::move(r.values), CallContext{weak.lock(), self_.index});
+                return reply;
             }));
         }
     }
@@ -181,7 +183,7 @@ private:
             std::vector<std::future<Reply>> replies;
             for (int i = 0; i < spec_.num_tasks(job); ++i) {
                 Request request;
-                request.op = Op::shutdown;
+                request.kind = RequestKind::shutdown;
                 replies.push_back(client_.send(TaskId{job, i}, std::move(request)));
             }
             // A task already gone has ended anyway: a lost worker is not waited for (its address would

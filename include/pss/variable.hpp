@@ -340,7 +340,10 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     std::vector<Tensor> out(outgoing.size());
     std::vector<std::size_t> waiting;
     auto post = [&](std::size_t i, Request r) {
-        again[i] = Request{r.op, r.key, {}, {}, r.ids, r.step};
+        again[i].op = r.op;  // the request without its payload
+        again[i].key = r.key;
+        again[i].ids = r.ids;
+        again[i].step = r.step;
         futures[i] = info().channel->send(outgoing[i].first, std::move(r));
     };
     for (std::size_t i = 0; i < outgoing.size(); ++i) {

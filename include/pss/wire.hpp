@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <span>
@@ -29,37 +30,42 @@ static_assert(std::endian::native == std::endian::little,
 
 /// @brief The wire format of the Tcp transport: one frame per Request or Reply.
 ///
-/// A frame is a fixed 76-byte little-endian header, then variable sections, then the payload:
+/// A frame is a fixed 80-byte little-endian header, then variable sections, then the payload:
 ///
 /// | offset | size | field | rule |
 /// | --- | --- | --- | --- |
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
-/// | 4 | 2 | version | `wire_version` (1) |
-/// | 6 | 1 | kind | an `Op` (1 to 14) for a request, `frame_kind_reply` (128) for a reply |
-/// | 7 | 1 | flags | `frame_flag_payload` (a tensor is described), `frame_flag_payload_elided` (its bytes are not sent) |
+/// | 4 | 2 | version | `wire_version` (2) |
+/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12), `frame_kind_call` (13), `frame_kind_shutdown` (14), or `frame_kind_reply` (128) |
+/// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 9); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
 /// | 20 | 4 | task | request: the index of the task addressed; reply: the index of the answering task |
 /// | 24 | 8 | variable id | `ShardKey::variable` |
 /// | 32 | 4 | shard id | `ShardKey::shard` |
-/// | 36 | 1 | dtype | a `DType` (1 to 4) with a payload, 0 without |
-/// | 37 | 1 | rank | the payload's rank, at most `max_wire_rank` (8); 0 without a payload |
-/// | 38 | 2 | reserved | 0 |
-/// | 40 | 4 | name length | bytes of the shard name |
+/// | 36 | 2 | tensors | tensors described: at most 1 without `frame_flag_values`, else at most `WireLimits::max_tensors` |
+/// | 38 | 2 | descriptor words | u64 words of the descriptor section: one per tensor plus its rank |
+/// | 40 | 4 | name length | bytes of the shard name (a call's function name) |
 /// | 44 | 4 | message length | bytes of the error message |
 /// | 48 | 8 | ids count | number of row ids |
-/// | 56 | 8 | payload length | bytes of the payload: `num_elements(shape) * dtype_size(dtype)`, or 0 when elided |
+/// | 56 | 8 | payload length | bytes of the tensors, one after another, or 0 when elided |
 /// | 64 | 8 | step | `Request::step`: the synchronous training step; 0 in replies |
-/// | 72 | 4 | checksum | CRC-32C of bytes 0 to 71 and of the sections below, but not of the payload |
+/// | 72 | 4 | values length | bytes of the CBOR values (`Values::cbor`); 0 without `frame_flag_values` |
+/// | 76 | 4 | checksum | CRC-32C of bytes 0 to 75 and of the sections below, but not of the payload |
 ///
-/// Then: the shape (rank x u64), the name, the message, the ids (count x i64), the payload (row-major
-/// elements). All integers are little-endian.
+/// Then: the descriptors (for each tensor a word `dtype | rank << 8`, the other bytes 0, then rank x
+/// u64 extents), the name, the message, the CBOR values, the ids (count x i64), and the payload (each
+/// tensor's row-major elements, in order). All integers are little-endian.
+///
+/// A shard operation carries at most one tensor (its `payload`); a call and a call's reply carry
+/// `Values`: the non-tensor values in CBOR (nlohmann/json's encoder and decoder, fuzzed upstream), the
+/// tensors as the frame's own tensors, so that one decoder checks every tensor that crosses the wire.
 ///
 /// The checksum covers what a corrupted byte could turn into a wrong decision: the header and the small
-/// sections (a shard name, an error text, the row ids a scatter writes to). It leaves out the bulk
-/// payload on purpose: CRC-32C in software runs at a few GB/s, about the speed of loopback TCP itself,
-/// so checksumming a 64 MB gradient would halve the transport's throughput, and TCP already checksums
-/// every segment.
+/// sections (a shard name, an error text, a call's values, the row ids a scatter writes to). It leaves
+/// out the bulk payload on purpose: CRC-32C in software runs at a few GB/s, about the speed of loopback
+/// TCP itself, so checksumming a 64 MB gradient would halve the transport's throughput, and TCP already
+/// checksums every segment.
 ///
 /// An elided payload is described (dtype, shape) but its bytes stay where they are: a `read` request's
 /// payload is the buffer the client wants the value in (it stays with the client and the reply lands in
@@ -69,12 +75,14 @@ static_assert(std::endian::native == std::endian::little,
 /// Every frame read from the network is untrusted: `decode_header` and `decode_body` check every field
 /// and every length against `WireLimits` before a byte is allocated for it.
 inline constexpr std::uint32_t wire_magic = 0x31535350u;  // "PSS1"
-inline constexpr std::uint16_t wire_version = 1;
-inline constexpr std::size_t frame_header_size = 76;
+inline constexpr std::uint16_t wire_version = 2;
+inline constexpr std::size_t frame_header_size = 80;
 inline constexpr std::size_t max_wire_rank = 8;
+inline constexpr std::uint8_t frame_kind_call = 13;
+inline constexpr std::uint8_t frame_kind_shutdown = 14;
 inline constexpr std::uint8_t frame_kind_reply = 128;
-inline constexpr std::uint8_t frame_flag_payload = 1;
 inline constexpr std::uint8_t frame_flag_payload_elided = 2;
+inline constexpr std::uint8_t frame_flag_values = 4;
 
 /// @brief Bounds on what a peer may ask this process to allocate. A length above one is a WireError.
 struct WireLimits {
@@ -82,6 +90,8 @@ struct WireLimits {
     std::uint64_t max_ids = std::uint64_t{1} << 24;            ///< 16 Mi ids (128 MiB)
     std::uint32_t max_name = 4096;                             ///< bytes of a shard name
     std::uint32_t max_message = 1u << 16;                      ///< bytes of an error message
+    std::uint32_t max_values = 16u << 20;                      ///< bytes of a call's CBOR values (16 MiB)
+    std::uint16_t max_tensors = 4096;                          ///< tensors of a call or its answer
 };
 
 /// @brief A frame that breaks the format. `request_id()` is set when the header was sound enough (magic
@@ -104,93 +114,139 @@ struct FrameHeader {
     std::uint64_t request_id = 0;
     std::uint32_t task = 0;
     ShardKey key;
-    DType dtype = DType::float32;  ///< meaningful when `has_payload()`
-    std::uint8_t rank = 0;
+    std::uint16_t tensors = 0;
+    std::uint16_t descriptor_words = 0;
     std::uint32_t name_length = 0;
     std::uint32_t message_length = 0;
     std::uint64_t ids_count = 0;
     std::uint64_t payload_length = 0;
     std::uint64_t step = 0;
+    std::uint32_t values_length = 0;
     std::uint32_t checksum = 0;
 
     [[nodiscard]] bool is_reply() const noexcept { return kind == frame_kind_reply; }
+    /// @brief What a request frame asks (not meaningful for a reply).
+    [[nodiscard]] RequestKind request_kind() const noexcept {
+        return kind == frame_kind_call ? RequestKind::call
+               : kind == frame_kind_shutdown ? RequestKind::shutdown
+                                             : RequestKind::operation;
+    }
     [[nodiscard]] Op op() const noexcept { return static_cast<Op>(kind); }
-    [[nodiscard]] bool has_payload() const noexcept { return (flags & frame_flag_payload) != 0; }
+    /// @brief True when the frame describes one tensor that is a shard operation's payload (or its reply's).
+    [[nodiscard]] bool has_payload() const noexcept { return tensors == 1 && !has_values(); }
     [[nodiscard]] bool payload_elided() const noexcept { return (flags & frame_flag_payload_elided) != 0; }
+    [[nodiscard]] bool has_values() const noexcept { return (flags & frame_flag_values) != 0; }
     /// @brief Bytes of the sections between the header and the payload.
     [[nodiscard]] std::uint64_t body_length() const noexcept {
-        return std::uint64_t{rank} * 8 + name_length + message_length + ids_count * 8;
+        return std::uint64_t{descriptor_words} * 8 + name_length + message_length + values_length + ids_count * 8;
     }
+};
+
+/// @brief The dtype and shape of one tensor a frame carries.
+struct TensorSpec {
+    DType dtype = DType::float32;
+    Shape shape;
 };
 
 /// @brief The variable sections of a received frame. Reused from frame to frame by a connection.
 struct FrameBody {
-    std::array<std::byte, 8 * max_wire_rank> shape_bytes{};
-    Shape shape;
+    std::vector<std::byte> descriptor_bytes;
+    std::vector<TensorSpec> tensors;  ///< filled by `decode_body`
     std::string name;
     std::string message;
+    std::vector<std::uint8_t> values;
     std::vector<std::int64_t> ids;
+    /// @brief The one tensor of a frame whose `has_payload()`.
+    [[nodiscard]] const TensorSpec& payload() const noexcept { return tensors.front(); }
 };
 
 /// @brief CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start). Slicing-by-8 tables.
 /// `crc32c(0, "123456789")` is `0xE3069283`.
 [[nodiscard]] std::uint32_t crc32c(std::uint32_t crc, std::span<const std::byte> data) noexcept;
 
-/// @brief The 76 header bytes of `header`, every integer written little-endian byte by byte.
+/// @brief The 80 header bytes of `header`, every integer written little-endian byte by byte.
 [[nodiscard]] std::array<std::byte, frame_header_size> encode_header(const FrameHeader& header) noexcept;
 
 /// @brief Decodes and validates a header read from the network.
 /// @throws WireError naming the field and its value, e.g.
 ///   - `pss: wire: frame magic is 0x00000000, expected 0x31535350 ("PSS1"); the peer does not speak pss`
-///   - `pss: wire: frame version 2 is not supported; this build speaks version 1`
-///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 14, a reply is 128`
-///   - `pss: wire: frame dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
-///   - `pss: wire: frame rank 9 exceeds the limit 8`
+///   - `pss: wire: frame version 1 is not supported; this build speaks version 2`
+///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply is 128`
 ///   - `pss: wire: frame payload length 2147483648 exceeds the limit 1073741824`
-///   - the same for name length, message length and ids count, unknown flags, error codes and reserved bits
+///   - `pss: wire: frame of a shard operation describes 2 tensors; it carries one at most`
+///   - the same for name, message and values lengths, ids and tensor counts, unknown flags, error codes
 [[nodiscard]] FrameHeader decode_header(std::span<const std::byte, frame_header_size> bytes,
                                         const WireLimits& limits = {});
 
-/// @brief Sizes `body` for `header` and returns the buffers to read the sections into (shape, name,
-/// message, ids: one scatter read). The header must have come from `decode_header`.
-[[nodiscard]] std::array<asio::mutable_buffer, 4> body_buffers(const FrameHeader& header, FrameBody& body);
+/// @brief Sizes `body` for `header` and returns the buffers to read the sections into (descriptors,
+/// name, message, values, ids: one scatter read). The header must have come from `decode_header`.
+[[nodiscard]] std::array<asio::mutable_buffer, 5> body_buffers(const FrameHeader& header, FrameBody& body);
 
 /// @brief Checks the sections read into `body_buffers`: the checksum over `header_bytes` and the
-/// sections, then the shape against the payload length. Fills `body.shape`.
+/// sections, then each tensor's descriptor, and their shapes against the payload length. Fills
+/// `body.tensors`.
 /// @throws WireError
 ///   - `pss: wire: frame checksum 0x12345678 does not match the computed 0x9abcdef0; the frame was corrupted`
-///   - `pss: wire: frame payload length 12 does not match shape (2, 2) of float32, which needs 16 bytes`
-///   - `pss: wire: frame shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
+///   - `pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
+///   - `pss: wire: frame tensor 0: rank 9 exceeds the limit 8`
+///   - `pss: wire: frame payload length 12 does not match the tensors' 16 bytes (float32 (2, 2))`
+///   - `pss: wire: frame tensor 0: shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
 void decode_body(std::span<const std::byte, frame_header_size> header_bytes, const FrameHeader& header,
                  FrameBody& body, const WireLimits& limits = {});
 
-/// @brief A tensor to receive the payload of a validated frame into: `reuse` when it has the dtype and
-/// number of elements (it is reshaped, its buffer kept), else a new uninitialised one. Empty when the
-/// frame carries no payload bytes.
+/// @brief A tensor to receive the payload of a validated frame into (a frame whose `has_payload()`):
+/// `reuse` when it has the dtype and number of elements (it is reshaped, its buffer kept), else a new
+/// uninitialised one. Empty when the frame carries no payload bytes.
 [[nodiscard]] Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse = {});
 
+/// @brief The tensors to receive a validated Values frame's payload into, uninitialised, and the
+/// buffers to read into them (one scatter read).
+[[nodiscard]] std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body);
+[[nodiscard]] std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors);
+
 /// @brief The Request a validated request frame carries. `payload` is the received tensor (or, for an
-/// elided payload, the buffer the receiver offers; it may be empty).
-[[nodiscard]] Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload);
+/// elided payload, the buffer the receiver offers; it may be empty); `tensors` a call's.
+[[nodiscard]] Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload,
+                                 std::vector<Tensor> tensors = {});
 
 /// @brief The Reply a validated reply frame carries.
-[[nodiscard]] Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload);
+[[nodiscard]] Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload,
+                             std::vector<Tensor> tensors = {});
 
-/// @brief A frame ready to be written by scatter-gather: the header and shape are encoded here, the
-/// name, message, ids and payload are referenced where they live (the payload is the tensor's own
-/// storage: nothing is copied). The referenced Request or Reply must outlive the write and stay unchanged.
+/// @brief A frame ready to be written by scatter-gather: the header and descriptors are encoded here,
+/// the name, message, values, ids and tensors are referenced where they live (a tensor's bytes are its
+/// own storage: nothing is copied). The referenced Request or Reply must outlive the write and stay
+/// unchanged.
 class OutgoingFrame {
 public:
     OutgoingFrame() = default;
-    /// @brief The buffers to write, in order: header, shape, name, message, ids, payload. (Made on each
-    /// call, so that a copied or moved frame points at its own header.)
-    [[nodiscard]] std::array<asio::const_buffer, 6> buffers() const noexcept {
-        return {asio::buffer(header_bytes_),           asio::buffer(shape_bytes_.data(), shape_length_),
-                asio::buffer(name_.data(), name_.size()), asio::buffer(message_.data(), message_.size()),
-                asio::buffer(ids_.data(), ids_.size()),   asio::buffer(payload_, payload_length_)};
+    /// @brief Appends the buffers to write, in order: header, descriptors, name, message, values, ids,
+    /// then each tensor. (Made on each call, so that a copied or moved frame points at its own header.)
+    void append_buffers(std::vector<asio::const_buffer>& out) const {
+        out.push_back(asio::buffer(header_bytes_));
+        out.push_back(descriptors());
+        out.push_back(asio::buffer(name_.data(), name_.size()));
+        out.push_back(asio::buffer(message_.data(), message_.size()));
+        out.push_back(asio::buffer(values_.data(), values_.size()));
+        out.push_back(asio::buffer(ids_.data(), ids_.size()));
+        if (payload_length_ == 0) return;
+        if (many_ == nullptr) {
+            out.push_back(asio::buffer(payload_, payload_length_));
+            return;
+        }
+        for (const Tensor& t : *many_) out.push_back(asio::buffer(t.bytes(), t.nbytes()));
+    }
+    /// @brief The frame's bytes in one buffer (tests, and the fuzzer's seeds).
+    [[nodiscard]] std::vector<std::byte> bytes() const {
+        std::vector<asio::const_buffer> parts;
+        append_buffers(parts);
+        std::vector<std::byte> out(size());
+        asio::buffer_copy(asio::buffer(out), parts);
+        return out;
     }
     [[nodiscard]] std::size_t size() const noexcept {
-        return frame_header_size + shape_length_ + name_.size() + message_.size() + ids_.size() + payload_length_;
+        return frame_header_size + descriptors().size() + name_.size() + message_.size() + values_.size() +
+               ids_.size() + payload_length_;
     }
     [[nodiscard]] const FrameHeader& header() const noexcept { return header_; }
 
@@ -202,15 +258,23 @@ public:
                                              bool elide_payload);
 
 private:
-    void build(const Tensor& payload, bool elide, std::span<const std::byte> name, std::span<const std::byte> message,
-               std::span<const std::int64_t> ids);
+    void build(const Tensor& payload, bool elide, const Values* values, std::span<const std::byte> name,
+               std::span<const std::byte> message, std::span<const std::int64_t> ids);
+    void describe(const Tensor& t, std::byte*& out);
+    [[nodiscard]] asio::const_buffer descriptors() const noexcept {
+        return many_descriptors_.empty() ? asio::buffer(one_descriptor_.data(), descriptor_length_)
+                                         : asio::buffer(many_descriptors_);
+    }
 
     FrameHeader header_;
     std::array<std::byte, frame_header_size> header_bytes_{};
-    std::array<std::byte, 8 * max_wire_rank> shape_bytes_{};
-    std::size_t shape_length_ = 0;
-    std::span<const std::byte> name_, message_, ids_;
+    // A shard operation's one tensor is described here, with no allocation; a call's tensors below.
+    std::array<std::byte, 8 * (1 + max_wire_rank)> one_descriptor_{};
+    std::size_t descriptor_length_ = 0;
+    std::vector<std::byte> many_descriptors_;
+    std::span<const std::byte> name_, message_, values_, ids_;
     const std::byte* payload_ = nullptr;
+    const std::vector<Tensor>* many_ = nullptr;
     std::size_t payload_length_ = 0;
 };
 
@@ -218,8 +282,9 @@ private:
 struct DecodedFrame {
     FrameHeader header;
     FrameBody body;
-    Tensor payload;
-    std::size_t size = 0;  ///< bytes of `bytes` the frame took
+    Tensor payload;               ///< a shard operation's one tensor
+    std::vector<Tensor> tensors;  ///< a Values frame's tensors
+    std::size_t size = 0;         ///< bytes of `bytes` the frame took
 };
 
 /// @brief Decodes the frame at the start of `bytes` (what the fuzz target drives).
@@ -274,14 +339,10 @@ template <std::size_t N>
 }
 
 [[nodiscard]] inline std::uint32_t frame_checksum(std::span<const std::byte> header_bytes,
-                                                  std::span<const std::byte> shape, std::span<const std::byte> name,
-                                                  std::span<const std::byte> message,
-                                                  std::span<const std::byte> ids) noexcept {
+                                                  std::initializer_list<std::span<const std::byte>> sections) noexcept {
     std::uint32_t crc = crc32c(0, header_bytes.first(frame_header_size - 4));
-    crc = crc32c(crc, shape);
-    crc = crc32c(crc, name);
-    crc = crc32c(crc, message);
-    return crc32c(crc, ids);
+    for (const auto& section : sections) crc = crc32c(crc, section);
+    return crc;
 }
 
 }  // namespace detail
@@ -316,15 +377,15 @@ inline std::array<std::byte, frame_header_size> encode_header(const FrameHeader&
     put_le<4>(p + 20, h.task);
     put_le<8>(p + 24, h.key.variable);
     put_le<4>(p + 32, h.key.shard);
-    put_le<1>(p + 36, h.has_payload() ? static_cast<std::uint8_t>(h.dtype) : 0);
-    put_le<1>(p + 37, h.rank);
-    put_le<2>(p + 38, 0);
+    put_le<2>(p + 36, h.tensors);
+    put_le<2>(p + 38, h.descriptor_words);
     put_le<4>(p + 40, h.name_length);
     put_le<4>(p + 44, h.message_length);
     put_le<8>(p + 48, h.ids_count);
     put_le<8>(p + 56, h.payload_length);
     put_le<8>(p + 64, h.step);
-    put_le<4>(p + 72, h.checksum);
+    put_le<4>(p + 72, h.values_length);
+    put_le<4>(p + 76, h.checksum);
     return out;
 }
 
@@ -353,54 +414,63 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
     h.task = static_cast<std::uint32_t>(get_le<4>(p + 20));
     h.key.variable = get_le<8>(p + 24);
     h.key.shard = static_cast<std::uint32_t>(get_le<4>(p + 32));
-    const auto dtype = static_cast<std::uint8_t>(get_le<1>(p + 36));
-    h.rank = static_cast<std::uint8_t>(get_le<1>(p + 37));
-    const auto reserved = static_cast<std::uint16_t>(get_le<2>(p + 38));
+    h.tensors = static_cast<std::uint16_t>(get_le<2>(p + 36));
+    h.descriptor_words = static_cast<std::uint16_t>(get_le<2>(p + 38));
     h.name_length = static_cast<std::uint32_t>(get_le<4>(p + 40));
     h.message_length = static_cast<std::uint32_t>(get_le<4>(p + 44));
     h.ids_count = get_le<8>(p + 48);
     h.payload_length = get_le<8>(p + 56);
     h.step = get_le<8>(p + 64);
-    h.checksum = static_cast<std::uint32_t>(get_le<4>(p + 72));
+    h.values_length = static_cast<std::uint32_t>(get_le<4>(p + 72));
+    h.checksum = static_cast<std::uint32_t>(get_le<4>(p + 76));
 
-    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::shutdown)) ||
-          h.kind == frame_kind_reply))
-        fail("kind " + std::to_string(h.kind) + " is unknown; a request is an operation 1 to 14, a reply is 128");
-    if ((h.flags & ~(frame_flag_payload | frame_flag_payload_elided)) != 0)
-        fail("flags " + std::to_string(h.flags) + " has unknown bits; only 1 (payload) and 2 (elided) are defined");
+    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= frame_kind_shutdown) || h.is_reply()))
+        fail("kind " + std::to_string(h.kind) +
+             " is unknown; a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply is 128");
+    if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
+        fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");
     if (code > static_cast<std::uint32_t>(ErrorCode::not_ready))
         fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 9 (not ready)");
     h.code = static_cast<ErrorCode>(code);
     if (!h.is_reply() && h.code != ErrorCode::ok)
         fail("error code " + std::to_string(code) + " is set on a request; only a reply carries an error");
-    if (reserved != 0) fail("reserved bytes are " + std::to_string(reserved) + "; they must be 0");
-    if (h.has_payload()) {
-        if (!is_valid_dtype(dtype))
-            fail("dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
-        h.dtype = static_cast<DType>(dtype);
-        too_big("rank", h.rank, max_wire_rank);
-    } else {
-        if (h.payload_elided()) fail("flags " + std::to_string(h.flags) + " mark a payload elided but none is described");
-        if (dtype != 0 || h.rank != 0)
-            fail("without a payload has dtype byte " + std::to_string(dtype) + " and rank " + std::to_string(h.rank) +
-                 "; both must be 0");
-    }
+    const bool call = h.kind == frame_kind_call;
+    if (call && !h.has_values()) fail("of a call carries no values; a call's arguments are its values");
+    if (h.has_values() && !call && !h.is_reply())
+        fail("of kind " + std::to_string(h.kind) + " carries values; only a call and its reply do");
+    if (h.kind == frame_kind_shutdown && (h.tensors != 0 || h.ids_count != 0 || h.name_length != 0))
+        fail("of a shutdown carries tensors, ids or a name; it carries nothing");
+    if (h.has_values())
+        too_big("tensors", h.tensors, limits.max_tensors);
+    else if (h.tensors > 1)
+        fail("of a shard operation describes " + std::to_string(h.tensors) + " tensors; it carries one at most");
+    if (h.payload_elided() && !h.has_payload())
+        fail("flags " + std::to_string(h.flags) + " mark a payload elided but the frame has no payload to elide");
+    // Each tensor takes one descriptor word and at most max_wire_rank more.
+    if (h.descriptor_words < h.tensors || h.descriptor_words > std::uint64_t{h.tensors} * (1 + max_wire_rank))
+        fail("descriptor words " + std::to_string(h.descriptor_words) + " cannot describe " + std::to_string(h.tensors) +
+             " tensors of rank 0 to " + std::to_string(max_wire_rank));
     too_big("payload length", h.payload_length, limits.max_payload_bytes);
     too_big("name length", h.name_length, limits.max_name);
     too_big("message length", h.message_length, limits.max_message);
+    too_big("values length", h.values_length, limits.max_values);
     too_big("ids count", h.ids_count, limits.max_ids);
-    if ((!h.has_payload() || h.payload_elided()) && h.payload_length != 0)
+    if (!h.has_values() && h.values_length != 0)
+        fail("values length " + std::to_string(h.values_length) + " is given without the values flag; it must be 0");
+    if ((h.tensors == 0 || h.payload_elided()) && h.payload_length != 0)
         fail("payload length " + std::to_string(h.payload_length) + " is given but " +
-             (h.has_payload() ? "the payload is elided" : "the frame has no payload") + "; it must be 0");
+             (h.tensors != 0 ? "the payload is elided" : "the frame has no tensors") + "; it must be 0");
     return h;
 }
 
-inline std::array<asio::mutable_buffer, 4> body_buffers(const FrameHeader& header, FrameBody& body) {
+inline std::array<asio::mutable_buffer, 5> body_buffers(const FrameHeader& header, FrameBody& body) {
+    body.descriptor_bytes.resize(std::size_t{header.descriptor_words} * 8);
     body.name.resize(header.name_length);
     body.message.resize(header.message_length);
+    body.values.resize(header.values_length);
     body.ids.resize(static_cast<std::size_t>(header.ids_count));
-    return {asio::buffer(body.shape_bytes.data(), std::size_t{header.rank} * 8),
-            asio::buffer(body.name.data(), body.name.size()), asio::buffer(body.message.data(), body.message.size()),
+    return {asio::buffer(body.descriptor_bytes), asio::buffer(body.name.data(), body.name.size()),
+            asio::buffer(body.message.data(), body.message.size()), asio::buffer(body.values),
             asio::buffer(body.ids.data(), body.ids.size() * sizeof(std::int64_t))};
 }
 
@@ -409,97 +479,184 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     auto fail = [&](const std::string& what) -> void {
         throw WireError("pss: wire: frame " + what, header.request_id);
     };
-    const std::uint32_t computed = detail::frame_checksum(
-        header_bytes, std::span<const std::byte>(body.shape_bytes.data(), std::size_t{header.rank} * 8),
-        detail::as_bytes(body.name), detail::as_bytes(body.message), std::as_bytes(std::span(body.ids)));
+    const std::uint32_t computed =
+        detail::frame_checksum(header_bytes, {std::span<const std::byte>(body.descriptor_bytes), detail::as_bytes(body.name),
+                                              detail::as_bytes(body.message), std::as_bytes(std::span(body.values)),
+                                              std::as_bytes(std::span(body.ids))});
     if (computed != header.checksum)
         fail("checksum " + detail::hex32(header.checksum) + " does not match the computed " + detail::hex32(computed) +
              "; the frame was corrupted");
-    body.shape.resize(header.rank);
-    for (std::size_t a = 0; a < header.rank; ++a) body.shape[a] = detail::get_le<8>(body.shape_bytes.data() + 8 * a);
-    if (!header.has_payload()) return;
-    const std::size_t element_size = dtype_size(header.dtype);
-    const std::int64_t elements = detail::bounded_elements(body.shape, limits.max_payload_bytes / element_size);
-    const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
-    if (elements < 0)
-        fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
-             " bytes");
-    const std::uint64_t needed = static_cast<std::uint64_t>(elements) * element_size;
-    if (!header.payload_elided() && header.payload_length != needed)
-        fail("payload length " + std::to_string(header.payload_length) + " does not match shape " + described +
-             ", which needs " + std::to_string(needed) + " bytes");
+    body.tensors.resize(header.tensors);
+    const std::byte* word = body.descriptor_bytes.data();
+    const std::byte* const end = word + body.descriptor_bytes.size();
+    std::uint64_t needed = 0;  // payload bytes of the tensors so far, at most the limit
+    for (std::size_t i = 0; i < body.tensors.size(); ++i) {
+        const std::string which = "tensor " + std::to_string(i) + ": ";
+        if (word == end) fail(which + "its descriptor is missing; the descriptor words end early");
+        const std::uint64_t d = detail::get_le<8>(word);
+        word += 8;
+        const auto dtype = static_cast<std::uint8_t>(d & 0xFFu);
+        const auto rank = static_cast<std::size_t>((d >> 8) & 0xFFu);
+        if (!is_valid_dtype(dtype))
+            fail(which + "dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
+        if (rank > max_wire_rank)
+            fail(which + "rank " + std::to_string(rank) + " exceeds the limit " + std::to_string(max_wire_rank));
+        if ((d >> 16) != 0) fail(which + "descriptor " + std::to_string(d) + " has bits set above the rank byte");
+        if (static_cast<std::size_t>(end - word) < rank * 8)
+            fail(which + "its rank " + std::to_string(rank) + " runs past the descriptor words");
+        TensorSpec& spec = body.tensors[i];
+        spec.dtype = static_cast<DType>(dtype);
+        spec.shape.resize(rank);
+        for (std::size_t a = 0; a < rank; ++a, word += 8) spec.shape[a] = detail::get_le<8>(word);
+        const std::size_t element_size = dtype_size(spec.dtype);
+        const std::int64_t elements =
+            detail::bounded_elements(spec.shape, (limits.max_payload_bytes - needed) / element_size);
+        if (elements < 0)
+            fail(which + "shape " + format_shape(spec.shape) + " of " + std::string(dtype_name(spec.dtype)) +
+                 " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) + " bytes");
+        needed += static_cast<std::uint64_t>(elements) * element_size;
+    }
+    if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
+    if (!header.payload_elided() && header.payload_length != needed) {
+        std::string described;
+        for (const auto& spec : body.tensors)
+            described += (described.empty() ? "" : ", ") + std::string(dtype_name(spec.dtype)) + " " + format_shape(spec.shape);
+        fail("payload length " + std::to_string(header.payload_length) + " does not match the tensors' " +
+             std::to_string(needed) + " bytes (" + described + ")");
+    }
 }
 
 inline Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse) {
     if (!header.has_payload() || header.payload_elided()) return {};
-    if (reuse.has_value() && reuse.dtype() == header.dtype && reuse.size() == num_elements(body.shape)) {
-        reuse.visit_mut([&](auto& array) { array.resize(body.shape); });  // same size: the buffer is kept
+    const TensorSpec& spec = body.payload();
+    if (reuse.has_value() && reuse.dtype() == spec.dtype && reuse.size() == num_elements(spec.shape)) {
+        reuse.visit_mut([&](auto& array) { array.resize(spec.shape); });  // same size: the buffer is kept
         return reuse;
     }
-    return Tensor::uninitialized(header.dtype, body.shape);
+    return Tensor::uninitialized(spec.dtype, spec.shape);
 }
 
-inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload) {
+inline std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body) {
+    std::vector<Tensor> tensors;
+    if (!header.has_values()) return tensors;
+    tensors.reserve(body.tensors.size());
+    for (const auto& spec : body.tensors) tensors.push_back(Tensor::uninitialized(spec.dtype, spec.shape));
+    return tensors;
+}
+
+inline std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors) {
+    std::vector<asio::mutable_buffer> buffers;
+    buffers.reserve(tensors.size());
+    for (auto& t : tensors) buffers.push_back(asio::buffer(t.bytes(), t.nbytes()));
+    return buffers;
+}
+
+inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload, std::vector<Tensor> tensors) {
     Request request;
-    request.op = header.op();
+    request.kind = header.request_kind();
+    if (request.kind == RequestKind::operation) request.op = header.op();
     request.key = header.key;
     request.name = std::move(body.name);
     request.ids = std::move(body.ids);
     request.payload = std::move(payload);
     request.step = header.step;
+    request.values = Values{std::move(body.values), std::move(tensors)};
     body.name.clear();
     body.ids.clear();
+    body.values.clear();
     return request;
 }
 
-inline Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload) {
-    Reply reply{header.code, std::move(body.message), std::move(payload)};
+inline Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload, std::vector<Tensor> tensors) {
+    Reply reply{header.code, std::move(body.message), std::move(payload), Values{std::move(body.values), std::move(tensors)}};
     body.message.clear();
+    body.values.clear();
     return reply;
 }
 
-inline void OutgoingFrame::build(const Tensor& payload, bool elide, std::span<const std::byte> name,
-                                 std::span<const std::byte> message, std::span<const std::int64_t> ids) {
+inline void OutgoingFrame::describe(const Tensor& t, std::byte*& out) {
+    const Shape shape = t.shape();
+    if (shape.size() > max_wire_rank)
+        throw InvalidArgumentError("pss: wire: a tensor of rank " + std::to_string(shape.size()) +
+                                   " cannot be sent; the wire carries rank " + std::to_string(max_wire_rank) + " at most");
+    detail::put_le<8>(out, static_cast<std::uint64_t>(t.dtype()) | (std::uint64_t{shape.size()} << 8));
+    out += 8;
+    for (auto extent : shape) {
+        detail::put_le<8>(out, extent);
+        out += 8;
+    }
+}
+
+inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values* values,
+                                 std::span<const std::byte> name, std::span<const std::byte> message,
+                                 std::span<const std::int64_t> ids) {
     FrameHeader& h = header_;
-    std::size_t& shape_length = shape_length_;
-    shape_length = 0;
-    if (payload.has_value()) {
-        const Shape shape = payload.shape();
-        if (shape.size() > max_wire_rank)
-            throw InvalidArgumentError("pss: wire: a tensor of rank " + std::to_string(shape.size()) +
-                                       " cannot be sent; the wire carries rank " + std::to_string(max_wire_rank) +
-                                       " at most");
-        h.flags = static_cast<std::uint8_t>(frame_flag_payload | (elide ? frame_flag_payload_elided : 0));
-        h.dtype = payload.dtype();
-        h.rank = static_cast<std::uint8_t>(shape.size());
-        for (std::size_t a = 0; a < shape.size(); ++a) detail::put_le<8>(shape_bytes_.data() + 8 * a, shape[a]);
-        shape_length = 8 * shape.size();
+    descriptor_length_ = 0;
+    if (values != nullptr) {
+        if (values->tensors.size() > std::numeric_limits<std::uint16_t>::max())
+            throw InvalidArgumentError("pss: wire: " + std::to_string(values->tensors.size()) +
+                                       " tensors cannot be sent in one call; the wire carries 65535 at most");
+        h.flags = frame_flag_values;
+        std::size_t words = 0, bytes = 0;
+        for (const Tensor& t : values->tensors) {
+            if (!t.has_value()) throw InvalidArgumentError("pss: wire: a call's values hold an empty tensor");
+            words += 1 + t.shape().size();
+            bytes += t.nbytes();
+        }
+        many_descriptors_.resize(8 * words);
+        std::byte* out = many_descriptors_.data();
+        for (const Tensor& t : values->tensors) describe(t, out);
+        if (words > std::numeric_limits<std::uint16_t>::max())
+            throw InvalidArgumentError("pss: wire: a call's tensors need " + std::to_string(words) +
+                                       " descriptor words; the wire carries 65535 at most");
+        h.tensors = static_cast<std::uint16_t>(values->tensors.size());
+        h.descriptor_words = static_cast<std::uint16_t>(words);
+        h.payload_length = bytes;
+        h.values_length = static_cast<std::uint32_t>(values->cbor.size());
+        values_ = std::as_bytes(std::span(values->cbor));
+        many_ = &values->tensors;
+        payload_length_ = bytes;
+    } else if (payload.has_value()) {
+        std::byte* out = one_descriptor_.data();
+        describe(payload, out);
+        descriptor_length_ = static_cast<std::size_t>(out - one_descriptor_.data());
+        h.flags = elide ? frame_flag_payload_elided : std::uint8_t{0};
+        h.tensors = 1;
+        h.descriptor_words = static_cast<std::uint16_t>(descriptor_length_ / 8);
         h.payload_length = elide ? 0 : payload.nbytes();
+        payload_ = payload.bytes();
+        payload_length_ = static_cast<std::size_t>(h.payload_length);
     }
     h.name_length = static_cast<std::uint32_t>(name.size());
     h.message_length = static_cast<std::uint32_t>(message.size());
     h.ids_count = ids.size();
     const auto id_bytes = std::as_bytes(ids);
     header_bytes_ = encode_header(h);
-    h.checksum = detail::frame_checksum(header_bytes_, std::span<const std::byte>(shape_bytes_.data(), shape_length),
-                                        name, message, id_bytes);
+    const asio::const_buffer d = descriptors();
+    h.checksum = detail::frame_checksum(
+        header_bytes_, {std::span<const std::byte>(static_cast<const std::byte*>(d.data()), d.size()), name, message,
+                        values_, id_bytes});
     detail::put_le<4>(header_bytes_.data() + frame_header_size - 4, h.checksum);
     name_ = name;
     message_ = message;
     ids_ = id_bytes;
-    payload_ = payload.bytes();
-    payload_length_ = static_cast<std::size_t>(h.payload_length);
 }
 
 inline OutgoingFrame OutgoingFrame::request(const Request& request, std::uint64_t id, std::uint32_t task,
                                             bool elide_payload) {
     OutgoingFrame frame;
-    frame.header_.kind = static_cast<std::uint8_t>(request.op);
+    switch (request.kind) {
+        case RequestKind::operation: frame.header_.kind = static_cast<std::uint8_t>(request.op); break;
+        case RequestKind::call: frame.header_.kind = frame_kind_call; break;
+        case RequestKind::shutdown: frame.header_.kind = frame_kind_shutdown; break;
+    }
     frame.header_.request_id = id;
     frame.header_.task = task;
     frame.header_.key = request.key;
     frame.header_.step = request.step;
-    frame.build(request.payload, elide_payload, detail::as_bytes(request.name), {}, request.ids);
+    const bool call = request.kind == RequestKind::call;
+    frame.build(request.payload, elide_payload, call ? &request.values : nullptr, detail::as_bytes(request.name), {},
+                request.ids);
     return frame;
 }
 
@@ -510,7 +667,8 @@ inline OutgoingFrame OutgoingFrame::reply(const Reply& reply, std::uint64_t id, 
     frame.header_.code = reply.code;
     frame.header_.request_id = id;
     frame.header_.task = task;
-    frame.build(reply.payload, elide_payload, {}, detail::as_bytes(reply.message), {});
+    const bool values = !reply.values.cbor.empty() || !reply.values.tensors.empty();
+    frame.build(reply.payload, elide_payload, values ? &reply.values : nullptr, {}, detail::as_bytes(reply.message), {});
     return frame;
 }
 
@@ -536,7 +694,10 @@ inline DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLim
     const std::uint64_t end = body_end + h.payload_length;
     if (bytes.size() < end) truncated("frame needs", end, h.request_id);
     frame.payload = payload_buffer(h, frame.body);
-    if (h.payload_length > 0) std::memcpy(frame.payload.bytes(), bytes.data() + body_end, h.payload_length);
+    frame.tensors = value_tensors(h, frame.body);
+    std::vector<asio::mutable_buffer> into = tensor_buffers(frame.tensors);
+    if (frame.payload.has_value()) into.push_back(asio::buffer(frame.payload.bytes(), frame.payload.nbytes()));
+    asio::buffer_copy(into, asio::buffer(bytes.data() + body_end, static_cast<std::size_t>(h.payload_length)));
     frame.size = static_cast<std::size_t>(end);
     return frame;
 }

@@ -458,14 +458,18 @@ enum class Op : std::uint8_t {
     apply_dense = 10,    ///< the optimizer applies the gradient `payload` to the whole shard
     apply_sparse = 11,   ///< the optimizer applies gradient rows `payload` to rows `ids` (repeated ids summed)
     destroy = 12,        ///< forget the shard
-    call = 13,           ///< a worker runs the registered function `name` on the arguments encoded in `payload`
-    shutdown = 14,       ///< the coordinator ends the cluster: the task stops serving once it has answered
+};
+
+/// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
+/// worker, or the end of the cluster.
+enum class RequestKind : std::uint8_t {
+    operation = 0,  ///< `op` on the shard `key` of a parameter server
+    call = 1,       ///< a worker runs the registered function `name` on the arguments `values`
+    shutdown = 2,   ///< the coordinator ends the cluster: the task stops serving once it has answered
 };
 
 /// @brief True when a successful reply to `op` carries a value (not the spent request payload).
-[[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept {
-    return op == Op::read || op == Op::gather || op == Op::call;
-}
+[[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept { return op == Op::read || op == Op::gather; }
 
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
@@ -482,8 +486,6 @@ enum class Op : std::uint8_t {
         case Op::apply_dense: return "apply_gradient";
         case Op::apply_sparse: return "apply_sparse_gradient";
         case Op::destroy: return "destroy";
-        case Op::call: return "call";
-        case Op::shutdown: return "shutdown";
     }
     return "unknown operation";
 }
@@ -495,16 +497,26 @@ struct ShardKey {
     friend bool operator==(const ShardKey&, const ShardKey&) = default;
 };
 
-/// @brief A request to one task. Moving a Request moves its tensor; nothing in it is copied in transit.
+/// @brief The arguments or the result of a function call: the values in CBOR (nlohmann/json's), in
+/// which a tensor is a reference to one of `tensors`; the tensors travel as wire sections of their own,
+/// so that their bytes are never copied into the CBOR.
+struct Values {
+    std::vector<std::uint8_t> cbor;
+    std::vector<Tensor> tensors;
+};
+
+/// @brief A request to one task. Moving a Request moves its tensors; nothing in it is copied in transit.
 struct Request {
-    Op op = Op::read;
+    RequestKind kind = RequestKind::operation;
+    Op op = Op::read;  ///< the shard operation (kind `operation` only)
     ShardKey key;
-    std::string name;               ///< the shard's display name, sent with `create`
+    std::string name;               ///< the shard's display name, sent with `create`; a call's function
     Tensor payload;                 ///< value, delta, gradient, rows, or a buffer to read into
     std::vector<std::int64_t> ids;  ///< row ids of the scatter, gather and sparse operations
     /// The training step a synchronous push belongs to, or a synchronous pull is for (1, 2, ...);
     /// 0 outside synchronous training.
     std::uint64_t step = 0;
+    Values values;  ///< a call's arguments (kind `call` only)
 };
 
 /// @brief A task's answer: `code` is ok, or the error the task raised with its message.
@@ -512,6 +524,7 @@ struct Reply {
     ErrorCode code = ErrorCode::ok;
     std::string message;
     Tensor payload;  ///< a read or gathered value; for updates, the spent request payload handed back
+    Values values;   ///< what a call answered (its result, or the error the function raised)
 
     [[nodiscard]] bool ok() const noexcept { return code == ErrorCode::ok; }
 
@@ -521,8 +534,14 @@ struct Reply {
         return std::move(payload);
     }
 
+    /// @brief A call's answer when ok; otherwise throws the Error subclass of `code` with `message`.
+    Values take_values() {
+        if (!ok()) throw_error(code, message);
+        return std::move(values);
+    }
+
     [[nodiscard]] static Reply error(ErrorCode code, std::string message) {
-        return Reply{code, std::move(message), {}};
+        return Reply{code, std::move(message), {}, {}};
     }
 };
 
@@ -3707,6 +3726,7 @@ PSS_NAMESPACE_END
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <span>
@@ -3724,37 +3744,42 @@ static_assert(std::endian::native == std::endian::little,
 
 /// @brief The wire format of the Tcp transport: one frame per Request or Reply.
 ///
-/// A frame is a fixed 76-byte little-endian header, then variable sections, then the payload:
+/// A frame is a fixed 80-byte little-endian header, then variable sections, then the payload:
 ///
 /// | offset | size | field | rule |
 /// | --- | --- | --- | --- |
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
-/// | 4 | 2 | version | `wire_version` (1) |
-/// | 6 | 1 | kind | an `Op` (1 to 14) for a request, `frame_kind_reply` (128) for a reply |
-/// | 7 | 1 | flags | `frame_flag_payload` (a tensor is described), `frame_flag_payload_elided` (its bytes are not sent) |
+/// | 4 | 2 | version | `wire_version` (2) |
+/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12), `frame_kind_call` (13), `frame_kind_shutdown` (14), or `frame_kind_reply` (128) |
+/// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 9); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
 /// | 20 | 4 | task | request: the index of the task addressed; reply: the index of the answering task |
 /// | 24 | 8 | variable id | `ShardKey::variable` |
 /// | 32 | 4 | shard id | `ShardKey::shard` |
-/// | 36 | 1 | dtype | a `DType` (1 to 4) with a payload, 0 without |
-/// | 37 | 1 | rank | the payload's rank, at most `max_wire_rank` (8); 0 without a payload |
-/// | 38 | 2 | reserved | 0 |
-/// | 40 | 4 | name length | bytes of the shard name |
+/// | 36 | 2 | tensors | tensors described: at most 1 without `frame_flag_values`, else at most `WireLimits::max_tensors` |
+/// | 38 | 2 | descriptor words | u64 words of the descriptor section: one per tensor plus its rank |
+/// | 40 | 4 | name length | bytes of the shard name (a call's function name) |
 /// | 44 | 4 | message length | bytes of the error message |
 /// | 48 | 8 | ids count | number of row ids |
-/// | 56 | 8 | payload length | bytes of the payload: `num_elements(shape) * dtype_size(dtype)`, or 0 when elided |
+/// | 56 | 8 | payload length | bytes of the tensors, one after another, or 0 when elided |
 /// | 64 | 8 | step | `Request::step`: the synchronous training step; 0 in replies |
-/// | 72 | 4 | checksum | CRC-32C of bytes 0 to 71 and of the sections below, but not of the payload |
+/// | 72 | 4 | values length | bytes of the CBOR values (`Values::cbor`); 0 without `frame_flag_values` |
+/// | 76 | 4 | checksum | CRC-32C of bytes 0 to 75 and of the sections below, but not of the payload |
 ///
-/// Then: the shape (rank x u64), the name, the message, the ids (count x i64), the payload (row-major
-/// elements). All integers are little-endian.
+/// Then: the descriptors (for each tensor a word `dtype | rank << 8`, the other bytes 0, then rank x
+/// u64 extents), the name, the message, the CBOR values, the ids (count x i64), and the payload (each
+/// tensor's row-major elements, in order). All integers are little-endian.
+///
+/// A shard operation carries at most one tensor (its `payload`); a call and a call's reply carry
+/// `Values`: the non-tensor values in CBOR (nlohmann/json's encoder and decoder, fuzzed upstream), the
+/// tensors as the frame's own tensors, so that one decoder checks every tensor that crosses the wire.
 ///
 /// The checksum covers what a corrupted byte could turn into a wrong decision: the header and the small
-/// sections (a shard name, an error text, the row ids a scatter writes to). It leaves out the bulk
-/// payload on purpose: CRC-32C in software runs at a few GB/s, about the speed of loopback TCP itself,
-/// so checksumming a 64 MB gradient would halve the transport's throughput, and TCP already checksums
-/// every segment.
+/// sections (a shard name, an error text, a call's values, the row ids a scatter writes to). It leaves
+/// out the bulk payload on purpose: CRC-32C in software runs at a few GB/s, about the speed of loopback
+/// TCP itself, so checksumming a 64 MB gradient would halve the transport's throughput, and TCP already
+/// checksums every segment.
 ///
 /// An elided payload is described (dtype, shape) but its bytes stay where they are: a `read` request's
 /// payload is the buffer the client wants the value in (it stays with the client and the reply lands in
@@ -3764,12 +3789,14 @@ static_assert(std::endian::native == std::endian::little,
 /// Every frame read from the network is untrusted: `decode_header` and `decode_body` check every field
 /// and every length against `WireLimits` before a byte is allocated for it.
 inline constexpr std::uint32_t wire_magic = 0x31535350u;  // "PSS1"
-inline constexpr std::uint16_t wire_version = 1;
-inline constexpr std::size_t frame_header_size = 76;
+inline constexpr std::uint16_t wire_version = 2;
+inline constexpr std::size_t frame_header_size = 80;
 inline constexpr std::size_t max_wire_rank = 8;
+inline constexpr std::uint8_t frame_kind_call = 13;
+inline constexpr std::uint8_t frame_kind_shutdown = 14;
 inline constexpr std::uint8_t frame_kind_reply = 128;
-inline constexpr std::uint8_t frame_flag_payload = 1;
 inline constexpr std::uint8_t frame_flag_payload_elided = 2;
+inline constexpr std::uint8_t frame_flag_values = 4;
 
 /// @brief Bounds on what a peer may ask this process to allocate. A length above one is a WireError.
 struct WireLimits {
@@ -3777,6 +3804,8 @@ struct WireLimits {
     std::uint64_t max_ids = std::uint64_t{1} << 24;            ///< 16 Mi ids (128 MiB)
     std::uint32_t max_name = 4096;                             ///< bytes of a shard name
     std::uint32_t max_message = 1u << 16;                      ///< bytes of an error message
+    std::uint32_t max_values = 16u << 20;                      ///< bytes of a call's CBOR values (16 MiB)
+    std::uint16_t max_tensors = 4096;                          ///< tensors of a call or its answer
 };
 
 /// @brief A frame that breaks the format. `request_id()` is set when the header was sound enough (magic
@@ -3799,93 +3828,139 @@ struct FrameHeader {
     std::uint64_t request_id = 0;
     std::uint32_t task = 0;
     ShardKey key;
-    DType dtype = DType::float32;  ///< meaningful when `has_payload()`
-    std::uint8_t rank = 0;
+    std::uint16_t tensors = 0;
+    std::uint16_t descriptor_words = 0;
     std::uint32_t name_length = 0;
     std::uint32_t message_length = 0;
     std::uint64_t ids_count = 0;
     std::uint64_t payload_length = 0;
     std::uint64_t step = 0;
+    std::uint32_t values_length = 0;
     std::uint32_t checksum = 0;
 
     [[nodiscard]] bool is_reply() const noexcept { return kind == frame_kind_reply; }
+    /// @brief What a request frame asks (not meaningful for a reply).
+    [[nodiscard]] RequestKind request_kind() const noexcept {
+        return kind == frame_kind_call ? RequestKind::call
+               : kind == frame_kind_shutdown ? RequestKind::shutdown
+                                             : RequestKind::operation;
+    }
     [[nodiscard]] Op op() const noexcept { return static_cast<Op>(kind); }
-    [[nodiscard]] bool has_payload() const noexcept { return (flags & frame_flag_payload) != 0; }
+    /// @brief True when the frame describes one tensor that is a shard operation's payload (or its reply's).
+    [[nodiscard]] bool has_payload() const noexcept { return tensors == 1 && !has_values(); }
     [[nodiscard]] bool payload_elided() const noexcept { return (flags & frame_flag_payload_elided) != 0; }
+    [[nodiscard]] bool has_values() const noexcept { return (flags & frame_flag_values) != 0; }
     /// @brief Bytes of the sections between the header and the payload.
     [[nodiscard]] std::uint64_t body_length() const noexcept {
-        return std::uint64_t{rank} * 8 + name_length + message_length + ids_count * 8;
+        return std::uint64_t{descriptor_words} * 8 + name_length + message_length + values_length + ids_count * 8;
     }
+};
+
+/// @brief The dtype and shape of one tensor a frame carries.
+struct TensorSpec {
+    DType dtype = DType::float32;
+    Shape shape;
 };
 
 /// @brief The variable sections of a received frame. Reused from frame to frame by a connection.
 struct FrameBody {
-    std::array<std::byte, 8 * max_wire_rank> shape_bytes{};
-    Shape shape;
+    std::vector<std::byte> descriptor_bytes;
+    std::vector<TensorSpec> tensors;  ///< filled by `decode_body`
     std::string name;
     std::string message;
+    std::vector<std::uint8_t> values;
     std::vector<std::int64_t> ids;
+    /// @brief The one tensor of a frame whose `has_payload()`.
+    [[nodiscard]] const TensorSpec& payload() const noexcept { return tensors.front(); }
 };
 
 /// @brief CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start). Slicing-by-8 tables.
 /// `crc32c(0, "123456789")` is `0xE3069283`.
 [[nodiscard]] std::uint32_t crc32c(std::uint32_t crc, std::span<const std::byte> data) noexcept;
 
-/// @brief The 76 header bytes of `header`, every integer written little-endian byte by byte.
+/// @brief The 80 header bytes of `header`, every integer written little-endian byte by byte.
 [[nodiscard]] std::array<std::byte, frame_header_size> encode_header(const FrameHeader& header) noexcept;
 
 /// @brief Decodes and validates a header read from the network.
 /// @throws WireError naming the field and its value, e.g.
 ///   - `pss: wire: frame magic is 0x00000000, expected 0x31535350 ("PSS1"); the peer does not speak pss`
-///   - `pss: wire: frame version 2 is not supported; this build speaks version 1`
-///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 14, a reply is 128`
-///   - `pss: wire: frame dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
-///   - `pss: wire: frame rank 9 exceeds the limit 8`
+///   - `pss: wire: frame version 1 is not supported; this build speaks version 2`
+///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply is 128`
 ///   - `pss: wire: frame payload length 2147483648 exceeds the limit 1073741824`
-///   - the same for name length, message length and ids count, unknown flags, error codes and reserved bits
+///   - `pss: wire: frame of a shard operation describes 2 tensors; it carries one at most`
+///   - the same for name, message and values lengths, ids and tensor counts, unknown flags, error codes
 [[nodiscard]] FrameHeader decode_header(std::span<const std::byte, frame_header_size> bytes,
                                         const WireLimits& limits = {});
 
-/// @brief Sizes `body` for `header` and returns the buffers to read the sections into (shape, name,
-/// message, ids: one scatter read). The header must have come from `decode_header`.
-[[nodiscard]] std::array<asio::mutable_buffer, 4> body_buffers(const FrameHeader& header, FrameBody& body);
+/// @brief Sizes `body` for `header` and returns the buffers to read the sections into (descriptors,
+/// name, message, values, ids: one scatter read). The header must have come from `decode_header`.
+[[nodiscard]] std::array<asio::mutable_buffer, 5> body_buffers(const FrameHeader& header, FrameBody& body);
 
 /// @brief Checks the sections read into `body_buffers`: the checksum over `header_bytes` and the
-/// sections, then the shape against the payload length. Fills `body.shape`.
+/// sections, then each tensor's descriptor, and their shapes against the payload length. Fills
+/// `body.tensors`.
 /// @throws WireError
 ///   - `pss: wire: frame checksum 0x12345678 does not match the computed 0x9abcdef0; the frame was corrupted`
-///   - `pss: wire: frame payload length 12 does not match shape (2, 2) of float32, which needs 16 bytes`
-///   - `pss: wire: frame shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
+///   - `pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
+///   - `pss: wire: frame tensor 0: rank 9 exceeds the limit 8`
+///   - `pss: wire: frame payload length 12 does not match the tensors' 16 bytes (float32 (2, 2))`
+///   - `pss: wire: frame tensor 0: shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
 void decode_body(std::span<const std::byte, frame_header_size> header_bytes, const FrameHeader& header,
                  FrameBody& body, const WireLimits& limits = {});
 
-/// @brief A tensor to receive the payload of a validated frame into: `reuse` when it has the dtype and
-/// number of elements (it is reshaped, its buffer kept), else a new uninitialised one. Empty when the
-/// frame carries no payload bytes.
+/// @brief A tensor to receive the payload of a validated frame into (a frame whose `has_payload()`):
+/// `reuse` when it has the dtype and number of elements (it is reshaped, its buffer kept), else a new
+/// uninitialised one. Empty when the frame carries no payload bytes.
 [[nodiscard]] Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse = {});
 
+/// @brief The tensors to receive a validated Values frame's payload into, uninitialised, and the
+/// buffers to read into them (one scatter read).
+[[nodiscard]] std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body);
+[[nodiscard]] std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors);
+
 /// @brief The Request a validated request frame carries. `payload` is the received tensor (or, for an
-/// elided payload, the buffer the receiver offers; it may be empty).
-[[nodiscard]] Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload);
+/// elided payload, the buffer the receiver offers; it may be empty); `tensors` a call's.
+[[nodiscard]] Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload,
+                                 std::vector<Tensor> tensors = {});
 
 /// @brief The Reply a validated reply frame carries.
-[[nodiscard]] Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload);
+[[nodiscard]] Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload,
+                             std::vector<Tensor> tensors = {});
 
-/// @brief A frame ready to be written by scatter-gather: the header and shape are encoded here, the
-/// name, message, ids and payload are referenced where they live (the payload is the tensor's own
-/// storage: nothing is copied). The referenced Request or Reply must outlive the write and stay unchanged.
+/// @brief A frame ready to be written by scatter-gather: the header and descriptors are encoded here,
+/// the name, message, values, ids and tensors are referenced where they live (a tensor's bytes are its
+/// own storage: nothing is copied). The referenced Request or Reply must outlive the write and stay
+/// unchanged.
 class OutgoingFrame {
 public:
     OutgoingFrame() = default;
-    /// @brief The buffers to write, in order: header, shape, name, message, ids, payload. (Made on each
-    /// call, so that a copied or moved frame points at its own header.)
-    [[nodiscard]] std::array<asio::const_buffer, 6> buffers() const noexcept {
-        return {asio::buffer(header_bytes_),           asio::buffer(shape_bytes_.data(), shape_length_),
-                asio::buffer(name_.data(), name_.size()), asio::buffer(message_.data(), message_.size()),
-                asio::buffer(ids_.data(), ids_.size()),   asio::buffer(payload_, payload_length_)};
+    /// @brief Appends the buffers to write, in order: header, descriptors, name, message, values, ids,
+    /// then each tensor. (Made on each call, so that a copied or moved frame points at its own header.)
+    void append_buffers(std::vector<asio::const_buffer>& out) const {
+        out.push_back(asio::buffer(header_bytes_));
+        out.push_back(descriptors());
+        out.push_back(asio::buffer(name_.data(), name_.size()));
+        out.push_back(asio::buffer(message_.data(), message_.size()));
+        out.push_back(asio::buffer(values_.data(), values_.size()));
+        out.push_back(asio::buffer(ids_.data(), ids_.size()));
+        if (payload_length_ == 0) return;
+        if (many_ == nullptr) {
+            out.push_back(asio::buffer(payload_, payload_length_));
+            return;
+        }
+        for (const Tensor& t : *many_) out.push_back(asio::buffer(t.bytes(), t.nbytes()));
+    }
+    /// @brief The frame's bytes in one buffer (tests, and the fuzzer's seeds).
+    [[nodiscard]] std::vector<std::byte> bytes() const {
+        std::vector<asio::const_buffer> parts;
+        append_buffers(parts);
+        std::vector<std::byte> out(size());
+        asio::buffer_copy(asio::buffer(out), parts);
+        return out;
     }
     [[nodiscard]] std::size_t size() const noexcept {
-        return frame_header_size + shape_length_ + name_.size() + message_.size() + ids_.size() + payload_length_;
+        return frame_header_size + descriptors().size() + name_.size() + message_.size() + values_.size() +
+               ids_.size() + payload_length_;
     }
     [[nodiscard]] const FrameHeader& header() const noexcept { return header_; }
 
@@ -3897,15 +3972,23 @@ public:
                                              bool elide_payload);
 
 private:
-    void build(const Tensor& payload, bool elide, std::span<const std::byte> name, std::span<const std::byte> message,
-               std::span<const std::int64_t> ids);
+    void build(const Tensor& payload, bool elide, const Values* values, std::span<const std::byte> name,
+               std::span<const std::byte> message, std::span<const std::int64_t> ids);
+    void describe(const Tensor& t, std::byte*& out);
+    [[nodiscard]] asio::const_buffer descriptors() const noexcept {
+        return many_descriptors_.empty() ? asio::buffer(one_descriptor_.data(), descriptor_length_)
+                                         : asio::buffer(many_descriptors_);
+    }
 
     FrameHeader header_;
     std::array<std::byte, frame_header_size> header_bytes_{};
-    std::array<std::byte, 8 * max_wire_rank> shape_bytes_{};
-    std::size_t shape_length_ = 0;
-    std::span<const std::byte> name_, message_, ids_;
+    // A shard operation's one tensor is described here, with no allocation; a call's tensors below.
+    std::array<std::byte, 8 * (1 + max_wire_rank)> one_descriptor_{};
+    std::size_t descriptor_length_ = 0;
+    std::vector<std::byte> many_descriptors_;
+    std::span<const std::byte> name_, message_, values_, ids_;
     const std::byte* payload_ = nullptr;
+    const std::vector<Tensor>* many_ = nullptr;
     std::size_t payload_length_ = 0;
 };
 
@@ -3913,8 +3996,9 @@ private:
 struct DecodedFrame {
     FrameHeader header;
     FrameBody body;
-    Tensor payload;
-    std::size_t size = 0;  ///< bytes of `bytes` the frame took
+    Tensor payload;               ///< a shard operation's one tensor
+    std::vector<Tensor> tensors;  ///< a Values frame's tensors
+    std::size_t size = 0;         ///< bytes of `bytes` the frame took
 };
 
 /// @brief Decodes the frame at the start of `bytes` (what the fuzz target drives).
@@ -3969,14 +4053,10 @@ template <std::size_t N>
 }
 
 [[nodiscard]] inline std::uint32_t frame_checksum(std::span<const std::byte> header_bytes,
-                                                  std::span<const std::byte> shape, std::span<const std::byte> name,
-                                                  std::span<const std::byte> message,
-                                                  std::span<const std::byte> ids) noexcept {
+                                                  std::initializer_list<std::span<const std::byte>> sections) noexcept {
     std::uint32_t crc = crc32c(0, header_bytes.first(frame_header_size - 4));
-    crc = crc32c(crc, shape);
-    crc = crc32c(crc, name);
-    crc = crc32c(crc, message);
-    return crc32c(crc, ids);
+    for (const auto& section : sections) crc = crc32c(crc, section);
+    return crc;
 }
 
 }  // namespace detail
@@ -4011,15 +4091,15 @@ inline std::array<std::byte, frame_header_size> encode_header(const FrameHeader&
     put_le<4>(p + 20, h.task);
     put_le<8>(p + 24, h.key.variable);
     put_le<4>(p + 32, h.key.shard);
-    put_le<1>(p + 36, h.has_payload() ? static_cast<std::uint8_t>(h.dtype) : 0);
-    put_le<1>(p + 37, h.rank);
-    put_le<2>(p + 38, 0);
+    put_le<2>(p + 36, h.tensors);
+    put_le<2>(p + 38, h.descriptor_words);
     put_le<4>(p + 40, h.name_length);
     put_le<4>(p + 44, h.message_length);
     put_le<8>(p + 48, h.ids_count);
     put_le<8>(p + 56, h.payload_length);
     put_le<8>(p + 64, h.step);
-    put_le<4>(p + 72, h.checksum);
+    put_le<4>(p + 72, h.values_length);
+    put_le<4>(p + 76, h.checksum);
     return out;
 }
 
@@ -4048,54 +4128,63 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
     h.task = static_cast<std::uint32_t>(get_le<4>(p + 20));
     h.key.variable = get_le<8>(p + 24);
     h.key.shard = static_cast<std::uint32_t>(get_le<4>(p + 32));
-    const auto dtype = static_cast<std::uint8_t>(get_le<1>(p + 36));
-    h.rank = static_cast<std::uint8_t>(get_le<1>(p + 37));
-    const auto reserved = static_cast<std::uint16_t>(get_le<2>(p + 38));
+    h.tensors = static_cast<std::uint16_t>(get_le<2>(p + 36));
+    h.descriptor_words = static_cast<std::uint16_t>(get_le<2>(p + 38));
     h.name_length = static_cast<std::uint32_t>(get_le<4>(p + 40));
     h.message_length = static_cast<std::uint32_t>(get_le<4>(p + 44));
     h.ids_count = get_le<8>(p + 48);
     h.payload_length = get_le<8>(p + 56);
     h.step = get_le<8>(p + 64);
-    h.checksum = static_cast<std::uint32_t>(get_le<4>(p + 72));
+    h.values_length = static_cast<std::uint32_t>(get_le<4>(p + 72));
+    h.checksum = static_cast<std::uint32_t>(get_le<4>(p + 76));
 
-    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::shutdown)) ||
-          h.kind == frame_kind_reply))
-        fail("kind " + std::to_string(h.kind) + " is unknown; a request is an operation 1 to 14, a reply is 128");
-    if ((h.flags & ~(frame_flag_payload | frame_flag_payload_elided)) != 0)
-        fail("flags " + std::to_string(h.flags) + " has unknown bits; only 1 (payload) and 2 (elided) are defined");
+    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= frame_kind_shutdown) || h.is_reply()))
+        fail("kind " + std::to_string(h.kind) +
+             " is unknown; a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply is 128");
+    if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
+        fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");
     if (code > static_cast<std::uint32_t>(ErrorCode::not_ready))
         fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 9 (not ready)");
     h.code = static_cast<ErrorCode>(code);
     if (!h.is_reply() && h.code != ErrorCode::ok)
         fail("error code " + std::to_string(code) + " is set on a request; only a reply carries an error");
-    if (reserved != 0) fail("reserved bytes are " + std::to_string(reserved) + "; they must be 0");
-    if (h.has_payload()) {
-        if (!is_valid_dtype(dtype))
-            fail("dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
-        h.dtype = static_cast<DType>(dtype);
-        too_big("rank", h.rank, max_wire_rank);
-    } else {
-        if (h.payload_elided()) fail("flags " + std::to_string(h.flags) + " mark a payload elided but none is described");
-        if (dtype != 0 || h.rank != 0)
-            fail("without a payload has dtype byte " + std::to_string(dtype) + " and rank " + std::to_string(h.rank) +
-                 "; both must be 0");
-    }
+    const bool call = h.kind == frame_kind_call;
+    if (call && !h.has_values()) fail("of a call carries no values; a call's arguments are its values");
+    if (h.has_values() && !call && !h.is_reply())
+        fail("of kind " + std::to_string(h.kind) + " carries values; only a call and its reply do");
+    if (h.kind == frame_kind_shutdown && (h.tensors != 0 || h.ids_count != 0 || h.name_length != 0))
+        fail("of a shutdown carries tensors, ids or a name; it carries nothing");
+    if (h.has_values())
+        too_big("tensors", h.tensors, limits.max_tensors);
+    else if (h.tensors > 1)
+        fail("of a shard operation describes " + std::to_string(h.tensors) + " tensors; it carries one at most");
+    if (h.payload_elided() && !h.has_payload())
+        fail("flags " + std::to_string(h.flags) + " mark a payload elided but the frame has no payload to elide");
+    // Each tensor takes one descriptor word and at most max_wire_rank more.
+    if (h.descriptor_words < h.tensors || h.descriptor_words > std::uint64_t{h.tensors} * (1 + max_wire_rank))
+        fail("descriptor words " + std::to_string(h.descriptor_words) + " cannot describe " + std::to_string(h.tensors) +
+             " tensors of rank 0 to " + std::to_string(max_wire_rank));
     too_big("payload length", h.payload_length, limits.max_payload_bytes);
     too_big("name length", h.name_length, limits.max_name);
     too_big("message length", h.message_length, limits.max_message);
+    too_big("values length", h.values_length, limits.max_values);
     too_big("ids count", h.ids_count, limits.max_ids);
-    if ((!h.has_payload() || h.payload_elided()) && h.payload_length != 0)
+    if (!h.has_values() && h.values_length != 0)
+        fail("values length " + std::to_string(h.values_length) + " is given without the values flag; it must be 0");
+    if ((h.tensors == 0 || h.payload_elided()) && h.payload_length != 0)
         fail("payload length " + std::to_string(h.payload_length) + " is given but " +
-             (h.has_payload() ? "the payload is elided" : "the frame has no payload") + "; it must be 0");
+             (h.tensors != 0 ? "the payload is elided" : "the frame has no tensors") + "; it must be 0");
     return h;
 }
 
-inline std::array<asio::mutable_buffer, 4> body_buffers(const FrameHeader& header, FrameBody& body) {
+inline std::array<asio::mutable_buffer, 5> body_buffers(const FrameHeader& header, FrameBody& body) {
+    body.descriptor_bytes.resize(std::size_t{header.descriptor_words} * 8);
     body.name.resize(header.name_length);
     body.message.resize(header.message_length);
+    body.values.resize(header.values_length);
     body.ids.resize(static_cast<std::size_t>(header.ids_count));
-    return {asio::buffer(body.shape_bytes.data(), std::size_t{header.rank} * 8),
-            asio::buffer(body.name.data(), body.name.size()), asio::buffer(body.message.data(), body.message.size()),
+    return {asio::buffer(body.descriptor_bytes), asio::buffer(body.name.data(), body.name.size()),
+            asio::buffer(body.message.data(), body.message.size()), asio::buffer(body.values),
             asio::buffer(body.ids.data(), body.ids.size() * sizeof(std::int64_t))};
 }
 
@@ -4104,97 +4193,184 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     auto fail = [&](const std::string& what) -> void {
         throw WireError("pss: wire: frame " + what, header.request_id);
     };
-    const std::uint32_t computed = detail::frame_checksum(
-        header_bytes, std::span<const std::byte>(body.shape_bytes.data(), std::size_t{header.rank} * 8),
-        detail::as_bytes(body.name), detail::as_bytes(body.message), std::as_bytes(std::span(body.ids)));
+    const std::uint32_t computed =
+        detail::frame_checksum(header_bytes, {std::span<const std::byte>(body.descriptor_bytes), detail::as_bytes(body.name),
+                                              detail::as_bytes(body.message), std::as_bytes(std::span(body.values)),
+                                              std::as_bytes(std::span(body.ids))});
     if (computed != header.checksum)
         fail("checksum " + detail::hex32(header.checksum) + " does not match the computed " + detail::hex32(computed) +
              "; the frame was corrupted");
-    body.shape.resize(header.rank);
-    for (std::size_t a = 0; a < header.rank; ++a) body.shape[a] = detail::get_le<8>(body.shape_bytes.data() + 8 * a);
-    if (!header.has_payload()) return;
-    const std::size_t element_size = dtype_size(header.dtype);
-    const std::int64_t elements = detail::bounded_elements(body.shape, limits.max_payload_bytes / element_size);
-    const std::string described = format_shape(body.shape) + " of " + std::string(dtype_name(header.dtype));
-    if (elements < 0)
-        fail("shape " + described + " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) +
-             " bytes");
-    const std::uint64_t needed = static_cast<std::uint64_t>(elements) * element_size;
-    if (!header.payload_elided() && header.payload_length != needed)
-        fail("payload length " + std::to_string(header.payload_length) + " does not match shape " + described +
-             ", which needs " + std::to_string(needed) + " bytes");
+    body.tensors.resize(header.tensors);
+    const std::byte* word = body.descriptor_bytes.data();
+    const std::byte* const end = word + body.descriptor_bytes.size();
+    std::uint64_t needed = 0;  // payload bytes of the tensors so far, at most the limit
+    for (std::size_t i = 0; i < body.tensors.size(); ++i) {
+        const std::string which = "tensor " + std::to_string(i) + ": ";
+        if (word == end) fail(which + "its descriptor is missing; the descriptor words end early");
+        const std::uint64_t d = detail::get_le<8>(word);
+        word += 8;
+        const auto dtype = static_cast<std::uint8_t>(d & 0xFFu);
+        const auto rank = static_cast<std::size_t>((d >> 8) & 0xFFu);
+        if (!is_valid_dtype(dtype))
+            fail(which + "dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
+        if (rank > max_wire_rank)
+            fail(which + "rank " + std::to_string(rank) + " exceeds the limit " + std::to_string(max_wire_rank));
+        if ((d >> 16) != 0) fail(which + "descriptor " + std::to_string(d) + " has bits set above the rank byte");
+        if (static_cast<std::size_t>(end - word) < rank * 8)
+            fail(which + "its rank " + std::to_string(rank) + " runs past the descriptor words");
+        TensorSpec& spec = body.tensors[i];
+        spec.dtype = static_cast<DType>(dtype);
+        spec.shape.resize(rank);
+        for (std::size_t a = 0; a < rank; ++a, word += 8) spec.shape[a] = detail::get_le<8>(word);
+        const std::size_t element_size = dtype_size(spec.dtype);
+        const std::int64_t elements =
+            detail::bounded_elements(spec.shape, (limits.max_payload_bytes - needed) / element_size);
+        if (elements < 0)
+            fail(which + "shape " + format_shape(spec.shape) + " of " + std::string(dtype_name(spec.dtype)) +
+                 " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) + " bytes");
+        needed += static_cast<std::uint64_t>(elements) * element_size;
+    }
+    if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
+    if (!header.payload_elided() && header.payload_length != needed) {
+        std::string described;
+        for (const auto& spec : body.tensors)
+            described += (described.empty() ? "" : ", ") + std::string(dtype_name(spec.dtype)) + " " + format_shape(spec.shape);
+        fail("payload length " + std::to_string(header.payload_length) + " does not match the tensors' " +
+             std::to_string(needed) + " bytes (" + described + ")");
+    }
 }
 
 inline Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse) {
     if (!header.has_payload() || header.payload_elided()) return {};
-    if (reuse.has_value() && reuse.dtype() == header.dtype && reuse.size() == num_elements(body.shape)) {
-        reuse.visit_mut([&](auto& array) { array.resize(body.shape); });  // same size: the buffer is kept
+    const TensorSpec& spec = body.payload();
+    if (reuse.has_value() && reuse.dtype() == spec.dtype && reuse.size() == num_elements(spec.shape)) {
+        reuse.visit_mut([&](auto& array) { array.resize(spec.shape); });  // same size: the buffer is kept
         return reuse;
     }
-    return Tensor::uninitialized(header.dtype, body.shape);
+    return Tensor::uninitialized(spec.dtype, spec.shape);
 }
 
-inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload) {
+inline std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body) {
+    std::vector<Tensor> tensors;
+    if (!header.has_values()) return tensors;
+    tensors.reserve(body.tensors.size());
+    for (const auto& spec : body.tensors) tensors.push_back(Tensor::uninitialized(spec.dtype, spec.shape));
+    return tensors;
+}
+
+inline std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors) {
+    std::vector<asio::mutable_buffer> buffers;
+    buffers.reserve(tensors.size());
+    for (auto& t : tensors) buffers.push_back(asio::buffer(t.bytes(), t.nbytes()));
+    return buffers;
+}
+
+inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor payload, std::vector<Tensor> tensors) {
     Request request;
-    request.op = header.op();
+    request.kind = header.request_kind();
+    if (request.kind == RequestKind::operation) request.op = header.op();
     request.key = header.key;
     request.name = std::move(body.name);
     request.ids = std::move(body.ids);
     request.payload = std::move(payload);
     request.step = header.step;
+    request.values = Values{std::move(body.values), std::move(tensors)};
     body.name.clear();
     body.ids.clear();
+    body.values.clear();
     return request;
 }
 
-inline Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload) {
-    Reply reply{header.code, std::move(body.message), std::move(payload)};
+inline Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload, std::vector<Tensor> tensors) {
+    Reply reply{header.code, std::move(body.message), std::move(payload), Values{std::move(body.values), std::move(tensors)}};
     body.message.clear();
+    body.values.clear();
     return reply;
 }
 
-inline void OutgoingFrame::build(const Tensor& payload, bool elide, std::span<const std::byte> name,
-                                 std::span<const std::byte> message, std::span<const std::int64_t> ids) {
+inline void OutgoingFrame::describe(const Tensor& t, std::byte*& out) {
+    const Shape shape = t.shape();
+    if (shape.size() > max_wire_rank)
+        throw InvalidArgumentError("pss: wire: a tensor of rank " + std::to_string(shape.size()) +
+                                   " cannot be sent; the wire carries rank " + std::to_string(max_wire_rank) + " at most");
+    detail::put_le<8>(out, static_cast<std::uint64_t>(t.dtype()) | (std::uint64_t{shape.size()} << 8));
+    out += 8;
+    for (auto extent : shape) {
+        detail::put_le<8>(out, extent);
+        out += 8;
+    }
+}
+
+inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values* values,
+                                 std::span<const std::byte> name, std::span<const std::byte> message,
+                                 std::span<const std::int64_t> ids) {
     FrameHeader& h = header_;
-    std::size_t& shape_length = shape_length_;
-    shape_length = 0;
-    if (payload.has_value()) {
-        const Shape shape = payload.shape();
-        if (shape.size() > max_wire_rank)
-            throw InvalidArgumentError("pss: wire: a tensor of rank " + std::to_string(shape.size()) +
-                                       " cannot be sent; the wire carries rank " + std::to_string(max_wire_rank) +
-                                       " at most");
-        h.flags = static_cast<std::uint8_t>(frame_flag_payload | (elide ? frame_flag_payload_elided : 0));
-        h.dtype = payload.dtype();
-        h.rank = static_cast<std::uint8_t>(shape.size());
-        for (std::size_t a = 0; a < shape.size(); ++a) detail::put_le<8>(shape_bytes_.data() + 8 * a, shape[a]);
-        shape_length = 8 * shape.size();
+    descriptor_length_ = 0;
+    if (values != nullptr) {
+        if (values->tensors.size() > std::numeric_limits<std::uint16_t>::max())
+            throw InvalidArgumentError("pss: wire: " + std::to_string(values->tensors.size()) +
+                                       " tensors cannot be sent in one call; the wire carries 65535 at most");
+        h.flags = frame_flag_values;
+        std::size_t words = 0, bytes = 0;
+        for (const Tensor& t : values->tensors) {
+            if (!t.has_value()) throw InvalidArgumentError("pss: wire: a call's values hold an empty tensor");
+            words += 1 + t.shape().size();
+            bytes += t.nbytes();
+        }
+        many_descriptors_.resize(8 * words);
+        std::byte* out = many_descriptors_.data();
+        for (const Tensor& t : values->tensors) describe(t, out);
+        if (words > std::numeric_limits<std::uint16_t>::max())
+            throw InvalidArgumentError("pss: wire: a call's tensors need " + std::to_string(words) +
+                                       " descriptor words; the wire carries 65535 at most");
+        h.tensors = static_cast<std::uint16_t>(values->tensors.size());
+        h.descriptor_words = static_cast<std::uint16_t>(words);
+        h.payload_length = bytes;
+        h.values_length = static_cast<std::uint32_t>(values->cbor.size());
+        values_ = std::as_bytes(std::span(values->cbor));
+        many_ = &values->tensors;
+        payload_length_ = bytes;
+    } else if (payload.has_value()) {
+        std::byte* out = one_descriptor_.data();
+        describe(payload, out);
+        descriptor_length_ = static_cast<std::size_t>(out - one_descriptor_.data());
+        h.flags = elide ? frame_flag_payload_elided : std::uint8_t{0};
+        h.tensors = 1;
+        h.descriptor_words = static_cast<std::uint16_t>(descriptor_length_ / 8);
         h.payload_length = elide ? 0 : payload.nbytes();
+        payload_ = payload.bytes();
+        payload_length_ = static_cast<std::size_t>(h.payload_length);
     }
     h.name_length = static_cast<std::uint32_t>(name.size());
     h.message_length = static_cast<std::uint32_t>(message.size());
     h.ids_count = ids.size();
     const auto id_bytes = std::as_bytes(ids);
     header_bytes_ = encode_header(h);
-    h.checksum = detail::frame_checksum(header_bytes_, std::span<const std::byte>(shape_bytes_.data(), shape_length),
-                                        name, message, id_bytes);
+    const asio::const_buffer d = descriptors();
+    h.checksum = detail::frame_checksum(
+        header_bytes_, {std::span<const std::byte>(static_cast<const std::byte*>(d.data()), d.size()), name, message,
+                        values_, id_bytes});
     detail::put_le<4>(header_bytes_.data() + frame_header_size - 4, h.checksum);
     name_ = name;
     message_ = message;
     ids_ = id_bytes;
-    payload_ = payload.bytes();
-    payload_length_ = static_cast<std::size_t>(h.payload_length);
 }
 
 inline OutgoingFrame OutgoingFrame::request(const Request& request, std::uint64_t id, std::uint32_t task,
                                             bool elide_payload) {
     OutgoingFrame frame;
-    frame.header_.kind = static_cast<std::uint8_t>(request.op);
+    switch (request.kind) {
+        case RequestKind::operation: frame.header_.kind = static_cast<std::uint8_t>(request.op); break;
+        case RequestKind::call: frame.header_.kind = frame_kind_call; break;
+        case RequestKind::shutdown: frame.header_.kind = frame_kind_shutdown; break;
+    }
     frame.header_.request_id = id;
     frame.header_.task = task;
     frame.header_.key = request.key;
     frame.header_.step = request.step;
-    frame.build(request.payload, elide_payload, detail::as_bytes(request.name), {}, request.ids);
+    const bool call = request.kind == RequestKind::call;
+    frame.build(request.payload, elide_payload, call ? &request.values : nullptr, detail::as_bytes(request.name), {},
+                request.ids);
     return frame;
 }
 
@@ -4205,7 +4381,8 @@ inline OutgoingFrame OutgoingFrame::reply(const Reply& reply, std::uint64_t id, 
     frame.header_.code = reply.code;
     frame.header_.request_id = id;
     frame.header_.task = task;
-    frame.build(reply.payload, elide_payload, {}, detail::as_bytes(reply.message), {});
+    const bool values = !reply.values.cbor.empty() || !reply.values.tensors.empty();
+    frame.build(reply.payload, elide_payload, values ? &reply.values : nullptr, {}, detail::as_bytes(reply.message), {});
     return frame;
 }
 
@@ -4231,7 +4408,10 @@ inline DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLim
     const std::uint64_t end = body_end + h.payload_length;
     if (bytes.size() < end) truncated("frame needs", end, h.request_id);
     frame.payload = payload_buffer(h, frame.body);
-    if (h.payload_length > 0) std::memcpy(frame.payload.bytes(), bytes.data() + body_end, h.payload_length);
+    frame.tensors = value_tensors(h, frame.body);
+    std::vector<asio::mutable_buffer> into = tensor_buffers(frame.tensors);
+    if (frame.payload.has_value()) into.push_back(asio::buffer(frame.payload.bytes(), frame.payload.nbytes()));
+    asio::buffer_copy(into, asio::buffer(bytes.data() + body_end, static_cast<std::size_t>(h.payload_length)));
     frame.size = static_cast<std::size_t>(end);
     return frame;
 }
@@ -4294,8 +4474,7 @@ public:
         for (const auto& element : queue) {
             if (frames_ == max_frames || (frames_ > 0 && bytes > max_bytes)) break;
             const OutgoingFrame& frame = frame_of(element);
-            const auto frame_buffers = frame.buffers();
-            buffers_.insert(buffers_.end(), frame_buffers.begin(), frame_buffers.end());
+            frame.append_buffers(buffers_);
             bytes += frame.size();
             ++frames_;
         }
@@ -4639,7 +4818,8 @@ private:
             }
             out->id = next_id_++;
             // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
-            const bool elide = out->request.op == Op::read && out->request.payload.has_value();
+            const bool elide = out->request.kind == RequestKind::operation && out->request.op == Op::read &&
+                               out->request.payload.has_value();
             try {
                 out->frame =
                     OutgoingFrame::request(out->request, out->id, static_cast<std::uint32_t>(task_.index), elide);
@@ -4814,18 +4994,26 @@ private:
         }
         target_.reset();
         incoming_ = Tensor{};
+        incoming_values_.clear();
+        if (header_.has_values()) {  // what a call answered
+            incoming_values_ = value_tensors(header_, body_);
+            if (header_.payload_length == 0) return on_payload({});
+            return ahead_.fill(socket_, tensor_buffers(incoming_values_),
+                               [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        }
         if (!header_.has_payload() || header_.payload_elided()) return on_payload({});
         // A read lands in the buffer its request offered, when it fits.
+        const TensorSpec& spec = body_.payload();
         if (auto it = pending_.find(header_.request_id); it != pending_.end()) {
-            const Tensor& buffer = it->second.out->request.payload;
-            if (it->second.out->request.op == Op::read && buffer.has_value() && buffer.dtype() == header_.dtype &&
-                buffer.size() == num_elements(body_.shape))
+            const Request& request = it->second.out->request;
+            if (request.kind == RequestKind::operation && request.op == Op::read && request.payload.has_value() &&
+                request.payload.dtype() == spec.dtype && request.payload.size() == num_elements(spec.shape))
                 target_ = it->second.out;
         }
         Tensor* into = &incoming_;
         if (target_) {
             into = &target_->request.payload;
-            reshape_in_place(*into, body_.shape);
+            reshape_in_place(*into, spec.shape);
         } else {
             incoming_ = payload_buffer(header_, body_);
         }
@@ -4839,7 +5027,8 @@ private:
         if (ec) return fail(lost(ec));
         Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
         target_.reset();
-        Reply reply = to_reply(header_, body_, std::move(payload));
+        Reply reply = to_reply(header_, body_, std::move(payload), std::move(incoming_values_));
+        incoming_values_.clear();
         if (auto it = pending_.find(header_.request_id); it != pending_.end() && !it->second.early) {
             if (header_.payload_elided() && !it->second.sent) {
                 it->second.early = std::move(reply);  // answered by on_written
@@ -4888,6 +5077,7 @@ private:
     FrameHeader header_;
     FrameBody body_;
     Tensor incoming_;
+    std::vector<Tensor> incoming_values_;  // what a call answered
     std::shared_ptr<Outgoing> target_;
 };
 
@@ -5013,12 +5203,18 @@ private:
         } catch (const WireError& e) {
             return refuse(e);
         }
+        if (header_.has_values()) {  // a call's tensors
+            incoming_values_ = value_tensors(header_, body_);
+            if (header_.payload_length == 0) return on_payload({});
+            return ahead_.fill(socket_, tensor_buffers(incoming_values_),
+                               [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        }
         Tensor reuse;
-        if (header_.has_payload()) reuse = task_->pool.take(header_.dtype, num_elements(body_.shape));
+        if (header_.has_payload()) reuse = task_->pool.take(body_.payload().dtype, num_elements(body_.payload().shape));
         if (header_.payload_elided()) {
             // A read's buffer: offer a reused one of that shape, never a fresh one (a peer could otherwise
             // make this process allocate a gigabyte with a frame of 100 bytes).
-            if (reuse.has_value()) reshape_in_place(reuse, body_.shape);
+            if (reuse.has_value()) reshape_in_place(reuse, body_.payload().shape);
             incoming_ = std::move(reuse);
             return on_payload({});
         }
@@ -5030,10 +5226,11 @@ private:
 
     void on_payload(std::error_code ec) {
         if (ec) return close();
-        const Op op = header_.op();
+        // Only a shard operation's reply may hand the spent request payload back (elided).
+        const bool hands_back = header_.request_kind() == RequestKind::operation && !reply_carries_value(header_.op());
         const std::uint64_t id = header_.request_id;
         if (header_.task != static_cast<std::uint32_t>(task_->task.index)) {
-            answer(id, op,
+            answer(id, hands_back,
                    Reply::error(ErrorCode::invalid_argument,
                                 "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
                                     " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
@@ -5041,27 +5238,29 @@ private:
         } else {
             // The reply goes out through the task's strand whenever the handler answers: at once (the
             // dispatch runs inline, on this strand) or later from any thread.
-            Responder respond([self = shared_from_this(), id, op](Reply&& reply) {
+            Responder respond([self = shared_from_this(), id, hands_back](Reply&& reply) {
                 if (self->task_->stopped.load(std::memory_order_acquire)) return;
-                asio::dispatch(self->task_->strand, [self, id, op, reply = std::move(reply)]() mutable {
-                    self->answer(id, op, std::move(reply));
+                asio::dispatch(self->task_->strand, [self, id, hands_back, reply = std::move(reply)]() mutable {
+                    self->answer(id, hands_back, std::move(reply));
                 });
             });
             try {
-                task_->handler(to_request(header_, body_, std::move(incoming_)), std::move(respond));
+                task_->handler(to_request(header_, body_, std::move(incoming_), std::move(incoming_values_)),
+                               std::move(respond));
             } catch (...) {
                 // A handler must not throw; one that does has dropped its Responder, which answered
                 // unavailable. The connection and the task go on.
             }
         }
         incoming_ = Tensor{};
+        incoming_values_.clear();
         read_header();
     }
 
     /// Queues the reply to request `id` (strand).
-    void answer(std::uint64_t id, Op op, Reply reply) {
+    void answer(std::uint64_t id, bool hands_back, Reply reply) {
         // An update's reply payload is the spent request buffer: the client hands its own back.
-        const bool elide = reply.ok() && reply.payload.has_value() && !reply_carries_value(op);
+        const bool elide = hands_back && reply.ok() && reply.payload.has_value();
         queue_reply(id, std::move(reply), elide);
     }
 
@@ -5126,6 +5325,7 @@ private:
     FrameHeader header_;
     FrameBody body_;
     Tensor incoming_;
+    std::vector<Tensor> incoming_values_;  // a call's tensors
     std::deque<PendingWrite> writes_;
     TcpWriteBatch batch_;
     bool writing_ = false;
@@ -5746,11 +5946,12 @@ private:
     }
 
     Reply dispatch(Request&& request, Responder* hold) {
-        if (request.op == Op::create) return create(std::move(request));
-        if (request.op == Op::call || request.op == Op::shutdown)
-            throw InvalidArgumentError("pss: a " + std::string(op_name(request.op)) +
+        if (request.kind != RequestKind::operation)
+            throw InvalidArgumentError(std::string("pss: a ") +
+                                       (request.kind == RequestKind::call ? "call" : "shutdown") +
                                        " request reached a parameter server, which takes variable operations only "
                                        "(functions run on worker tasks)");
+        if (request.op == Op::create) return create(std::move(request));
         auto it = shards_.find(request.key);
         if (it == shards_.end())
             throw NotFoundError("pss: " + std::string(op_name(request.op)) + ": no shard " +
@@ -5851,9 +6052,7 @@ private:
                 }
                 break;
             case Op::create:
-            case Op::destroy:
-            case Op::call:
-            case Op::shutdown: break;
+            case Op::destroy: break;
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;
@@ -6429,7 +6628,10 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     std::vector<Tensor> out(outgoing.size());
     std::vector<std::size_t> waiting;
     auto post = [&](std::size_t i, Request r) {
-        again[i] = Request{r.op, r.key, {}, {}, r.ids, r.step};
+        again[i].op = r.op;  // the request without its payload
+        again[i].key = r.key;
+        again[i].ids = r.ids;
+        again[i].step = r.step;
         futures[i] = info().channel->send(outgoing[i].first, std::move(r));
     };
     for (std::size_t i = 0; i < outgoing.size(); ++i) {
@@ -6714,6 +6916,7 @@ PSS_NAMESPACE_END
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -6726,6 +6929,7 @@ PSS_NAMESPACE_END
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -6760,105 +6964,112 @@ struct CallContext {
     int worker = -1;
 };
 
-/// Writes values for a call: each one a tag byte, then its fields, little-endian as the host.
-class ByteWriter {
-public:
-    void bytes(const void* data, std::size_t n) {
-        const auto* p = static_cast<const std::byte*>(data);
-        out_.insert(out_.end(), p, p + n);
-    }
-    template <class T>
-        requires std::is_trivially_copyable_v<T>
-    void raw(const T& value) {
-        bytes(&value, sizeof value);
-    }
-    [[nodiscard]] std::vector<std::byte>& data() noexcept { return out_; }
+/// Builds the Values of a call or of its answer: each value a CBOR item, each tensor a reference
+/// (`{"tensor": i}`) to the i-th of `tensors`, which travel beside the CBOR, never inside it.
+struct ValuesWriter {
+    std::vector<Tensor> tensors;
 
-private:
-    std::vector<std::byte> out_;
+    nlohmann::json tensor(Tensor t) {
+        if (!t.has_value()) return {{"tensor", nullptr}};
+        tensors.push_back(std::move(t));
+        return {{"tensor", tensors.size() - 1}};
+    }
+    /// The Values of `items` (a CBOR array).
+    Values finish(const nlohmann::json& items) {
+        return Values{nlohmann::json::to_cbor(items), std::move(tensors)};
+    }
 };
 
-/// Reads what ByteWriter wrote, from bytes a peer sent: every length is checked before it is used.
-class ByteReader {
+/// Refuses CBOR nested deeper than `max_depth` before a tree is built: nlohmann's CBOR reader recurses
+/// once per level, and a peer's 1 MiB of nested arrays would otherwise overflow the stack.
+class CborDepthCheck final : public nlohmann::json_sax<nlohmann::json> {
 public:
-    ByteReader(std::span<const std::byte> in, std::string what) : in_(in), what_(std::move(what)) {}
-    void bytes(void* data, std::size_t n) {
-        if (n > remaining()) fail("it ends early");
-        if (n != 0) std::memcpy(data, in_.data() + at_, n);
-        at_ += n;
+    static constexpr std::size_t max_depth = 64;
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return ++depth_ <= max_depth; }
+    bool key(string_t&) override { return true; }
+    bool end_object() override { return --depth_, true; }
+    bool start_array(std::size_t) override { return ++depth_ <= max_depth; }
+    bool end_array() override { return --depth_, true; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+        error_ = e.what();
+        return false;
     }
-    template <class T>
-        requires std::is_trivially_copyable_v<T>
-    T raw() {
-        T value;
-        bytes(&value, sizeof value);
-        return value;
+    [[nodiscard]] bool too_deep() const noexcept { return depth_ > max_depth; }
+    [[nodiscard]] const std::string& error() const noexcept { return error_; }
+
+private:
+    std::size_t depth_ = 0;
+    std::string error_;
+};
+
+/// Reads Values a peer sent: the CBOR must be an array, each item of the type the function takes; each
+/// tensor reference names a tensor that came with the values, once.
+class ValuesReader {
+public:
+    ValuesReader(Values&& values, std::string what, const CallContext& context)
+        : what_(std::move(what)), context_(context), tensors_(std::move(values.tensors)), taken_(tensors_.size(), false) {
+        CborDepthCheck check;
+        const bool sound = nlohmann::json::sax_parse(values.cbor, &check, nlohmann::json::input_format_t::cbor);
+        if (check.too_deep()) fail("they nest deeper than " + std::to_string(CborDepthCheck::max_depth) + " levels");
+        if (!sound) fail("they are not CBOR (" + check.error() + ")");
+        items_ = nlohmann::json::from_cbor(values.cbor);
+        if (!items_.is_array()) fail(std::string("they are ") + items_.type_name() + ", not an array of values");
     }
-    /// A count of items of at least `item_bytes` each: more than the bytes left is a lie.
-    std::size_t count(std::size_t item_bytes) {
-        const auto n = raw<std::uint64_t>();
-        if (item_bytes != 0 && n > remaining() / item_bytes) fail("a count of " + std::to_string(n) + " is too large");
-        return static_cast<std::size_t>(n);
+    /// The next value; failing when there is none.
+    const nlohmann::json& next(const char* expected) {
+        if (at_ == items_.size())
+            fail(std::string("they end early: ") + expected + " was expected after " + std::to_string(at_) + " values");
+        return items_[at_++];
     }
-    [[nodiscard]] std::size_t remaining() const noexcept { return in_.size() - at_; }
+    /// The tensor a `{"tensor": i}` item refers to (empty for `{"tensor": null}`).
+    Tensor take_tensor(const nlohmann::json& item) {
+        const nlohmann::json* ref = item.size() == 1 ? member(item, "tensor") : nullptr;
+        if (ref == nullptr)
+            fail(std::string("expected a tensor, found ") + describe(item) + "; " + same_signature);
+        if (ref->is_null()) return {};
+        if (!ref->is_number_unsigned() || ref->get<std::uint64_t>() >= tensors_.size() || taken_[ref->get<std::size_t>()])
+            fail("a tensor reference " + ref->dump() + " names no tensor of the " + std::to_string(tensors_.size()) +
+                 " sent, or one taken already");
+        taken_[ref->get<std::size_t>()] = true;
+        return std::move(tensors_[ref->get<std::size_t>()]);
+    }
+    /// Every value and every tensor must have been used.
+    void finish() const {
+        if (at_ != items_.size()) fail(std::to_string(items_.size() - at_) + " values are left over");
+        for (std::size_t i = 0; i < taken_.size(); ++i)
+            if (!taken_[i]) fail("tensor " + std::to_string(i) + " of the " + std::to_string(taken_.size()) + " sent is not used");
+    }
     [[noreturn]] void fail(const std::string& why) const {
         throw InvalidArgumentError("pss: " + what_ + ": the encoded values are malformed: " + why);
     }
-    void expect(std::uint8_t tag, const char* type) {
-        const auto got = raw<std::uint8_t>();
-        if (got != tag)
-            fail(std::string("expected ") + type + " (tag " + std::to_string(tag) + "), found tag " +
-                 std::to_string(got) + "; is the function registered with the same signature in every process?");
+    [[nodiscard]] const CallContext& context() const noexcept { return context_; }
+    /// The value of `key` in the object `j`, or null when `j` is not an object or has no `key`.
+    [[nodiscard]] static const nlohmann::json* member(const nlohmann::json& j, const char* key) {
+        if (!j.is_object()) return nullptr;
+        const auto it = j.find(key);
+        return it == j.end() ? nullptr : &*it;
     }
-    [[nodiscard]] const std::string& what() const noexcept { return what_; }
+    [[nodiscard]] static std::string describe(const nlohmann::json& item) {
+        return std::string(item.is_binary() ? "a byte string" : item.type_name());
+    }
+    static constexpr const char* same_signature =
+        "is the function registered with the same signature in every process?";
 
 private:
-    std::span<const std::byte> in_;
-    std::size_t at_ = 0;
     std::string what_;
+    const CallContext& context_;
+    nlohmann::json items_;
+    std::size_t at_ = 0;
+    std::vector<Tensor> tensors_;
+    std::vector<bool> taken_;
 };
-
-namespace tag {
-inline constexpr std::uint8_t string = 's', tensor = 't', vector = 'v', variable = 'V';
-/// Arithmetic types: a letter for the kind, the size in the low bits, so that int and long differ.
-template <class T>
-inline constexpr std::uint8_t arithmetic =
-    static_cast<std::uint8_t>((std::is_same_v<T, bool> ? 0x10 : std::is_floating_point_v<T> ? 0x20 : std::is_signed_v<T> ? 0x30 : 0x40) | sizeof(T));
-}  // namespace tag
-
-inline void encode_shape(ByteWriter& w, const Shape& shape) {
-    w.raw(static_cast<std::uint8_t>(shape.size()));
-    for (auto d : shape) w.raw(static_cast<std::uint64_t>(d));
-}
-inline Shape decode_shape(ByteReader& r) {
-    const auto rank = r.raw<std::uint8_t>();
-    if (rank > 32) r.fail("a rank of " + std::to_string(rank) + " is above 32");
-    Shape shape(rank);
-    for (auto& d : shape) d = static_cast<std::size_t>(r.raw<std::uint64_t>());
-    return shape;
-}
-inline void encode_tensor(ByteWriter& w, const Tensor& t) {
-    w.raw(tag::tensor);
-    if (!t.has_value()) return w.raw(std::uint8_t{0});
-    w.raw(static_cast<std::uint8_t>(t.dtype()));  // 1 to 4; 0 is the empty tensor
-    encode_shape(w, t.shape());
-    w.bytes(t.bytes(), t.nbytes());
-}
-inline Tensor decode_tensor(ByteReader& r) {
-    r.expect(tag::tensor, "a tensor");
-    const auto code = r.raw<std::uint8_t>();
-    if (code == 0) return {};
-    if (code > 4) r.fail("dtype code " + std::to_string(code) + " is unknown");
-    const auto dtype = static_cast<DType>(code);
-    const Shape shape = decode_shape(r);
-    const std::int64_t elements = bounded_elements(shape, std::uint64_t{1} << 48);
-    if (elements < 0) r.fail("shape " + format_shape(shape) + " has too many elements");
-    if (static_cast<std::size_t>(elements) > r.remaining() / dtype_size(dtype))
-        r.fail("shape " + format_shape(shape) + " is larger than the bytes sent");
-    Tensor t = Tensor::uninitialized(dtype, shape);
-    r.bytes(t.bytes(), t.nbytes());
-    return t;
-}
 
 template <class T>
 struct Codec;
@@ -6866,50 +7077,64 @@ struct Codec;
 template <class T>
     requires std::is_arithmetic_v<T>
 struct Codec<T> {
-    static void encode(ByteWriter& w, const T& v) {
-        w.raw(tag::arithmetic<T>);
-        w.raw(v);
+    static nlohmann::json encode(ValuesWriter&, const T& v) {
+        if constexpr (std::is_same_v<T, bool> || std::is_floating_point_v<T>) return v;
+        else if constexpr (std::is_signed_v<T>) return static_cast<std::int64_t>(v);
+        else return static_cast<std::uint64_t>(v);
     }
-    static T decode(ByteReader& r, const CallContext&) {
-        r.expect(tag::arithmetic<T>, "a number of this type");
-        if constexpr (std::is_same_v<T, bool>) {  // a bool's byte other than 0 or 1 is not a bool
-            const auto byte = r.raw<std::uint8_t>();
-            if (byte > 1) r.fail("a bool is " + std::to_string(byte) + "; it is 0 or 1");
-            return byte == 1;
+    static T decode(ValuesReader& r, const nlohmann::json& j) {
+        auto wrong = [&](const std::string& why) {
+            r.fail("expected " + label() + ", found " + why + "; " + ValuesReader::same_signature);
+        };
+        if constexpr (std::is_same_v<T, bool>) {
+            if (!j.is_boolean()) wrong(ValuesReader::describe(j));
+            return j.get<bool>();
+        } else if constexpr (std::is_floating_point_v<T>) {
+            if (!j.is_number_float()) wrong(ValuesReader::describe(j));
+            return static_cast<T>(j.get<double>());
         } else {
-            return r.raw<T>();
+            if (!j.is_number_integer()) wrong(ValuesReader::describe(j));
+            if (j.is_number_unsigned()) {
+                const auto u = j.get<std::uint64_t>();
+                if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) wrong(std::to_string(u) + ", out of its range");
+                return static_cast<T>(u);
+            }
+            const auto i = j.get<std::int64_t>();
+            if (std::is_unsigned_v<T> || i < static_cast<std::int64_t>(std::numeric_limits<T>::min()))
+                wrong(std::to_string(i) + ", out of its range");
+            return static_cast<T>(i);
         }
     }
+    static std::string label() {
+        if constexpr (std::is_same_v<T, bool>) return "a bool";
+        else if constexpr (std::is_floating_point_v<T>) return "a floating-point number";
+        else return std::string("an integer of ") + std::to_string(sizeof(T) * 8) + " bits" +
+                    (std::is_signed_v<T> ? "" : ", unsigned");
+    }
 };
+/// A string crosses as a CBOR byte string: any bytes, not only UTF-8.
 template <>
 struct Codec<std::string> {
-    static void encode(ByteWriter& w, const std::string& s) {
-        w.raw(tag::string);
-        w.raw(static_cast<std::uint64_t>(s.size()));
-        w.bytes(s.data(), s.size());
+    static nlohmann::json encode(ValuesWriter&, const std::string& s) {
+        return nlohmann::json::binary(std::vector<std::uint8_t>(s.begin(), s.end()));
     }
-    static std::string decode(ByteReader& r, const CallContext&) {
-        r.expect(tag::string, "a string");
-        std::string s(r.count(1), '\0');
-        r.bytes(s.data(), s.size());
-        return s;
+    static std::string decode(ValuesReader& r, const nlohmann::json& j) {
+        if (!j.is_binary())
+            r.fail("expected a string, found " + ValuesReader::describe(j) + "; " + ValuesReader::same_signature);
+        const auto& bytes = j.get_binary();
+        return std::string(bytes.begin(), bytes.end());
     }
 };
 template <>
 struct Codec<Tensor> {
-    static void encode(ByteWriter& w, const Tensor& t) { encode_tensor(w, t); }
-    static Tensor decode(ByteReader& r, const CallContext&) { return decode_tensor(r); }
+    static nlohmann::json encode(ValuesWriter& w, const Tensor& t) { return w.tensor(t); }
+    static Tensor decode(ValuesReader& r, const nlohmann::json& j) { return r.take_tensor(j); }
 };
 template <Element T>
 struct Codec<xt::xarray<T>> {
-    static void encode(ByteWriter& w, const xt::xarray<T>& a) {
-        w.raw(tag::tensor);
-        w.raw(static_cast<std::uint8_t>(dtype_of<T>));
-        encode_shape(w, Shape(a.shape().begin(), a.shape().end()));
-        w.bytes(a.data(), a.size() * sizeof(T));
-    }
-    static xt::xarray<T> decode(ByteReader& r, const CallContext&) {
-        Tensor t = decode_tensor(r);
+    static nlohmann::json encode(ValuesWriter& w, const xt::xarray<T>& a) { return w.tensor(Tensor(a)); }
+    static xt::xarray<T> decode(ValuesReader& r, const nlohmann::json& j) {
+        Tensor t = r.take_tensor(j);
         if (!t.has_value() || t.dtype() != dtype_of<T>)
             r.fail(std::string("expected an array of ") + std::string(dtype_name(dtype_of<T>)) + ", got " +
                    (t.has_value() ? std::string(dtype_name(t.dtype())) : std::string("an empty tensor")));
@@ -6918,17 +7143,16 @@ struct Codec<xt::xarray<T>> {
 };
 template <class T>
 struct Codec<std::vector<T>> {
-    static void encode(ByteWriter& w, const std::vector<T>& v) {
-        w.raw(tag::vector);
-        w.raw(static_cast<std::uint64_t>(v.size()));
-        for (const auto& e : v) Codec<T>::encode(w, e);
+    static nlohmann::json encode(ValuesWriter& w, const std::vector<T>& v) {
+        nlohmann::json items = nlohmann::json::array();
+        for (const auto& e : v) items.push_back(Codec<T>::encode(w, e));
+        return items;
     }
-    static std::vector<T> decode(ByteReader& r, const CallContext& c) {
-        r.expect(tag::vector, "a vector");
+    static std::vector<T> decode(ValuesReader& r, const nlohmann::json& j) {
+        if (!j.is_array()) r.fail("expected a vector, found " + ValuesReader::describe(j) + "; " + ValuesReader::same_signature);
         std::vector<T> v;
-        const std::size_t n = r.count(2);  // every element takes at least a tag and a byte
-        v.reserve(n);
-        for (std::size_t i = 0; i < n; ++i) v.push_back(Codec<T>::decode(r, c));
+        v.reserve(j.size());
+        for (const auto& e : j) v.push_back(Codec<T>::decode(r, e));
         return v;
     }
 };
@@ -6938,99 +7162,101 @@ template <>
 struct Codec<Variable> {
     /// How `v` reaches its shards (what a received handle needs in this process).
     static std::shared_ptr<Channel> channel_of(const Variable& v) { return v.info().channel; }
-    static void encode(ByteWriter& w, const Variable& v) {
+    static nlohmann::json encode(ValuesWriter&, const Variable& v) {
         const VariableInfo& info = v.info();
-        w.raw(tag::variable);
-        w.raw(info.id);
-        Codec<std::string>::encode(w, info.name);
-        w.raw(static_cast<std::uint8_t>(info.dtype));
-        encode_shape(w, info.shape);
-        w.raw(static_cast<std::uint64_t>(info.shards.size()));
-        for (const auto& s : info.shards) {
-            w.raw(s.index);
-            w.raw(static_cast<std::int32_t>(s.task));
-            w.raw(static_cast<std::uint64_t>(s.row_offset));
-            w.raw(static_cast<std::uint64_t>(s.shape.empty() ? 0 : s.shape[0]));
-        }
+        nlohmann::json shards = nlohmann::json::array();
+        for (const auto& s : info.shards)
+            shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0]});
+        return {{"variable",
+                 {{"id", info.id}, {"name", info.name}, {"dtype", static_cast<int>(info.dtype)}, {"shape", info.shape},
+                  {"shards", std::move(shards)}}}};
     }
-    static Variable decode(ByteReader& r, const CallContext& c) {
-        r.expect(tag::variable, "a Variable");
-        if (!c.channel) r.fail("a Variable reached a process that has no cluster to reach its shards");
+    static Variable decode(ValuesReader& r, const nlohmann::json& j) {
+        const nlohmann::json* handle = j.size() == 1 ? ValuesReader::member(j, "variable") : nullptr;
+        if (handle == nullptr)
+            r.fail("expected a Variable, found " + ValuesReader::describe(j) + "; " + ValuesReader::same_signature);
+        if (!r.context().channel) r.fail("a Variable reached a process that has no cluster to reach its shards");
+        const nlohmann::json& h = *handle;
+        auto field = [&](const char* key, bool (nlohmann::json::*is)() const noexcept, const char* type) -> const nlohmann::json& {
+            const nlohmann::json* it = ValuesReader::member(h, key);
+            if (it == nullptr || !(it->*is)())
+                r.fail(std::string("a Variable handle's \"") + key + "\" is missing or not " + type);
+            return *it;
+        };
+        auto unsigned_of = [&](const nlohmann::json& v, const char* what) -> std::uint64_t {
+            if (!v.is_number_unsigned()) r.fail(std::string("a Variable handle's ") + what + " is not an unsigned integer");
+            return v.get<std::uint64_t>();
+        };
+        if (!h.is_object() || h.size() != 5) r.fail("a Variable handle has other fields than id, name, dtype, shape, shards");
         auto info = std::make_shared<VariableInfo>();
-        info->id = r.raw<std::uint64_t>();
-        info->name = Codec<std::string>::decode(r, c);
-        const auto dtype = r.raw<std::uint8_t>();
+        info->id = unsigned_of(field("id", &nlohmann::json::is_number_unsigned, "an unsigned integer"), "id");
+        const auto& name = field("name", &nlohmann::json::is_string, "a string");
+        info->name = name.get<std::string>();
+        const std::uint64_t dtype = unsigned_of(field("dtype", &nlohmann::json::is_number_unsigned, "a dtype code"), "dtype");
         if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
-        info->shape = decode_shape(r);
+        const auto& shape = field("shape", &nlohmann::json::is_array, "an array");
+        if (shape.size() > 32) r.fail("a rank of " + std::to_string(shape.size()) + " is above 32");
+        for (const auto& extent : shape) info->shape.push_back(static_cast<std::size_t>(unsigned_of(extent, "shape extent")));
         // Only a sane size is checked here; what the ps really holds is checked on every reply.
         if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
             r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
-        const std::size_t shards = r.count(24);
-        if (shards == 0 || (shards > 1 && (info->shape.empty() || shards > info->shape[0])))
-            r.fail(std::to_string(shards) + " shards for shape " + format_shape(info->shape));
+        const auto& shards = field("shards", &nlohmann::json::is_array, "an array");
+        if (shards.empty() || (shards.size() > 1 && (info->shape.empty() || shards.size() > info->shape[0])))
+            r.fail(std::to_string(shards.size()) + " shards for shape " + format_shape(info->shape));
         std::size_t next_row = 0;
-        for (std::size_t i = 0; i < shards; ++i) {
+        for (std::size_t i = 0; i < shards.size(); ++i) {
+            const auto& shard = shards[i];
+            if (!shard.is_array() || shard.size() != 4 || !shard[1].is_number_integer())
+                r.fail("shard " + std::to_string(i) + " is not [index, task, row offset, rows]");
             ShardInfo s;
-            s.index = r.raw<std::uint32_t>();
-            s.task = r.raw<std::int32_t>();
-            s.row_offset = static_cast<std::size_t>(r.raw<std::uint64_t>());
-            const auto rows = static_cast<std::size_t>(r.raw<std::uint64_t>());
+            const std::uint64_t index = unsigned_of(shard[0], "shard index");
+            const std::int64_t task = shard[1].get<std::int64_t>();
+            s.row_offset = static_cast<std::size_t>(unsigned_of(shard[2], "row offset"));
+            const auto rows = static_cast<std::size_t>(unsigned_of(shard[3], "row count"));
             s.shape = info->shape;
             if (!s.shape.empty()) s.shape[0] = rows;
             // The shards must split the rows as every strategy does (TensorFlow's rule): the handle finds
             // a row's shard by that rule.
-            if (s.index != i || s.task < 0 || s.row_offset != next_row ||
-                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards, i)))
-                r.fail("shard " + std::to_string(i) + " (index " + std::to_string(s.index) + ", task " +
-                       std::to_string(s.task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
-                       ") is not how " + std::to_string(shards) + " shards split shape " + format_shape(info->shape));
+            if (index != i || task < 0 || task > std::numeric_limits<std::int32_t>::max() || s.row_offset != next_row ||
+                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards.size(), i)))
+                r.fail("shard " + std::to_string(i) + " (index " + std::to_string(index) + ", task " +
+                       std::to_string(task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
+                       ") is not how " + std::to_string(shards.size()) + " shards split shape " + format_shape(info->shape));
+            s.index = static_cast<std::uint32_t>(index);
+            s.task = static_cast<int>(task);
             next_row += rows;
             info->shards.push_back(std::move(s));
         }
-        info->channel = c.channel;
+        info->channel = r.context().channel;
         info->borrowed = true;
         return Variable(std::move(info));
     }
 };
 template <class T>
 struct Codec<PerWorkerValues<T>> {
-    [[noreturn]] static void encode(ByteWriter&, const PerWorkerValues<T>&) {
+    [[noreturn]] static nlohmann::json encode(ValuesWriter&, const PerWorkerValues<T>&) {
         throw InvalidArgumentError(
             "pss: schedule: a PerWorkerValues cannot be sent to a worker in another process yet; create the "
             "worker's data inside the registered function from worker_index()");
     }
-    [[noreturn]] static PerWorkerValues<T> decode(ByteReader& r, const CallContext&) {
+    [[noreturn]] static PerWorkerValues<T> decode(ValuesReader& r, const nlohmann::json&) {
         r.fail("a PerWorkerValues cannot be received");
     }
 };
 
-/// Values as the payload of a call: a 1-D int64 tensor holding the byte count, then the bytes.
-inline Tensor to_blob(const std::vector<std::byte>& bytes) {
-    xt::xarray<std::int64_t> blob = xt::zeros<std::int64_t>({1 + (bytes.size() + 7) / 8});
-    blob(0) = static_cast<std::int64_t>(bytes.size());
-    if (!bytes.empty()) std::memcpy(blob.data() + 1, bytes.data(), bytes.size());
-    return Tensor(std::move(blob));
-}
-inline std::span<const std::byte> from_blob(const Tensor& blob, const std::string& what) {
-    if (!blob.has_value() || blob.dtype() != DType::int64 || blob.shape().size() != 1 || blob.size() == 0)
-        throw InvalidArgumentError("pss: " + what + ": the payload is not an encoded list of values");
-    const auto n = blob.get<std::int64_t>()(0);
-    if (n < 0 || static_cast<std::uint64_t>(n) > (blob.size() - 1) * 8)
-        throw InvalidArgumentError("pss: " + what + ": the payload's byte count " + std::to_string(n) + " is wrong");
-    return {blob.bytes() + 8, static_cast<std::size_t>(n)};
-}
-
 /// Encodes the arguments of a call.
 template <class... Args>
-Tensor encode_values(const Args&... args) {
-    ByteWriter w;
-    (Codec<std::remove_cvref_t<Args>>::encode(w, args), ...);
-    return to_blob(w.data());
+Values encode_values(const Args&... args) {
+    ValuesWriter w;
+    nlohmann::json items = nlohmann::json::array();
+    (items.push_back(Codec<std::remove_cvref_t<Args>>::encode(w, args)), ...);
+    return w.finish(items);
 }
 
-/// How a worker runs one registered function: decodes the arguments, calls, encodes the result.
-using Invoker = std::function<void(ByteReader&, const CallContext&, ByteWriter&)>;
+/// How a worker runs one registered function: decodes the arguments, calls, encodes the result (an
+/// empty array for void).
+using Invoker = std::function<nlohmann::json(ValuesReader&, ValuesWriter&)>;
 
 struct RegistryEntry {
     std::string signature;
@@ -7047,13 +7273,13 @@ struct Registry {
     }
 };
 
-inline constexpr std::uint8_t call_succeeded = 0, call_failed = 1;
+inline constexpr int call_succeeded = 0, call_failed = 1;
 
-/// What a worker answers to a call, always as a value: a status byte, then the result, or the error's
-/// code and message. Errors travel inside the answer so that an error reply can only mean that the
-/// worker itself was not reached (the coordinator then runs the closure elsewhere).
-inline Tensor run_call(const std::string& name, const Tensor& arguments, const CallContext& context) {
-    ByteWriter out;
+/// What a worker answers to a call, always as values: `[0, result]` (`[0]` for void), or `[1, code,
+/// message]`. Errors travel inside the answer so that an error reply can only mean that the worker
+/// itself was not reached (the coordinator then runs the closure elsewhere).
+inline Values run_call(const std::string& name, Values&& arguments, const CallContext& context) {
+    ValuesWriter out;
     try {
         Invoker invoke;
         {
@@ -7065,19 +7291,20 @@ inline Tensor run_call(const std::string& name, const Tensor& arguments, const C
                                     name + "\" in this process; call register_function at start-up in every process");
             invoke = it->second.invoke;
         }
-        const std::string what = "call of \"" + name + "\"";
-        ByteReader reader(from_blob(arguments, what), what);
-        out.raw(call_succeeded);
-        invoke(reader, context, out);
+        ValuesReader reader(std::move(arguments), "call of \"" + name + "\"", context);
+        nlohmann::json result = invoke(reader, out);
+        reader.finish();
+        nlohmann::json answer = nlohmann::json::array({call_succeeded});
+        if (!result.is_discarded()) answer.push_back(std::move(result));
+        return out.finish(answer);
     } catch (const std::exception& e) {
         const auto* error = dynamic_cast<const Error*>(&e);
-        out = ByteWriter();
-        out.raw(call_failed);
-        out.raw(static_cast<std::int32_t>(error ? error->code() : ErrorCode::internal));
-        Codec<std::string>::encode(out, error ? std::string(e.what()) : "pss: worker " + std::to_string(context.worker) +
-                                                                         ": \"" + name + "\" threw: " + e.what());
+        const std::string message =
+            error ? std::string(e.what()) : "pss: worker " + std::to_string(context.worker) + ": \"" + name + "\" threw: " + e.what();
+        return ValuesWriter{}.finish(
+            {call_failed, static_cast<int>(error ? error->code() : ErrorCode::internal),
+             nlohmann::json::binary(std::vector<std::uint8_t>(message.begin(), message.end()))});
     }
-    return to_blob(out.data());
 }
 
 template <class T>
@@ -7114,17 +7341,26 @@ struct is_registered_function<RegisteredFunction<S>> : std::true_type {};
 
 /// Decodes what run_call answered: the result, or the worker's error thrown as its Error subclass.
 template <class R>
-R decode_result(const Tensor& blob, const std::string& name) {
-    const std::string what = "answer to the call of \"" + name + "\"";
-    ByteReader reader(from_blob(blob, what), what);
-    if (reader.raw<std::uint8_t>() == call_failed) {
-        const auto code = reader.raw<std::int32_t>();
-        std::string message = Codec<std::string>::decode(reader, CallContext{});
-        throw_error(code > 0 && code <= static_cast<std::int32_t>(ErrorCode::internal) ? static_cast<ErrorCode>(code)
-                                                                                        : ErrorCode::internal,
+R decode_result(Values&& answer, const std::string& name) {
+    const CallContext none;
+    ValuesReader reader(std::move(answer), "answer to the call of \"" + name + "\"", none);
+    const nlohmann::json& status = reader.next("a status");
+    if (status == call_failed) {
+        const nlohmann::json& code = reader.next("an error code");
+        std::string message = Codec<std::string>::decode(reader, reader.next("an error message"));
+        const auto c = code.is_number_integer() ? code.get<std::int64_t>() : 0;
+        throw_error(c > 0 && c <= static_cast<std::int64_t>(ErrorCode::internal) ? static_cast<ErrorCode>(c)
+                                                                                 : ErrorCode::internal,
                     message);
     }
-    if constexpr (!std::is_void_v<R>) return Codec<std::remove_cvref_t<R>>::decode(reader, CallContext{});
+    if (status != call_succeeded) reader.fail("the status " + status.dump() + " is neither 0 (ok) nor 1 (error)");
+    if constexpr (std::is_void_v<R>) {
+        reader.finish();
+    } else {
+        R result = Codec<std::remove_cvref_t<R>>::decode(reader, reader.next("the result"));
+        reader.finish();
+        return result;
+    }
 }
 }  // namespace detail
 
@@ -7140,11 +7376,16 @@ RegisteredFunction<R(Args...)> register_function(std::string name, R (*fn)(Args.
     static_assert((Transferable<Args> && ...),
                   "pss: register_function: every parameter must be Transferable (a number, string, Tensor, "
                   "xt::xarray, Variable, PerWorkerValues, or a std::vector of these)");
-    detail::Invoker invoke = [fn](detail::ByteReader& reader, const detail::CallContext& context, detail::ByteWriter& out) {
-        std::tuple<std::remove_cvref_t<Args>...> args{detail::Codec<std::remove_cvref_t<Args>>::decode(reader, context)...};
-        if (reader.remaining() != 0) reader.fail(std::to_string(reader.remaining()) + " bytes are left over");
-        if constexpr (std::is_void_v<R>) std::apply(fn, args);
-        else detail::Codec<std::remove_cvref_t<R>>::encode(out, std::apply(fn, args));
+    detail::Invoker invoke = [fn](detail::ValuesReader& reader, detail::ValuesWriter& out) -> nlohmann::json {
+        // Braces: the arguments are decoded in order.
+        std::tuple<std::remove_cvref_t<Args>...> args{
+            detail::Codec<std::remove_cvref_t<Args>>::decode(reader, reader.next("an argument"))...};
+        if constexpr (std::is_void_v<R>) {
+            std::apply(fn, args);
+            return nlohmann::json(nlohmann::json::value_t::discarded);
+        } else {
+            return detail::Codec<std::remove_cvref_t<R>>::encode(out, std::apply(fn, args));
+        }
     };
     auto& registry = detail::Registry::instance();
     std::lock_guard lock(registry.mutex);
@@ -7238,21 +7479,23 @@ public:
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
             server_ = std::make_unique<TransportPolicy>(spec_);
             server_->serve(self_, [this](Request&& r, Responder respond) {
-                if (r.op == Op::shutdown) return respond(stop_requested());
+                if (r.kind == RequestKind::shutdown) return respond(stop_requested());
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
             server_ = std::make_unique<TransportPolicy>(spec_);
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
             server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
-                if (r.op == Op::shutdown) return stop_requested();
-                if (r.op != Op::call)
+                if (r.kind == RequestKind::shutdown) return stop_requested();
+                if (r.kind != RequestKind::call)
                     return Reply::error(ErrorCode::invalid_argument,
                                         "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
                 const ClosureContext context{self_.index};
                 const ClosureContext::Guard current(context);
-                return Reply{ErrorCode::ok, {}, run_call(r.name, r.payload, CallContext{weak.lock(), self_.index})};
+                Reply reply;
+                reply.values = run_call(r.name, std::move(r.values), CallContext{weak.lock(), self_.index});
+                return reply;
             }));
         }
     }
@@ -7302,7 +7545,7 @@ private:
             std::vector<std::future<Reply>> replies;
             for (int i = 0; i < spec_.num_tasks(job); ++i) {
                 Request request;
-                request.op = Op::shutdown;
+                request.kind = RequestKind::shutdown;
                 replies.push_back(client_.send(TaskId{job, i}, std::move(request)));
             }
             // A task already gone has ended anyway: a lost worker is not waited for (its address would
@@ -7777,14 +8020,13 @@ private:
         void run_remote(detail::RemoteWorkers& workers, int worker) override {
             if constexpr (detail::is_registered_function_v<F>) {
                 Request request;
-                request.op = Op::call;
+                request.kind = RequestKind::call;
                 request.name = fn->name();
-                request.payload = std::apply([](const auto&... a) { return detail::encode_values(a...); }, *args);
+                request.values = std::apply([](const auto&... a) { return detail::encode_values(a...); }, *args);
                 Reply reply = workers.call(worker, std::move(request)).get();
                 if (reply.code == ErrorCode::unavailable)
                     throw WorkerLostError("pss: worker " + std::to_string(worker) + " was lost: " + reply.message);
-                Tensor answer = reply.take();
-                finish([&] { return detail::decode_result<R>(answer, fn->name()); });
+                finish([&] { return detail::decode_result<R>(reply.take_values(), fn->name()); });
             } else {
                 throw InvalidArgumentError(
                     "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a "

@@ -1,8 +1,9 @@
 // tests/fuzz/fuzz_call.cpp: libFuzzer target for the decoding of a call's arguments (pss/function.hpp), what a
-// worker process runs on the payload of every call it receives: any bytes, never a crash.
+// worker process runs on the values of every call it receives: any bytes, never a crash.
 //
-// The bytes are the encoded arguments of a registered function whose parameters cover every Transferable
-// kind (numbers, a string, vectors, arrays, a Tensor, a Variable handle). run_call must answer, whatever
+// The bytes are the CBOR values of a call (the wire decoder has checked its tensors already: two come
+// with every input) of a registered function whose parameters cover every Transferable kind (numbers, a
+// string, vectors, arrays, a Tensor, a Variable handle). run_call must answer, whatever
 // the bytes, with the function's result or an error inside the answer; decode_result then gives the
 // result or throws a pss::Error. Built and run by tools/fuzz.sh. Built with -DPSS_FUZZ_WRITE_SEEDS, it is
 // instead a program that writes the seed corpus (tests/fuzz/corpus_call/) from encodings the library makes.
@@ -49,11 +50,11 @@ void require(bool condition) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     static const auto channel = std::make_shared<NoChannel>();
-    const auto bytes = std::as_bytes(std::span<const std::uint8_t>(data, size));
-    const pss::Tensor answer = pss::detail::run_call(function.name(), pss::detail::to_blob({bytes.begin(), bytes.end()}),
-                                                     pss::detail::CallContext{channel, 0});
+    pss::Values arguments{std::vector<std::uint8_t>(data, data + size),
+                          {pss::Tensor(xt::xarray<float>{{1, 2}, {3, 4}}), pss::Tensor(xt::xarray<double>{1.5})}};
+    pss::Values answer = pss::detail::run_call(function.name(), std::move(arguments), pss::detail::CallContext{channel, 0});
     try {
-        (void)pss::detail::decode_result<double>(answer, function.name());
+        (void)pss::detail::decode_result<double>(std::move(answer), function.name());
     } catch (const pss::InvalidArgumentError&) {
     } catch (const pss::Error&) {
         require(false);  // the only error malformed arguments may give is InvalidArgumentError
@@ -80,8 +81,8 @@ std::shared_ptr<pss::detail::VariableInfo> variable_info() {
 
 int main(int argc, char** argv) {
     const std::string dir = argc > 1 ? argv[1] : "tests/fuzz/corpus_call";
-    auto write = [&](const std::string& name, const pss::Tensor& blob) {
-        const auto b = pss::detail::from_blob(blob, "seed");
+    auto write = [&](const std::string& name, const pss::Values& values) {
+        const auto& b = values.cbor;
         std::ofstream(dir + "/" + name, std::ios::binary).write(reinterpret_cast<const char*>(b.data()),
                                                                 static_cast<std::streamsize>(b.size()));
         std::cout << dir << "/" << name << ": " << b.size() << " bytes\n";

@@ -19,10 +19,13 @@
 
 namespace {
 
-std::vector<std::byte> bytes_of(const pss::OutgoingFrame& frame) {
-    std::vector<std::byte> out(frame.size());
-    asio::buffer_copy(asio::buffer(out), frame.buffers());
-    return out;
+std::vector<std::byte> bytes_of(const pss::OutgoingFrame& frame) { return frame.bytes(); }
+
+bool same_specs(const std::vector<pss::TensorSpec>& a, const std::vector<pss::TensorSpec>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (a[i].dtype != b[i].dtype || a[i].shape != b[i].shape) return false;
+    return true;
 }
 
 void require(bool condition) {
@@ -43,24 +46,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(frame.size <= size);
     const pss::FrameHeader header = frame.header;
     const bool elided = header.payload_elided();
-    const pss::Shape shape = frame.body.shape;
+    const std::vector<pss::TensorSpec> specs = frame.body.tensors;
     std::vector<std::byte> again;
     if (header.is_reply()) {
-        pss::Reply reply = pss::to_reply(header, frame.body, std::move(frame.payload));
-        if (elided) reply.payload = pss::Tensor::zeros(header.dtype, shape);
+        pss::Reply reply = pss::to_reply(header, frame.body, std::move(frame.payload), std::move(frame.tensors));
+        if (elided) reply.payload = pss::Tensor::zeros(specs[0].dtype, specs[0].shape);
+        if (header.has_values() && reply.values.cbor.empty() && reply.values.tensors.empty()) return 0;  // sent as no values
         again = bytes_of(pss::OutgoingFrame::reply(reply, header.request_id, header.task, elided));
     } else {
-        pss::Request request = pss::to_request(header, frame.body, std::move(frame.payload));
-        if (elided) request.payload = pss::Tensor::zeros(header.dtype, shape);
+        pss::Request request = pss::to_request(header, frame.body, std::move(frame.payload), std::move(frame.tensors));
+        if (elided) request.payload = pss::Tensor::zeros(specs[0].dtype, specs[0].shape);
         again = bytes_of(pss::OutgoingFrame::request(request, header.request_id, header.task, elided));
     }
     const pss::DecodedFrame back = pss::decode_frame(again, limits);  // must not throw
     require(back.size == again.size());
     require(back.header.kind == header.kind && back.header.request_id == header.request_id &&
             back.header.flags == header.flags && back.header.payload_length == header.payload_length &&
-            back.body.shape == shape);
-    if (header.payload_length > 0)
-        require(std::memcmp(back.payload.bytes(), data + (frame.size - header.payload_length), header.payload_length) == 0);
+            same_specs(back.body.tensors, specs));
+    if (header.payload_length > 0) {
+        std::vector<std::byte> sent;
+        if (back.payload.has_value()) sent.insert(sent.end(), back.payload.bytes(), back.payload.bytes() + back.payload.nbytes());
+        for (const auto& t : back.tensors) sent.insert(sent.end(), t.bytes(), t.bytes() + t.nbytes());
+        require(sent.size() == header.payload_length &&
+                std::memcmp(sent.data(), data + (frame.size - header.payload_length), header.payload_length) == 0);
+    }
     return 0;
 }
 
@@ -98,14 +107,26 @@ int main(int argc, char** argv) {
     destroy.key = {9, 4};
     destroy.step = 12;
     write("request_destroy_empty", pss::OutgoingFrame::request(destroy, 4, 2, false));
-    pss::Reply value{pss::ErrorCode::ok, "", xt::xarray<std::int32_t>{7, 8, 9}};
+    pss::Reply value{pss::ErrorCode::ok, "", xt::xarray<std::int32_t>{7, 8, 9}, {}};
     write("reply_int32", pss::OutgoingFrame::reply(value, 5, 0, false));
     pss::Reply error = pss::Reply::error(pss::ErrorCode::out_of_range, "pss: id 9 is out of range for shape (4,)");
     write("reply_error", pss::OutgoingFrame::reply(error, 6, 0, false));
-    pss::Reply spent{pss::ErrorCode::ok, "", xt::xarray<float>(xt::xarray<float>::from_shape({2, 2, 2}))};
+    pss::Reply spent{pss::ErrorCode::ok, "", xt::xarray<float>(xt::xarray<float>::from_shape({2, 2, 2})), {}};
     write("reply_spent_elided", pss::OutgoingFrame::reply(spent, 7, 0, true));
-    pss::Reply scalar{pss::ErrorCode::ok, "", xt::xarray<double>(2.5)};
+    pss::Reply scalar{pss::ErrorCode::ok, "", xt::xarray<double>(2.5), {}};
     write("reply_scalar_float64", pss::OutgoingFrame::reply(scalar, 8, 1, false));
+    pss::Request call;
+    call.kind = pss::RequestKind::call;
+    call.name = "pss.keras.Sequential.step";
+    call.values.cbor = {0x83, 0x01, 0xa1, 0x66, 't', 'e', 'n', 's', 'o', 'r', 0x00, 0x41, 'x'};  // [1, {"tensor": 0}, h'78']
+    call.values.tensors = {pss::Tensor(xt::xarray<float>{{1, 2}, {3, 4}}), pss::Tensor(xt::xarray<std::int64_t>(xt::ones<std::int64_t>(pss::Shape{}) * 3))};
+    write("request_call_two_tensors", pss::OutgoingFrame::request(call, 9, 1, false));
+    pss::Reply answered;
+    answered.values.cbor = {0x82, 0x00, 0xf9, 0x3c, 0x00};  // [0, 1.0]
+    write("reply_call_values", pss::OutgoingFrame::reply(answered, 10, 1, false));
+    pss::Request shutdown;
+    shutdown.kind = pss::RequestKind::shutdown;
+    write("request_shutdown", pss::OutgoingFrame::request(shutdown, 11, 0, false));
     return 0;
 }
 #endif

@@ -702,19 +702,19 @@ private:
     void send_remote_model() {
         detail::RemoteWorkers& workers = *strategy_->remote_workers();
         const std::string& name = detail::keras_remote_build_function.name();
-        const Tensor payload = detail::encode_values(remote_->id, remote_->description, remote_->weights);
+        const Values arguments = detail::encode_values(remote_->id, remote_->description, remote_->weights);
         std::vector<std::future<Reply>> replies;
         for (int w = 0; w < strategy_->num_workers(); ++w) {
             Request request;
-            request.op = Op::call;
+            request.kind = RequestKind::call;
             request.name = name;
-            request.payload = payload;
+            request.values = arguments;
             replies.push_back(workers.call(w, std::move(request)));
         }
         for (auto& r : replies) {
             Reply reply = r.get();
             if (reply.code == ErrorCode::unavailable) continue;
-            detail::decode_result<void>(reply.take(), name);
+            detail::decode_result<void>(reply.take_values(), name);
         }
         remote_->sent = true;
     }

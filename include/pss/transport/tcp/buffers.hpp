@@ -68,8 +68,7 @@ public:
         for (const auto& element : queue) {
             if (frames_ == max_frames || (frames_ > 0 && bytes > max_bytes)) break;
             const OutgoingFrame& frame = frame_of(element);
-            const auto frame_buffers = frame.buffers();
-            buffers_.insert(buffers_.end(), frame_buffers.begin(), frame_buffers.end());
+            frame.append_buffers(buffers_);
             bytes += frame.size();
             ++frames_;
         }

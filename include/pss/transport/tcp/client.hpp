@@ -168,7 +168,8 @@ private:
             }
             out->id = next_id_++;
             // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
-            const bool elide = out->request.op == Op::read && out->request.payload.has_value();
+            const bool elide = out->request.kind == RequestKind::operation && out->request.op == Op::read &&
+                               out->request.payload.has_value();
             try {
                 out->frame =
                     OutgoingFrame::request(out->request, out->id, static_cast<std::uint32_t>(task_.index), elide);
@@ -343,18 +344,26 @@ private:
         }
         target_.reset();
         incoming_ = Tensor{};
+        incoming_values_.clear();
+        if (header_.has_values()) {  // what a call answered
+            incoming_values_ = value_tensors(header_, body_);
+            if (header_.payload_length == 0) return on_payload({});
+            return ahead_.fill(socket_, tensor_buffers(incoming_values_),
+                               [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        }
         if (!header_.has_payload() || header_.payload_elided()) return on_payload({});
         // A read lands in the buffer its request offered, when it fits.
+        const TensorSpec& spec = body_.payload();
         if (auto it = pending_.find(header_.request_id); it != pending_.end()) {
-            const Tensor& buffer = it->second.out->request.payload;
-            if (it->second.out->request.op == Op::read && buffer.has_value() && buffer.dtype() == header_.dtype &&
-                buffer.size() == num_elements(body_.shape))
+            const Request& request = it->second.out->request;
+            if (request.kind == RequestKind::operation && request.op == Op::read && request.payload.has_value() &&
+                request.payload.dtype() == spec.dtype && request.payload.size() == num_elements(spec.shape))
                 target_ = it->second.out;
         }
         Tensor* into = &incoming_;
         if (target_) {
             into = &target_->request.payload;
-            reshape_in_place(*into, body_.shape);
+            reshape_in_place(*into, spec.shape);
         } else {
             incoming_ = payload_buffer(header_, body_);
         }
@@ -368,7 +377,8 @@ private:
         if (ec) return fail(lost(ec));
         Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
         target_.reset();
-        Reply reply = to_reply(header_, body_, std::move(payload));
+        Reply reply = to_reply(header_, body_, std::move(payload), std::move(incoming_values_));
+        incoming_values_.clear();
         if (auto it = pending_.find(header_.request_id); it != pending_.end() && !it->second.early) {
             if (header_.payload_elided() && !it->second.sent) {
                 it->second.early = std::move(reply);  // answered by on_written
@@ -417,6 +427,7 @@ private:
     FrameHeader header_;
     FrameBody body_;
     Tensor incoming_;
+    std::vector<Tensor> incoming_values_;  // what a call answered
     std::shared_ptr<Outgoing> target_;
 };
 

@@ -127,12 +127,18 @@ private:
         } catch (const WireError& e) {
             return refuse(e);
         }
+        if (header_.has_values()) {  // a call's tensors
+            incoming_values_ = value_tensors(header_, body_);
+            if (header_.payload_length == 0) return on_payload({});
+            return ahead_.fill(socket_, tensor_buffers(incoming_values_),
+                               [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        }
         Tensor reuse;
-        if (header_.has_payload()) reuse = task_->pool.take(header_.dtype, num_elements(body_.shape));
+        if (header_.has_payload()) reuse = task_->pool.take(body_.payload().dtype, num_elements(body_.payload().shape));
         if (header_.payload_elided()) {
             // A read's buffer: offer a reused one of that shape, never a fresh one (a peer could otherwise
             // make this process allocate a gigabyte with a frame of 100 bytes).
-            if (reuse.has_value()) reshape_in_place(reuse, body_.shape);
+            if (reuse.has_value()) reshape_in_place(reuse, body_.payload().shape);
             incoming_ = std::move(reuse);
             return on_payload({});
         }
@@ -144,10 +150,11 @@ private:
 
     void on_payload(std::error_code ec) {
         if (ec) return close();
-        const Op op = header_.op();
+        // Only a shard operation's reply may hand the spent request payload back (elided).
+        const bool hands_back = header_.request_kind() == RequestKind::operation && !reply_carries_value(header_.op());
         const std::uint64_t id = header_.request_id;
         if (header_.task != static_cast<std::uint32_t>(task_->task.index)) {
-            answer(id, op,
+            answer(id, hands_back,
                    Reply::error(ErrorCode::invalid_argument,
                                 "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
                                     " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
@@ -155,27 +162,29 @@ private:
         } else {
             // The reply goes out through the task's strand whenever the handler answers: at once (the
             // dispatch runs inline, on this strand) or later from any thread.
-            Responder respond([self = shared_from_this(), id, op](Reply&& reply) {
+            Responder respond([self = shared_from_this(), id, hands_back](Reply&& reply) {
                 if (self->task_->stopped.load(std::memory_order_acquire)) return;
-                asio::dispatch(self->task_->strand, [self, id, op, reply = std::move(reply)]() mutable {
-                    self->answer(id, op, std::move(reply));
+                asio::dispatch(self->task_->strand, [self, id, hands_back, reply = std::move(reply)]() mutable {
+                    self->answer(id, hands_back, std::move(reply));
                 });
             });
             try {
-                task_->handler(to_request(header_, body_, std::move(incoming_)), std::move(respond));
+                task_->handler(to_request(header_, body_, std::move(incoming_), std::move(incoming_values_)),
+                               std::move(respond));
             } catch (...) {
                 // A handler must not throw; one that does has dropped its Responder, which answered
                 // unavailable. The connection and the task go on.
             }
         }
         incoming_ = Tensor{};
+        incoming_values_.clear();
         read_header();
     }
 
     /// Queues the reply to request `id` (strand).
-    void answer(std::uint64_t id, Op op, Reply reply) {
+    void answer(std::uint64_t id, bool hands_back, Reply reply) {
         // An update's reply payload is the spent request buffer: the client hands its own back.
-        const bool elide = reply.ok() && reply.payload.has_value() && !reply_carries_value(op);
+        const bool elide = hands_back && reply.ok() && reply.payload.has_value();
         queue_reply(id, std::move(reply), elide);
     }
 
@@ -240,6 +249,7 @@ private:
     FrameHeader header_;
     FrameBody body_;
     Tensor incoming_;
+    std::vector<Tensor> incoming_values_;  // a call's tensors
     std::deque<PendingWrite> writes_;
     TcpWriteBatch batch_;
     bool writing_ = false;
