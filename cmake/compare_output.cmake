@@ -7,11 +7,8 @@
 # it prints the first differing line and, where `diff` exists, a unified diff.
 cmake_minimum_required(VERSION 3.21)
 
-foreach(var PROGRAM EXPECTED)
-  if(NOT DEFINED ${var})
-    message(FATAL_ERROR "compare_output.cmake: -D${var}=... is required")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/script_args.cmake")
+pss_require_script_args(compare_output.cmake PROGRAM EXPECTED)
 if(NOT EXISTS "${EXPECTED}")
   message(FATAL_ERROR "compare_output.cmake: golden file ${EXPECTED} does not exist")
 endif()

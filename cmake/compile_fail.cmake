@@ -8,11 +8,8 @@
 # combined stdout and stderr; it should name our concept or static_assert text, not compiler wording.
 cmake_minimum_required(VERSION 3.21)
 
-foreach(var CXX FLAGS_FILE SOURCE)
-  if(NOT DEFINED ${var})
-    message(FATAL_ERROR "compile_fail.cmake: -D${var}=... is required")
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/script_args.cmake")
+pss_require_script_args(compile_fail.cmake CXX FLAGS_FILE SOURCE)
 if(NOT EXISTS "${SOURCE}")
   message(FATAL_ERROR "compile_fail.cmake: ${SOURCE} does not exist")
 endif()

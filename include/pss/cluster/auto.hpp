@@ -12,6 +12,7 @@
 #include <pss/cluster/slurm.hpp>
 #include <pss/cluster/tf_config.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/resolved_task.hpp>
 #include <pss/detail/environment.hpp>
 #include <pss/errors.hpp>
 
@@ -39,7 +40,7 @@ PSS_NAMESPACE_BEGIN
 /// std::cout << "cluster from " << resolver.source() << ", I am " << resolver.task() << '\n';
 /// @endcode
 /// @see ClusterResolver, TFConfigClusterResolver, SlurmClusterResolver, MpiClusterResolver, LocalClusterResolver
-class AutoClusterResolver {
+class AutoClusterResolver : public detail::ResolvedTask {
 public:
     /// @brief Looks up one environment variable; nullopt when unset.
     using EnvironmentLookup = detail::EnvironmentLookup;
@@ -77,17 +78,6 @@ public:
         }
     }
 
-    /// @brief The chosen resolver's cluster.
-    [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return cluster_spec_; }
-    /// @brief The chosen resolver's task type ("chief" for the local cluster).
-    [[nodiscard]] const std::string& task_type() const noexcept { return task_type_; }
-    /// @brief The chosen resolver's task index.
-    [[nodiscard]] int task_id() const noexcept { return task_id_; }
-    /// @brief The chosen resolver's protocol: TF_CONFIG's "rpc_layer" (or ""), "grpc" for Slurm and MPI,
-    /// "inproc" for the local cluster.
-    [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
-    /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
-    [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
     /// @brief Which resolver answered: "tf_config", "slurm", "mpi" or "local".
     [[nodiscard]] const std::string& source() const noexcept { return source_; }
 
@@ -117,10 +107,6 @@ private:
     }
 
     std::string source_;
-    ClusterSpec cluster_spec_;
-    std::string task_type_;
-    int task_id_ = 0;
-    std::string rpc_layer_;
 };
 
 PSS_NAMESPACE_END

@@ -12,6 +12,7 @@
 
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/resolved_task.hpp>
 #include <pss/detail/environment.hpp>
 #include <pss/errors.hpp>
 
@@ -43,7 +44,7 @@ PSS_NAMESPACE_BEGIN
 /// resolver.cluster_spec();  // chief: a:8888; ps: a:8889; worker: b:8890, b:8891
 /// @endcode
 /// @see ClusterResolver, SlurmClusterResolver, AutoClusterResolver
-class MpiClusterResolver {
+class MpiClusterResolver : public detail::ResolvedTask {
 public:
     /// @brief Looks up one environment variable; nullopt when unset.
     using EnvironmentLookup = detail::EnvironmentLookup;
@@ -75,7 +76,8 @@ public:
     /// An empty function reads the process environment.
     explicit MpiClusterResolver(EnvironmentLookup environment, int num_ps = 1, std::vector<std::string> hosts = {},
                                 int port_base = 8888, std::string rpc_layer = "grpc")
-        : num_ps_(num_ps), port_base_(port_base), rpc_layer_(std::move(rpc_layer)) {
+        : num_ps_(num_ps), port_base_(port_base) {
+        rpc_layer_ = std::move(rpc_layer);
         if (!environment) environment = detail::process_environment;
         resolve(environment, std::move(hosts));
     }
@@ -88,16 +90,6 @@ public:
         return false;
     }
 
-    /// @brief The cluster: chief rank 0, ps ranks 1 to num_ps, workers the rest.
-    [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return cluster_spec_; }
-    /// @brief "chief", "ps" or "worker", by rank.
-    [[nodiscard]] const std::string& task_type() const noexcept { return task_type_; }
-    /// @brief This task's index in its job.
-    [[nodiscard]] int task_id() const noexcept { return task_id_; }
-    /// @brief The protocol given to the constructor, "grpc" by default.
-    [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
-    /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
-    [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
 
     /// @brief This process's rank in the MPI world.
     [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -228,15 +220,11 @@ private:
 
     int num_ps_;
     int port_base_;
-    std::string rpc_layer_;
     std::string launcher_;
     int rank_ = 0;
     int size_ = 0;
     std::optional<int> local_rank_;
     std::vector<std::string> hosts_;
-    ClusterSpec cluster_spec_;
-    std::string task_type_;
-    int task_id_ = 0;
 };
 
 PSS_NAMESPACE_END

@@ -7,6 +7,7 @@
 
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/resolved_task.hpp>
 #include <pss/errors.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -25,7 +26,7 @@ PSS_NAMESPACE_BEGIN
 /// resolver.task_type();  // "worker"
 /// @endcode
 /// @see ClusterResolver, TFConfigClusterResolver
-class SimpleClusterResolver {
+class SimpleClusterResolver : public detail::ResolvedTask {
 public:
     /// @brief A resolver answering with these values.
     /// @param cluster_spec every task's address
@@ -39,10 +40,7 @@ public:
     ///   - `pss: SimpleClusterResolver: task_id is 1 but task_type is empty; a task without a type has id 0`
     explicit SimpleClusterResolver(ClusterSpec cluster_spec, std::string task_type = "", int task_id = 0,
                                    std::string rpc_layer = "")
-        : cluster_spec_(std::move(cluster_spec)),
-          task_type_(std::move(task_type)),
-          task_id_(task_id),
-          rpc_layer_(std::move(rpc_layer)) {
+        : ResolvedTask(std::move(cluster_spec), std::move(task_type), task_id, std::move(rpc_layer)) {
         const std::string where = "pss: SimpleClusterResolver: ";
         if (task_id_ < 0) {
             throw InvalidArgumentError(where + "task_id is " + std::to_string(task_id_) + " but must not be negative");
@@ -73,20 +71,8 @@ public:
         }
     }
 
-    /// @brief The cluster given to the constructor.
-    [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return cluster_spec_; }
-    /// @brief This task's job; "" when not given.
-    [[nodiscard]] const std::string& task_type() const noexcept { return task_type_; }
-    /// @brief This task's index in its job.
-    [[nodiscard]] int task_id() const noexcept { return task_id_; }
-    /// @brief The protocol of the addresses; "" when not given.
-    [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
 
 private:
-    ClusterSpec cluster_spec_;
-    std::string task_type_;
-    int task_id_;
-    std::string rpc_layer_;
 };
 
 PSS_NAMESPACE_END

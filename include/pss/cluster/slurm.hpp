@@ -18,6 +18,7 @@
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/cluster/cluster_spec_json.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/resolved_task.hpp>
 #include <pss/detail/environment.hpp>
 #include <pss/errors.hpp>
 
@@ -60,7 +61,7 @@ PSS_NAMESPACE_BEGIN
 /// resolver.cluster_spec();  // chief: n1:8888; ps: n1:8889; worker: n2:8888, n2:8889, n3:8888
 /// @endcode
 /// @see ClusterResolver, MpiClusterResolver, AutoClusterResolver
-class SlurmClusterResolver {
+class SlurmClusterResolver : public detail::ResolvedTask {
 public:
     /// @brief Looks up one environment variable; nullopt when unset.
     using EnvironmentLookup = detail::EnvironmentLookup;
@@ -101,7 +102,8 @@ public:
                                   std::optional<int> gpus_per_task = std::nullopt,
                                   std::optional<int> tasks_per_node = std::nullopt, bool auto_set_gpu = true,
                                   std::string rpc_layer = "grpc")
-        : port_base_(port_base), auto_set_gpu_(auto_set_gpu), rpc_layer_(std::move(rpc_layer)) {
+        : port_base_(port_base), auto_set_gpu_(auto_set_gpu) {
+        rpc_layer_ = std::move(rpc_layer);
         if (!environment) environment = detail::process_environment;
         resolve(environment, std::move(jobs), gpus_per_node, gpus_per_task, tasks_per_node);
     }
@@ -128,16 +130,6 @@ public:
         return expand_tasks_per_node(tasks_per_node, "tasks-per-node list");
     }
 
-    /// @brief The cluster: each job's tasks at their Slurm addresses.
-    [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return cluster_spec_; }
-    /// @brief This task's job, by its rank.
-    [[nodiscard]] const std::string& task_type() const noexcept { return task_type_; }
-    /// @brief This task's index in its job.
-    [[nodiscard]] int task_id() const noexcept { return task_id_; }
-    /// @brief The protocol given to the constructor, "grpc" by default.
-    [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
-    /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
-    [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
 
     /// @brief `SLURM_PROCID`: this task's rank in the step.
     [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -443,7 +435,6 @@ private:
 
     int port_base_;
     bool auto_set_gpu_;
-    std::string rpc_layer_;
     int rank_ = 0;
     Jobs jobs_;
     std::vector<std::string> hosts_;
@@ -451,9 +442,6 @@ private:
     int gpus_per_node_ = 0;
     int gpus_per_task_ = 0;
     std::string cuda_visible_devices_;
-    ClusterSpec cluster_spec_;
-    std::string task_type_;
-    int task_id_ = 0;
 };
 
 PSS_NAMESPACE_END

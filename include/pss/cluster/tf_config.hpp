@@ -16,6 +16,7 @@
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/cluster/cluster_spec_json.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/resolved_task.hpp>
 #include <pss/errors.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -62,7 +63,7 @@ PSS_NAMESPACE_BEGIN
 /// if (resolver.task_type() == "ps") { /* serve */ }
 /// @endcode
 /// @see ClusterResolver, SimpleClusterResolver, LocalClusterResolver
-class TFConfigClusterResolver {
+class TFConfigClusterResolver : public detail::ResolvedTask {
 public:
     /// @brief Reads and checks the `TF_CONFIG` environment variable.
     /// @throws NotFoundError `pss: TF_CONFIG is not set; ...` when it is unset, `pss: TF_CONFIG is empty; ...`
@@ -110,18 +111,8 @@ public:
         return resolver;
     }
 
-    /// @brief The cluster from `cluster`.
-    [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return cluster_spec_; }
-    /// @brief `task.type`; "" when `task` is absent.
-    [[nodiscard]] const std::string& task_type() const noexcept { return task_type_; }
-    /// @brief `task.index`; 0 when `task` is absent.
-    [[nodiscard]] int task_id() const noexcept { return task_id_; }
-    /// @brief `rpc_layer`; "" when absent.
-    [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
     /// @brief `environment` (e.g. "cloud"); "" when absent.
     [[nodiscard]] const std::string& environment() const noexcept { return environment_; }
-    /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
-    [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
 
 private:
     static constexpr std::string_view example =
@@ -272,10 +263,6 @@ private:
         task_id_ = static_cast<int>(value);
     }
 
-    ClusterSpec cluster_spec_;
-    std::string task_type_;
-    int task_id_ = 0;
-    std::string rpc_layer_;
     std::string environment_;
 };
 

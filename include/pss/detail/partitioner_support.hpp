@@ -40,6 +40,13 @@ namespace detail {
                                std::to_string(value) + ", but it must be " + std::string(rule));
 }
 
+/// @brief The check of a size partitioner's `bytes_per_string` (TensorFlow's default is 16).
+constexpr void check_bytes_per_string(std::string_view who, std::int64_t bytes_per_string) {
+    if (bytes_per_string < 1)
+        throw_partitioner_argument(who, "bytes_per_string", bytes_per_string,
+                                   "at least 1 (the size estimate of a string element; default 16)");
+}
+
 }  // namespace detail
 
 PSS_NAMESPACE_END

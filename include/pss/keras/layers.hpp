@@ -188,6 +188,38 @@ struct LayerGradients {
     std::vector<VariableGradient> variables;
 };
 
+namespace detail {
+
+/// Every weight's value, in order (Keras' `get_weights()`).
+inline std::vector<Tensor> read_weights(const std::vector<Variable>& vars) {
+    std::vector<Tensor> out;
+    out.reserve(vars.size());
+    for (const auto& v : vars) out.push_back(v.read_value());
+    return out;
+}
+
+/// Assigns `values` to `vars` in order (Keras' `set_weights()`), each converted to its variable's dtype.
+/// The count and every shape are checked first, so that a mismatch changes no weight. `who` names the
+/// call in errors ("Dense 'dense': set_weights"), `owner` what holds the weights ("layer", "model").
+inline void assign_weights(const std::vector<Variable>& vars, const std::vector<Tensor>& values, const std::string& who,
+                           const char* owner) {
+    if (values.size() != vars.size())
+        throw InvalidArgumentError("pss: " + who + " got " + std::to_string(values.size()) + " arrays, but the " + owner +
+                                   " has " + std::to_string(vars.size()) + " weights (see weights(); build the " +
+                                   owner + " first)");
+    for (std::size_t i = 0; i < vars.size(); ++i)
+        if (values[i].shape() != vars[i].shape())
+            throw InvalidArgumentError("pss: " + who + ": weight " + std::to_string(i) + " ('" + vars[i].name() +
+                                       "') has shape " + format_shape(vars[i].shape()) + ", got " +
+                                       format_shape(values[i].shape()));
+    for (std::size_t i = 0; i < vars.size(); ++i) {
+        Variable v = vars[i];
+        (void)v.assign(convert_tensor(values[i], v.dtype()));
+    }
+}
+
+}  // namespace detail
+
 /// @brief The interface of a layer of a pss::Sequential model (tf.keras.layers.Layer).
 ///
 /// A layer's weights are pss::Variables: `build` creates them through get_strategy(), so built inside
@@ -318,30 +350,13 @@ public:
     [[nodiscard]] virtual std::vector<Variable> weights() const { return {}; }
 
     /// @brief The weights' current values (Keras' `get_weights()`), in the order of weights().
-    [[nodiscard]] std::vector<Tensor> get_weights() const {
-        std::vector<Tensor> out;
-        for (const auto& v : weights()) out.push_back(v.read_value());
-        return out;
-    }
+    [[nodiscard]] std::vector<Tensor> get_weights() const { return detail::read_weights(weights()); }
 
     /// @brief Assigns every weight (Keras' `set_weights()`), converting each array to its variable's dtype.
-    /// @throws InvalidArgumentError when the count or a shape differs:
+    /// @throws InvalidArgumentError when the count or a shape differs, before any weight changes:
     /// `pss: Dense 'dense': set_weights: weight 0 ('dense/kernel:0') has shape (1, 1), got (2, 1)`
     void set_weights(const std::vector<Tensor>& values) {
-        const auto vars = weights();
-        if (values.size() != vars.size())
-            throw InvalidArgumentError("pss: " + describe() + ": set_weights got " + std::to_string(values.size()) +
-                                       " arrays, but the layer has " + std::to_string(vars.size()) +
-                                       " weights (see weights(); build the layer first)");
-        for (std::size_t i = 0; i < vars.size(); ++i)
-            if (values[i].shape() != vars[i].shape())
-                throw InvalidArgumentError("pss: " + describe() + ": set_weights: weight " + std::to_string(i) + " ('" +
-                                           vars[i].name() + "') has shape " + format_shape(vars[i].shape()) + ", got " +
-                                           format_shape(values[i].shape()));
-        for (std::size_t i = 0; i < vars.size(); ++i) {
-            Variable v = vars[i];
-            (void)v.assign(detail::convert_tensor(values[i], v.dtype()));
-        }
+        detail::assign_weights(weights(), values, describe() + ": set_weights", "layer");
     }
 
 protected:

@@ -502,31 +502,11 @@ public:
         return out;
     }
     /// @brief Every weight's value (Keras' `model.get_weights()`).
-    [[nodiscard]] std::vector<Tensor> get_weights() const {
-        std::vector<Tensor> out;
-        for (const auto& v : weights()) out.push_back(v.read_value());
-        return out;
-    }
+    [[nodiscard]] std::vector<Tensor> get_weights() const { return detail::read_weights(weights()); }
     /// @brief Assigns every weight, in the order of weights() (Keras' `model.set_weights()`).
-    /// @throws InvalidArgumentError when the count or a shape differs.
+    /// @throws InvalidArgumentError when the count or a shape differs, before any weight changes.
     void set_weights(const std::vector<Tensor>& values) {
-        const auto vars = weights();
-        if (values.size() != vars.size())
-            throw InvalidArgumentError("pss: Sequential::set_weights got " + std::to_string(values.size()) +
-                                       " arrays, but the model has " + std::to_string(vars.size()) +
-                                       " weights (see weights(); build the model first)");
-        for (std::size_t i = 0; i < vars.size(); ++i)  // every shape first: a mismatch changes nothing
-            if (values[i].shape() != vars[i].shape())
-                throw InvalidArgumentError("pss: Sequential::set_weights: weight " + std::to_string(i) + " ('" +
-                                           vars[i].name() + "') has shape " + format_shape(vars[i].shape()) +
-                                           ", got " + format_shape(values[i].shape()));
-        std::size_t at = 0;
-        for (auto& layer : layers_) {
-            const std::size_t n = layer->weights().size();
-            layer->set_weights(std::vector<Tensor>(values.begin() + static_cast<std::ptrdiff_t>(at),
-                                                   values.begin() + static_cast<std::ptrdiff_t>(at + n)));
-            at += n;
-        }
+        detail::assign_weights(weights(), values, "Sequential::set_weights", "model");
     }
 
     /// @brief Sets the loss and checks the optimizer (Keras' `compile(optimizer, loss)`).

@@ -46,9 +46,7 @@ public:
         if (max_shards < 0)
             detail::throw_partitioner_argument("MaxSizePartitioner", "max_shards", max_shards,
                                                "at least 1, or 0 for no limit on the number of shards");
-        if (bytes_per_string < 1)
-            detail::throw_partitioner_argument("MaxSizePartitioner", "bytes_per_string", bytes_per_string,
-                                               "at least 1 (the size estimate of a string element; default 16)");
+        detail::check_bytes_per_string("MaxSizePartitioner", bytes_per_string);
     }
 
     /// @brief ceil(shape[0] / max(1, floor(max_shard_bytes / bytes of one row))), capped by max_shards.

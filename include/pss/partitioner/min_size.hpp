@@ -44,9 +44,7 @@ public:
         if (max_shards < 1)
             detail::throw_partitioner_argument("MinSizePartitioner", "max_shards", max_shards,
                                                "at least 1 (the upper bound on the number of shards)");
-        if (bytes_per_string < 1)
-            detail::throw_partitioner_argument("MinSizePartitioner", "bytes_per_string", bytes_per_string,
-                                               "at least 1 (the size estimate of a string element; default 16)");
+        detail::check_bytes_per_string("MinSizePartitioner", bytes_per_string);
     }
 
     /// @brief max(1, min(shape[0], max_shards, ceil(total bytes / min_shard_bytes))).
