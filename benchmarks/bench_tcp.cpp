@@ -1,15 +1,17 @@
 // TcpTransport on loopback: push, pull and push-then-pull of 1 KB to 64 MB between one client and one
-// served task, each beside a raw blocking Asio socket moving the same bytes in the same run. The issue's
+// served task in another process (as a ps runs), each beside a raw blocking Asio socket to the same
+// process moving the same bytes in the same run. The issue's
 // limits: at least 0.8x the raw socket's bytes per second from 1 MB up, and a 1 KB round trip at most
 // 1.5x the raw one (a rate at least 0.67x). Below 1 MB no limit is set (limit 0: printed, not judged).
 //
 // A push is assign_add: the payload crosses once, the reply hands the spent buffer back. A pull is a
-// read into a reused buffer. The served handler answers with the buffer it is given, without touching
-// the elements, so the figures are the transport's own (a ParameterServer adds one pass over the value).
-// The raw baseline: the client writes a 16-byte command and, for a push, N bytes, and reads a 1-byte ack;
+// read into a reused buffer.
+// The raw baseline (each call offering the kernel everything at once, as pss's TcpTransport does, not
+// Asio's default 64 KiB a system call): the client writes a 16-byte command and, for a push, N bytes, and reads a 1-byte ack;
 // for a pull the server writes the N bytes back. Both reuse their buffers, as a training loop does.
 #include <array>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -17,6 +19,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 #include <benchmark/benchmark.h>
@@ -34,73 +39,135 @@ constexpr std::int64_t MB = 1 << 20;
 
 std::size_t floats_of(std::int64_t bytes) { return static_cast<std::size_t>(bytes) / sizeof(float); }
 
-/// One transport serving /job:ps/replica:0/task:0 on 127.0.0.1 and sending to it, shared by the benchmarks.
+/// The servers run in a child process (this program with `--serve`), as a ps does in every real
+/// deployment: a client and a server sharing one process and its io thread measure something else.
+/// The child serves /job:ps/replica:0/task:0 over TcpTransport and a raw socket, prints both ports on
+/// one line, and ends when its standard input closes (this process ending, whatever the way).
+struct ServerProcess {
+    pid_t pid = -1;
+    int to_child = -1;
+    std::uint16_t tcp_port = 0, raw_port = 0;
+
+    ServerProcess() {
+        int in[2], out[2];
+        if (::pipe(in) != 0 || ::pipe(out) != 0) throw std::runtime_error("pss: bench_tcp: pipe failed");
+        pid = ::fork();
+        if (pid < 0) throw std::runtime_error("pss: bench_tcp: fork failed");
+        if (pid == 0) {
+            ::dup2(in[0], STDIN_FILENO);
+            ::dup2(out[1], STDOUT_FILENO);
+            ::close(in[1]);
+            ::close(out[0]);
+            char self[] = "/proc/self/exe", flag[] = "--serve";
+            char* args[] = {self, flag, nullptr};
+            ::execv(self, args);
+            ::_exit(127);
+        }
+        ::close(in[0]);
+        ::close(out[1]);
+        to_child = in[1];
+        std::string line;
+        char c = 0;
+        while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
+        ::close(out[0]);
+        if (std::sscanf(line.c_str(), "%hu %hu", &tcp_port, &raw_port) != 2)
+            throw std::runtime_error("pss: bench_tcp: the server process did not start (it printed \"" + line + "\")");
+    }
+    ~ServerProcess() {
+        ::close(to_child);  // the child's stdin closes: it ends
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+    }
+    static ServerProcess& get() {
+        static ServerProcess server;
+        return server;
+    }
+};
+
+/// The child: a TcpTransport task whose handler hands back the buffer it is given (without touching the
+/// elements, so the figures are the transport's own: a ParameterServer adds one pass over the value),
+/// and a raw blocking socket server.
+int serve() {
+    pss::TcpTransport transport{pss::ClusterSpec{{"ps", {"127.0.0.1:0"}}}};
+    const pss::TaskId ps{"ps", 0};
+    transport.serve(ps, pss::answer_at_once([](pss::Request&& r) {
+        pss::Reply reply;
+        if (r.op == pss::Op::read && !r.payload.has_value())  // the first pull of a size: no buffer to reuse yet
+            r.payload = pss::Tensor::zeros(pss::DType::float32, {static_cast<std::size_t>(r.key.variable)});
+        reply.payload = std::move(r.payload);
+        return reply;
+    }));
+    asio::io_context io;
+    asio::ip::tcp::acceptor acceptor{io, {asio::ip::address_v4::loopback(), 0}};
+    std::printf("%u %u\n", static_cast<unsigned>(transport.bound_port(ps)), static_cast<unsigned>(acceptor.local_endpoint().port()));
+    std::fflush(stdout);
+    std::thread raw([&] {
+        asio::ip::tcp::socket s(io);
+        acceptor.accept(s);
+        s.set_option(asio::ip::tcp::no_delay(true));
+        std::vector<char> buffer;
+        for (;;) {
+            std::array<std::uint64_t, 2> command{};
+            std::error_code ec;
+            asio::read(s, asio::buffer(command), pss::detail::TransferAll{}, ec);
+            if (ec || command[0] == 0) return;
+            const auto n = static_cast<std::size_t>(command[1]);
+            if (buffer.size() < n) buffer.resize(n);
+            if (command[0] == 1) {  // push: take n bytes, ack
+                asio::read(s, asio::buffer(buffer.data(), n), pss::detail::TransferAll{});
+                const char ack = 1;
+                asio::write(s, asio::buffer(&ack, 1));
+            } else {  // pull: send n bytes
+                asio::write(s, asio::buffer(buffer.data(), n), pss::detail::TransferAll{});
+            }
+        }
+    });
+    char c = 0;
+    while (::read(STDIN_FILENO, &c, 1) > 0) {
+    }
+    std::error_code ignored;
+    acceptor.close(ignored);  // a raw client that never came: accept returns
+    raw.join();
+    return 0;
+}
+
+/// This process's transport, sending to the server process's task.
 struct TcpFixture {
     const pss::TaskId ps{"ps", 0};
-    pss::TcpTransport transport{pss::ClusterSpec{{"ps", {"127.0.0.1:0"}}}};
-    TcpFixture() {
-        transport.serve(ps, pss::answer_at_once([](pss::Request&& r) {
-            pss::Reply reply;
-            if (r.op == pss::Op::read && !r.payload.has_value())  // the first pull of a size: no buffer to reuse yet
-                r.payload = pss::Tensor::zeros(pss::DType::float32, {static_cast<std::size_t>(r.key.variable)});
-            reply.payload = std::move(r.payload);
-            return reply;
-        }));
-    }
+    pss::TcpTransport transport{
+        pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(ServerProcess::get().tcp_port)}}}};
     static TcpFixture& get() {
         static TcpFixture fixture;
         return fixture;
     }
 };
 
-/// A raw blocking Asio stream: a server thread and a connected client socket.
+/// A raw blocking Asio client of the server process's raw socket.
 struct RawFixture {
     asio::io_context io;
-    asio::ip::tcp::acceptor acceptor{io, {asio::ip::address_v4::loopback(), 0}};
     asio::ip::tcp::socket client{io};
-    std::thread server;
     std::vector<char> client_buffer;
 
     RawFixture() {
-        server = std::thread([this] {
-            asio::ip::tcp::socket s(io);
-            acceptor.accept(s);
-            s.set_option(asio::ip::tcp::no_delay(true));
-            std::vector<char> buffer;
-            for (;;) {
-                std::array<std::uint64_t, 2> command{};
-                std::error_code ec;
-                asio::read(s, asio::buffer(command), ec);
-                if (ec || command[0] == 0) return;
-                const auto n = static_cast<std::size_t>(command[1]);
-                if (buffer.size() < n) buffer.resize(n);
-                if (command[0] == 1) {  // push: take n bytes, ack
-                    asio::read(s, asio::buffer(buffer.data(), n));
-                    const char ack = 1;
-                    asio::write(s, asio::buffer(&ack, 1));
-                } else {  // pull: send n bytes
-                    asio::write(s, asio::buffer(buffer.data(), n));
-                }
-            }
-        });
-        client.connect(acceptor.local_endpoint());
+        client.connect({asio::ip::address_v4::loopback(), ServerProcess::get().raw_port});
         client.set_option(asio::ip::tcp::no_delay(true));
     }
     ~RawFixture() {
         const std::array<std::uint64_t, 2> quit{0, 0};
-        asio::write(client, asio::buffer(quit));
-        server.join();
+        std::error_code ignored;
+        asio::write(client, asio::buffer(quit), ignored);
     }
     void push(std::size_t n) {
         const std::array<std::uint64_t, 2> command{1, n};
-        asio::write(client, std::array<asio::const_buffer, 2>{asio::buffer(command), asio::buffer(client_buffer.data(), n)});
+        asio::write(client, std::array<asio::const_buffer, 2>{asio::buffer(command), asio::buffer(client_buffer.data(), n)},
+                    pss::detail::TransferAll{});
         char ack = 0;
         asio::read(client, asio::buffer(&ack, 1));
     }
     void pull(std::size_t n) {
         const std::array<std::uint64_t, 2> command{2, n};
         asio::write(client, asio::buffer(command));
-        asio::read(client, asio::buffer(client_buffer.data(), n));
+        asio::read(client, asio::buffer(client_buffer.data(), n), pss::detail::TransferAll{});
     }
     static RawFixture& get() {
         static RawFixture fixture;
@@ -203,6 +270,7 @@ BENCHMARK(raw_push_pull)->Apply(sizes);
 BENCHMARK(tcp_push_pull)->Apply(sizes);
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "--serve") return serve();
     std::vector<pss_bench::Ratio> ratios;
     const std::vector<std::pair<std::string, std::int64_t>> sizes{
         {"1 KB", 1 * KB}, {"64 KB", 64 * KB}, {"1 MB", 1 * MB}, {"16 MB", 16 * MB}, {"64 MB", 64 * MB}};

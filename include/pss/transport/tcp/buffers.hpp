@@ -16,6 +16,16 @@ PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
+/// Asio's `transfer_all` without its cap: `transfer_all` lets each system call move at most 64 KiB
+/// (`asio::default_max_transfer_size`), so a 16 MB frame took 256 `sendmsg` or `recvmsg` calls and as
+/// many wake-ups of the peer; this one offers the socket everything left (up to 64 iovecs), and the
+/// kernel takes what its buffer holds.
+struct TransferAll {
+    std::size_t operator()(const std::error_code& ec, std::size_t) const noexcept {
+        return ec ? 0 : std::size_t{1} << 30;
+    }
+};
+
 /// The buffers of the sequence `buffers` past its first `skip` bytes.
 template <class Buffer, class Buffers>
 std::vector<Buffer> buffers_after(const Buffers& buffers, std::size_t skip) {
@@ -37,9 +47,9 @@ std::vector<Buffer> buffers_after(const Buffers& buffers, std::size_t skip) {
 template <class Socket, class Buffers, class Next>
 void read_now_or_later(Socket& socket, const Buffers& buffers, Next next) {
     std::error_code ec;
-    const std::size_t n = asio::read(socket, buffers, ec);
+    const std::size_t n = asio::read(socket, buffers, TransferAll{}, ec);
     if (ec != asio::error::would_block && ec != asio::error::try_again) return next(ec);
-    asio::async_read(socket, buffers_after<asio::mutable_buffer>(buffers, n),
+    asio::async_read(socket, buffers_after<asio::mutable_buffer>(buffers, n), TransferAll{},
                      [next = std::move(next)](std::error_code ec2, std::size_t) { next(ec2); });
 }
 
@@ -49,9 +59,9 @@ void read_now_or_later(Socket& socket, const Buffers& buffers, Next next) {
 template <class Socket, class Buffers, class Next>
 void write_now_or_later(Socket& socket, const Buffers& buffers, Next next) {
     std::error_code ec;
-    const std::size_t n = asio::write(socket, buffers, ec);
+    const std::size_t n = asio::write(socket, buffers, TransferAll{}, ec);
     if (ec != asio::error::would_block && ec != asio::error::try_again) return next(ec);
-    asio::async_write(socket, buffers_after<asio::const_buffer>(buffers, n),
+    asio::async_write(socket, buffers_after<asio::const_buffer>(buffers, n), TransferAll{},
                       [next = std::move(next)](std::error_code ec2, std::size_t) { next(ec2); });
 }
 
@@ -87,7 +97,8 @@ public:
     template <class Socket, class Next>
     void write(Socket& socket, Next next) const {
         if (bytes_ <= inline_max_bytes) return write_now_or_later(socket, buffers_, std::move(next));
-        asio::async_write(socket, buffers_, [next = std::move(next)](std::error_code ec, std::size_t) { next(ec); });
+        asio::async_write(socket, buffers_, TransferAll{},
+                          [next = std::move(next)](std::error_code ec, std::size_t) { next(ec); });
     }
 
 private:
