@@ -2285,11 +2285,6 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
             RemoteValue<double> value;
         };
         std::deque<Closure> window;
-        auto schedule_closure = [&](Closure c) {
-            c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
-                                    detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
-            window.push_back(std::move(c));
-        };
         // A worker process that lost the model: once every closure has ended, send the model again and
         // rerun the closures that failed for it or were cancelled after it (none of them pushed).
         auto recover = [&] {
@@ -2315,6 +2310,25 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
                                         detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
             }
         };
+        // A failed closure's error may also surface from schedule (TensorFlow's coordinator raises it
+        // from the next schedule, join or fetch), so scheduling recovers the same way as counting.
+        auto recover_or_throw = [&](const NotFoundError& e) {
+            if (!remote || !detail::is_remote_model_unknown(e) || rebuilds_left == 0) throw e;
+            --rebuilds_left;
+            recover();
+        };
+        auto schedule_closure = [&](Closure c) {
+            for (;;) {
+                try {
+                    c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                                            detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
+                    break;
+                } catch (const NotFoundError& e) {
+                    recover_or_throw(e);
+                }
+            }
+            window.push_back(std::move(c));
+        };
         double sum = 0;
         std::size_t counted = 0;
         auto count_batch = [&] {  // the oldest batch's loss, once its closures are done
@@ -2330,9 +2344,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
                     progress.update(counted, sum / static_cast<double>(counted));
                     return;
                 } catch (const NotFoundError& e) {
-                    if (!remote || !detail::is_remote_model_unknown(e) || rebuilds_left == 0) throw;
-                    --rebuilds_left;
-                    recover();
+                    recover_or_throw(e);
                 }
             }
         };
