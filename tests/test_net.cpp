@@ -214,9 +214,9 @@ TEST_SUITE("net") {
         }
         SUBCASE("kind, flags, error code, dtype, rank and reserved bytes out of their sets") {
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) ==
-                  "pss: wire: frame kind 99 is unknown; a request is an operation 1 to 14, a reply is 128");
+                  "pss: wire: frame kind 99 is unknown; a request is an operation 1 to 18, a reply is 128");
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) ==
-                  "pss: wire: frame kind 0 is unknown; a request is an operation 1 to 14, a reply is 128");
+                  "pss: wire: frame kind 0 is unknown; a request is an operation 1 to 18, a reply is 128");
             CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{5}; })) ==
                   "pss: wire: frame flags 5 has unknown bits; only 1 (payload) and 2 (elided) are defined");
             CHECK(decode_error(with([](Bytes& b) {
@@ -527,7 +527,7 @@ TEST_SUITE("net") {
             {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
              "does not match the computed"},
             {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
-             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 14, a reply is 128"},
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 18, a reply is 128"},
             {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
              "pss: wire: frame payload length 12 does not match shape (2,) of float32, which needs 8 bytes"},
             {"a reply sent to a server", modified([](Bytes& b) { b[6] = std::byte{128}; }),

@@ -32,6 +32,11 @@ enum class Op : std::uint8_t {
     destroy = 12,        ///< forget the shard
     call = 13,           ///< a worker runs the registered function `name` on the arguments encoded in `payload`
     shutdown = 14,       ///< the coordinator ends the cluster: the task stops serving once it has answered
+    // Checkpoints (checkpoint.hpp): the ps reads and writes its shards' files itself.
+    save_shard = 15,      ///< write the shard and its slots as .npy files at path prefix `name`; the reply's message lists them (JSON)
+    restore_shard = 16,   ///< stage rows [ids[0], ids[1]) of the saved variable in `name` ("directory\nvariable")
+    commit_restore = 17,  ///< replace the shard's value and slots by the staged ones
+    abort_restore = 18,   ///< forget the staged value and slots
 };
 
 /// @brief True when a successful reply to `op` carries a value (not the spent request payload).
@@ -56,6 +61,10 @@ enum class Op : std::uint8_t {
         case Op::destroy: return "destroy";
         case Op::call: return "call";
         case Op::shutdown: return "shutdown";
+        case Op::save_shard: return "save_shard";
+        case Op::restore_shard: return "restore_shard";
+        case Op::commit_restore: return "commit_restore";
+        case Op::abort_restore: return "abort_restore";
     }
     return "unknown operation";
 }

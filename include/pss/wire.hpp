@@ -35,7 +35,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | --- | --- | --- | --- |
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
 /// | 4 | 2 | version | `wire_version` (1) |
-/// | 6 | 1 | kind | an `Op` (1 to 14) for a request, `frame_kind_reply` (128) for a reply |
+/// | 6 | 1 | kind | an `Op` (1 to 18) for a request, `frame_kind_reply` (128) for a reply |
 /// | 7 | 1 | flags | `frame_flag_payload` (a tensor is described), `frame_flag_payload_elided` (its bytes are not sent) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 9); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
@@ -143,7 +143,7 @@ struct FrameBody {
 /// @throws WireError naming the field and its value, e.g.
 ///   - `pss: wire: frame magic is 0x00000000, expected 0x31535350 ("PSS1"); the peer does not speak pss`
 ///   - `pss: wire: frame version 2 is not supported; this build speaks version 1`
-///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 14, a reply is 128`
+///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 18, a reply is 128`
 ///   - `pss: wire: frame dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
 ///   - `pss: wire: frame rank 9 exceeds the limit 8`
 ///   - `pss: wire: frame payload length 2147483648 exceeds the limit 1073741824`
@@ -363,9 +363,9 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
     h.step = get_le<8>(p + 64);
     h.checksum = static_cast<std::uint32_t>(get_le<4>(p + 72));
 
-    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::shutdown)) ||
+    if (!((h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::abort_restore)) ||
           h.kind == frame_kind_reply))
-        fail("kind " + std::to_string(h.kind) + " is unknown; a request is an operation 1 to 14, a reply is 128");
+        fail("kind " + std::to_string(h.kind) + " is unknown; a request is an operation 1 to 18, a reply is 128");
     if ((h.flags & ~(frame_flag_payload | frame_flag_payload_elided)) != 0)
         fail("flags " + std::to_string(h.flags) + " has unknown bits; only 1 (payload) and 2 (elided) are defined");
     if (code > static_cast<std::uint32_t>(ErrorCode::not_ready))
