@@ -13,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
+#include <pss/keras.hpp>
 #include <pss/pss.hpp>
 
 namespace {
@@ -653,5 +655,101 @@ TEST_SUITE("checkpoint.hpp") {
         std::sort(names.begin(), names.end());
         CHECK(names == std::vector<std::string>{"ckpt-1", "latest"});  // the partial ckpt-2 was removed
         MESSAGE(std::string(mounted ? "a full 192 KiB tmpfs" : "RLIMIT_FSIZE (no permission to mount a tmpfs)"));
+    }
+}
+
+namespace {
+
+using KerasStrategy2 = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::Adam,
+                                                    pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
+using KerasStrategy3 = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::Adam,
+                                                    pss::LocalClusterResolver<3, 2>, pss::Synchronous>;
+
+struct Data {
+    xt::xarray<float> x = xt::xarray<float>::from_shape({12, 3});
+    xt::xarray<float> y = xt::xarray<float>::from_shape({12, 1});
+    Data() {
+        for (std::size_t i = 0; i < 12; ++i) {
+            x(i, 0) = static_cast<float>(i % 6);
+            x(i, 1) = static_cast<float>((i * 5) % 6);
+            x(i, 2) = static_cast<float>((i * 7) % 6);
+            y(i, 0) = static_cast<float>(i) * 0.25f - 1.0f;
+        }
+    }
+};
+
+template <class S>
+pss::Sequential<S> make_model(S& strategy) {  // a prvalue: Sequential does not move
+    return pss::Sequential<S>(strategy,
+                              {pss::Embedding(6, 4), pss::GlobalAveragePooling1D(), pss::Dense(3, "tanh"), pss::Dense(1)}, 11);
+}
+
+bool same_weights(const std::vector<pss::Tensor>& a, const std::vector<pss::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (!same_bits(a[i], b[i])) return false;
+    return true;
+}
+
+}  // namespace
+
+TEST_SUITE("keras/model.hpp") {
+    TEST_CASE("Sequential::save_weights on 2 ps, load_weights into 3 ps: the same weights, and the next epoch gives the same bits") {
+        TempDir dir;
+        const Data d;
+        KerasStrategy2 two({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto a = make_model(two);
+        a.compile(pss::Adam(0.05), "mse");
+        (void)a.fit(d.x, d.y, 2, 4, false, false);
+        a.save_weights(dir / "weights");
+        const auto index = pss::detail::read_index(dir / "weights");
+        CHECK(index.variables.size() == 5);
+        CHECK(index.variables[0].name == "embedding/embeddings");
+        CHECK(index.metadata.at("model").at("name") == "sequential");
+
+        KerasStrategy3 three({}, pss::FixedShardsPartitioner(3), pss::Adam(0.05));
+        auto b = make_model(three);
+        b.compile(pss::Adam(0.05), "mse");
+        CHECK_THROWS_WITH_AS(b.load_weights(dir / "weights"), contains("Sequential::load_weights: the model is not built"),
+                             pss::FailedPreconditionError);
+        b.build({3});
+        b.load_weights(dir / "weights");
+        CHECK(b.weights()[0].num_shards() == 3);
+        CHECK(same_weights(a.get_weights(), b.get_weights()));
+        (void)a.fit(d.x, d.y, 1, 4, false, false);
+        (void)b.fit(d.x, d.y, 1, 4, false, false);
+        CHECK(same_weights(a.get_weights(), b.get_weights()));  // Adam's moments and step counts came along
+    }
+
+    TEST_CASE("Sequential::fit with BackupAndRestore: 2 epochs, then a fresh process resumes at epoch 3 of 4 and ends with the "
+              "bits of 4 epochs straight") {
+        TempDir dir;
+        const Data d;
+        KerasStrategy2 s1({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto straight = make_model(s1);
+        straight.compile(pss::Adam(0.05), "mse");
+        const auto full = straight.fit(d.x, d.y, 4, 5, true, false);
+
+        {
+            KerasStrategy2 s2({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+            auto first = make_model(s2);
+        first.compile(pss::Adam(0.05), "mse");
+            const auto h = first.fit(d.x, d.y, 2, 5, pss::BackupAndRestore{dir / "backup", false}, true, false);
+            CHECK(h.epoch == std::vector<int>{0, 1});
+        }  // the process "dies" after epoch 2, its backup kept
+        CHECK(fs::exists(dir / "backup/ckpt-2/index.json"));
+        CHECK_FALSE(fs::exists(dir / "backup/ckpt-1"));  // the manager keeps one
+
+        KerasStrategy2 s3({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto resumed = make_model(s3);
+        resumed.compile(pss::Adam(0.05), "mse");
+        std::ostringstream out;
+        const auto h = resumed.fit(d.x, d.y, 4, 5, pss::BackupAndRestore{dir / "backup"}, true, true, out);
+        CHECK(out.str().rfind("Restored the backup of epoch 2 from " + dir / "backup" + "\nEpoch 3/4\n", 0) == 0);
+        CHECK(h.epoch == std::vector<int>{2, 3});
+        CHECK(h.loss[0] == full.loss[2]);
+        CHECK(h.loss[1] == full.loss[3]);
+        CHECK(same_weights(straight.get_weights(), resumed.get_weights()));
+        CHECK_FALSE(fs::exists(dir / "backup"));  // delete_checkpoint: the fit completed
     }
 }
