@@ -6954,6 +6954,17 @@ inline std::vector<Reply> send_all(const VariableInfo& info, std::vector<std::pa
     return replies;
 }
 
+/// `path` made absolute (from this process's working directory) and without a trailing slash: the ps
+/// tasks, other processes maybe, are sent it.
+inline std::string absolute_path(const std::string& path) {
+    if (path.empty()) throw InvalidArgumentError("pss: checkpoint: the path is empty");
+    std::error_code ec;
+    std::string out = std::filesystem::absolute(path, ec).lexically_normal().string();
+    if (ec) throw FailedPreconditionError("pss: checkpoint: cannot make " + path + " absolute: " + ec.message());
+    while (out.size() > 1 && out.back() == '/') out.pop_back();
+    return out;
+}
+
 /// Removes a directory tree, ignoring errors (cleaning up after a failed save).
 inline void remove_tree_quietly(const std::string& path) noexcept {
     std::error_code ignored;
@@ -7258,7 +7269,8 @@ private:
 // ---------------------------------------------------------------------------------------------------
 
 template <class StrategyType>
-void Checkpoint<StrategyType>::write(const std::string& path) const {
+void Checkpoint<StrategyType>::write(const std::string& where) const {
+    const std::string path = detail::absolute_path(where);
     const auto vars = variables();
     std::set<std::string> names;
     for (const auto& v : vars) {
@@ -7341,7 +7353,8 @@ void Checkpoint<StrategyType>::write(const std::string& path) const {
 }
 
 template <class StrategyType>
-void Checkpoint<StrategyType>::restore(const std::string& path, RestoreOptions options) {
+void Checkpoint<StrategyType>::restore(const std::string& where, RestoreOptions options) {
+    const std::string path = detail::absolute_path(where);
     const std::string index_path = path + "/index.json";
     auto state = std::make_shared<detail::DeferredRestore>();
     state->dir = path;
