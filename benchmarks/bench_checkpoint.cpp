@@ -182,12 +182,12 @@ int main(int argc, char** argv) {
     std::printf("checkpoint of %zu MiB in %d float32 variables over %d ps tasks, files under %s\n", model_bytes() >> 20,
                 num_variables, num_ps, bench_dir().c_str());
     const int status = pss_bench::run(argc, argv,
-                                      {{"save vs write+fsync", "BM_Checkpoint_save/real_time",
-                                        "BM_plain_write_fsync/real_time", 0.8},
-                                       {"restore vs read (fresh buffers)", "BM_Checkpoint_restore/real_time",
-                                        "BM_plain_read_fresh_buffers/real_time", 0.8},
-                                       {"restore vs read (reused buffers)", "BM_Checkpoint_restore/real_time",
-                                        "BM_plain_read_reused_buffers/real_time", 0}});
+                                      {{"save vs write+fsync", "BM_Checkpoint_save/repeats:3/real_time",
+                                        "BM_plain_write_fsync/repeats:3/real_time", 0.8},
+                                       {"restore vs read (fresh buffers)", "BM_Checkpoint_restore/repeats:3/real_time",
+                                        "BM_plain_read_fresh_buffers/repeats:3/real_time", 0.8},
+                                       {"restore vs read (reused buffers)", "BM_Checkpoint_restore/repeats:3/real_time",
+                                        "BM_plain_read_reused_buffers/repeats:3/real_time", 0}});
     fs::remove_all(bench_dir());
     return status;
 }
