@@ -239,7 +239,7 @@ TEST_SUITE("net") {
             }
         }
         SUBCASE("kind, flags, error code, tensor counts and descriptors out of their sets") {
-            const std::string kinds = "a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply is 128";
+            const std::string kinds = "a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, a reply is 128";
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) == "pss: wire: frame kind 99 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) == "pss: wire: frame kind 0 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{9}; })) ==
@@ -583,8 +583,8 @@ TEST_SUITE("net") {
             {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
              "does not match the computed"},
             {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
-             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12, a call 13 or a shutdown 14, a reply "
-             "is 128"},
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, "
+             "a reply is 128"},
             {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
              "pss: wire: frame payload length 12 does not match the tensors' 8 bytes (float32 (2,))"},
             {"a reply sent to a server", modified([](Bytes& b) { b[6] = std::byte{128}; }),

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
 #include <archetypes/consistency.hpp>
@@ -127,6 +128,10 @@ struct OptimizerBase {
     template <class T>
     struct Slots {};
     static std::string_view name() { return "near miss"; }
+    static std::array<std::string_view, 0> slot_names() { return {}; }
+    template <class S, class F>
+    static void for_each_slot(S&, F&&) {}
+    nlohmann::json get_config() const { return {}; }
     template <class T>
     Slots<T> make_slots(const xt::xarray<T>&) const {
         return {};
@@ -158,9 +163,23 @@ struct FloatOnly : GoodOptimizer {  // nothing for double
         requires std::same_as<T, float>
     void apply_dense(xt::xarray<T>&, Slots<T>&, const xt::xarray<T>&) const {}
 };
+struct NoSlotNames : GoodOptimizer {  // a checkpoint could not name the slot files
+    static int slot_names() { return 0; }
+};
+struct SlotsNotVisitable : GoodOptimizer {  // for_each_slot takes no visitor
+    template <class S>
+    static void for_each_slot(S&) {}
+};
+struct ConfigNotJson : GoodOptimizer {  // get_config answers a string
+    std::string get_config() const { return "{}"; }
+};
 struct NoName {
     template <class T>
     struct Slots {};
+    static std::array<std::string_view, 0> slot_names() { return {}; }
+    template <class S, class F>
+    static void for_each_slot(S&, F&&) {}
+    nlohmann::json get_config() const { return {}; }
     template <class T>
     Slots<T> make_slots(const xt::xarray<T>&) const {
         return {};
@@ -429,6 +448,12 @@ static_assert(!pss::detail::optimizer_for_element<FloatOnly, double>);
 static_assert(!pss::Optimizer<NoName>);
 static_assert(!pss::detail::optimizer_has_name<NoName>);
 static_assert(!pss::Optimizer<int>);
+static_assert(!pss::Optimizer<NoSlotNames>);
+static_assert(!pss::detail::optimizer_has_slot_names<NoSlotNames>);
+static_assert(!pss::Optimizer<SlotsNotVisitable>);
+static_assert(!pss::detail::optimizer_has_for_each_slot<SlotsNotVisitable, float>);
+static_assert(!pss::Optimizer<ConfigNotJson>);
+static_assert(!pss::detail::optimizer_has_get_config<ConfigNotJson>);
 static_assert(pss::SGD::name() == "SGD" && pss::Momentum::name() == "Momentum" && pss::Adagrad::name() == "Adagrad" &&
               pss::Adam::name() == "Adam");
 
@@ -742,6 +767,36 @@ void check_optimizer_rules(const O& opt) {
         t2.join();
         CHECK(same_bits(a, ra));
         CHECK(same_bits(b, rb));
+    }
+    SUBCASE("for_each_slot shows every slot tensor in slot_names() order, shaped like the shard, and all the state") {
+        xt::xarray<T> a = pattern<T>(shape, 70);
+        auto sa = opt.make_slots(std::as_const(a));
+        opt.apply_dense(a, sa, pattern<T>(shape, 71));
+        std::vector<std::string> tensors;
+        O::for_each_slot(std::as_const(sa), [&](std::string_view name, const auto& item) {
+            if constexpr (!std::integral<std::decay_t<decltype(item)>>) {
+                tensors.emplace_back(name);
+                CHECK(std::ranges::equal(item.shape(), shape));
+            }
+        });
+        std::vector<std::string> names;
+        for (std::string_view n : O::slot_names()) names.emplace_back(n);
+        CHECK(tensors == names);
+        // Fresh slots given a's slot state by name (as a restore does) continue to the same bits.
+        xt::xarray<T> b = a;
+        auto sb = opt.make_slots(std::as_const(b));
+        O::for_each_slot(sb, [&](std::string_view name, auto& item) {
+            O::for_each_slot(std::as_const(sa), [&](std::string_view other, const auto& saved) {
+                if constexpr (std::same_as<std::decay_t<decltype(item)>, std::decay_t<decltype(saved)>>)
+                    if (name == other) item = saved;
+            });
+        });
+        const xt::xarray<T> g = pattern<T>(shape, 72);
+        opt.apply_dense(a, sa, g);
+        opt.apply_dense(b, sb, g);
+        CHECK(same_bits(a, b));
+        const nlohmann::json config = opt.get_config();
+        CHECK(config.is_object());
     }
     SUBCASE("a row wider than a block (3 x 5000) updates the same sparse as dense") {
         xt::xarray<T> dense = pattern<T>({3, 5000}, 60), sparse = dense;

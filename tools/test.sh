@@ -21,8 +21,8 @@ if [[ $mode == all ]]; then
 fi
 compiler=() extra=() packages=()
 case "$mode" in
-    plain) build=build; sanitize="" ;;
-    clang) build=build-clang; sanitize=""; packages=(clang)
+    plain) build=build; sanitize=""; packages=(python3-numpy) ;;
+    clang) build=build-clang; sanitize=""; packages=(clang python3-numpy)
            compiler=(-DCMAKE_CXX_COMPILER=clang++)
            # The g++ build covers the header checks, benchmarks and consumers; clang proves the code.
            extra=(-DPSS_BUILD_BENCHMARKS=OFF -DPSS_HEADER_CHECKS=OFF -DPSS_INSTALL=OFF -DPSS_TEST_CONSUMERS=OFF) ;;

@@ -30,6 +30,12 @@ enum class Op : std::uint8_t {
     apply_dense = 10,    ///< the optimizer applies the gradient `payload` to the whole shard
     apply_sparse = 11,   ///< the optimizer applies gradient rows `payload` to rows `ids` (repeated ids summed)
     destroy = 12,        ///< forget the shard
+    // 13 and 14 are the frame kinds of a call and a shutdown (RequestKind), not shard operations.
+    // Checkpoints (checkpoint.hpp): the ps reads and writes its shards' files itself.
+    save_shard = 15,      ///< write the shard and its slots as .npy files at path prefix `name`; the reply's message lists them (JSON)
+    restore_shard = 16,   ///< stage rows [ids[0], ids[1]) of the saved variable in `name` ("directory\nvariable")
+    commit_restore = 17,  ///< replace the shard's value and slots by the staged ones
+    abort_restore = 18,   ///< forget the staged value and slots
 };
 
 /// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
@@ -58,6 +64,10 @@ enum class RequestKind : std::uint8_t {
         case Op::apply_dense: return "apply_gradient";
         case Op::apply_sparse: return "apply_sparse_gradient";
         case Op::destroy: return "destroy";
+        case Op::save_shard: return "save_shard";
+        case Op::restore_shard: return "restore_shard";
+        case Op::commit_restore: return "commit_restore";
+        case Op::abort_restore: return "abort_restore";
     }
     return "unknown operation";
 }

@@ -40,6 +40,7 @@
 #include <pss/transport/in_process.hpp>
 #include <pss/transport/tcp.hpp>
 
+#include <pss/checkpoint.hpp>
 #include <pss/cluster_strategy.hpp>
 #include <pss/consistency.hpp>
 #include <pss/coordinator.hpp>

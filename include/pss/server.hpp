@@ -19,7 +19,10 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xnoalias.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <pss/concepts/optimizer.hpp>
+#include <pss/detail/checkpoint_format.hpp>
 #include <pss/detail/request_rules.hpp>
 #include <pss/config.hpp>
 #include <pss/dtype.hpp>
@@ -191,7 +194,15 @@ private:
                                 std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
                                 " on this task (the variable was destroyed or never created here)");
         Shard& shard = it->second;
+        if (request.op == Op::save_shard) return save_shard(shard, request.name);
+        if (request.op == Op::restore_shard) return restore_shard(request.key, shard, request);
+        if (request.op == Op::commit_restore) return commit_restore(request.key, shard);
+        if (request.op == Op::abort_restore) {
+            staged_.erase(request.key);
+            return {};
+        }
         if (request.op == Op::destroy) {
+            staged_.erase(request.key);
             std::visit([&](auto& state) { release_held(shard, state, ErrorCode::not_found, "the variable was destroyed"); },
                        shard.state);
             shards_.erase(it);
@@ -285,7 +296,11 @@ private:
                 }
                 break;
             case Op::create:
-            case Op::destroy: break;
+            case Op::destroy:
+            case Op::save_shard:
+            case Op::restore_shard:
+            case Op::commit_restore:
+            case Op::abort_restore: break;
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;
@@ -405,9 +420,136 @@ private:
         }
     }
 
+    // ---- checkpoints ------------------------------------------------------------------------------------
+
+    /// A shard's value and slots read from a checkpoint, waiting for commit_restore.
+    template <class T>
+    struct Staged {
+        xt::xarray<T> value;
+        typename detail::OptionalSlots<OptimizerPolicy, T>::type slots{};
+    };
+    using AnyStaged = std::variant<Staged<float>, Staged<double>, Staged<std::int32_t>, Staged<std::int64_t>>;
+
+    /// Writes `<prefix>.npy` (the value) and `<prefix>.<slot>.npy` for each slot tensor of a float shard
+    /// (fresh slots when no gradient came yet), each fsync'd; replies with their records and the slots'
+    /// counters as JSON in the message. Writes from the shard's own memory: no copy.
+    Reply save_shard(const Shard& shard, const std::string& prefix) {
+        if (prefix.empty())
+            throw InvalidArgumentError("pss: save_shard on variable '" + shard.name + "': no file prefix was sent");
+        return std::visit([&](auto& state) { return save_state(shard, state, prefix); }, shard.state);
+    }
+
+    template <class T>
+    Reply save_state(const Shard& shard, const State<T>& state, const std::string& prefix) const {
+        nlohmann::json out;
+        out["value"] = detail::write_npy(prefix + ".npy", shard.dtype, shard.shape, state.value.data(),
+                                         state.value.size() * sizeof(T));
+        nlohmann::json slots = nlohmann::json::object(), counters = nlohmann::json::object();
+        if constexpr (FloatingElement<T>) {
+            using SlotsType = typename OptimizerPolicy::template Slots<T>;
+            std::optional<SlotsType> fresh;
+            const SlotsType& current = state.slots ? *state.slots : fresh.emplace(optimizer_.make_slots(state.value));
+            OptimizerPolicy::for_each_slot(current, [&](std::string_view name, const auto& item) {
+                if constexpr (std::integral<std::decay_t<decltype(item)>>) {
+                    counters[std::string(name)] = static_cast<std::int64_t>(item);
+                } else {
+                    if (!std::equal(item.shape().begin(), item.shape().end(), shard.shape.begin(), shard.shape.end()))
+                        throw InternalError("pss: save_shard on variable '" + shard.name + "': slot '" +
+                                            std::string(name) + "' has shape " + format_shape(item.shape()) +
+                                            " but the shard has " + format_shape(shard.shape) +
+                                            "; the optimizer breaks the Optimizer concept's rule");
+                    slots[std::string(name)] = detail::write_npy(prefix + "." + detail::file_stem(name) + ".npy",
+                                                                 shard.dtype, shard.shape, item.data(),
+                                                                 item.size() * sizeof(T));
+                }
+            });
+        }
+        out["slots"] = std::move(slots);
+        out["counters"] = std::move(counters);
+        Reply reply;
+        reply.message = out.dump();
+        return reply;
+    }
+
+    /// Reads this shard's rows of a saved variable (value and slots) from whichever saved shards hold
+    /// them, checks them, and keeps them staged: the shard itself is not changed until commit_restore.
+    Reply restore_shard(const ShardKey& key, const Shard& shard, const Request& request) {
+        const std::string what = "restore_shard on variable '" + shard.name + "'";
+        const auto newline = request.name.find('\n');
+        if (newline == std::string::npos || request.ids.size() != 2 || request.ids[0] < 0 || request.ids[1] < request.ids[0])
+            throw InvalidArgumentError("pss: " + what +
+                                       ": the request must name \"directory\\nvariable\" and a row range [begin, end)");
+        const std::string dir = request.name.substr(0, newline), name = request.name.substr(newline + 1);
+        const auto begin = static_cast<std::size_t>(request.ids[0]), end = static_cast<std::size_t>(request.ids[1]);
+        const detail::CheckpointIndex index = detail::read_index(dir);
+        const detail::SavedVariable* saved = index.find(name);
+        if (saved == nullptr) throw NotFoundError("pss: " + what + ": " + dir + " has no variable '" + name + "'");
+        const bool rows_fit =
+            shard.shape.empty()
+                ? saved->shape.empty()
+                : saved->shape.size() == shard.shape.size() && end - begin == shard.shape[0] && end <= saved->shape[0] &&
+                      std::equal(shard.shape.begin() + 1, shard.shape.end(), saved->shape.begin() + 1);
+        if (saved->dtype != shard.dtype || !rows_fit)
+            throw InvalidArgumentError("pss: " + what + ": rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                       ") of the saved shape " + format_shape(saved->shape) + " dtype " +
+                                       std::string(dtype_name(saved->dtype)) + " do not fit this shard of shape " +
+                                       format_shape(shard.shape) + " dtype " + std::string(dtype_name(shard.dtype)));
+        std::visit([&](const auto& state) {
+            using T = typename std::decay_t<decltype(state.value)>::value_type;
+            Staged<T> staged;
+            staged.value = xt::xarray<T>::from_shape(shard.shape);
+            detail::read_saved_rows(dir, *saved, "", begin, end, staged.value.data());
+            if constexpr (FloatingElement<T>) {
+                auto slots = optimizer_.make_slots(std::as_const(staged.value));
+                const auto pieces = detail::pieces_of_rows(*saved, begin, end);
+                OptimizerPolicy::for_each_slot(slots, [&](std::string_view slot, auto& item) {
+                    if constexpr (std::integral<std::decay_t<decltype(item)>>) {
+                        // A counter of the saved shards that hold these rows; when they differ (shards
+                        // trained asynchronously and resharded), the largest.
+                        bool found = false;
+                        for (const auto& piece : pieces) {
+                            const auto& counters = saved->shards[piece.shard].counters;
+                            auto it = counters.find(std::string(slot));
+                            if (it == counters.end())
+                                throw InvalidArgumentError("pss: " + what + ": " + dir + " has no counter '" +
+                                                           std::string(slot) + "' for shard " +
+                                                           std::to_string(piece.shard) + " of '" + name + "'");
+                            item = found ? std::max<std::int64_t>(item, it->second) : it->second;
+                            found = true;
+                        }
+                    } else {
+                        detail::read_saved_rows(dir, *saved, std::string(slot), begin, end, item.data());
+                    }
+                });
+                staged.slots.emplace(std::move(slots));
+            }
+            staged_.insert_or_assign(key, AnyStaged(std::move(staged)));
+        }, shard.state);
+        return {};
+    }
+
+    /// Replaces the shard's value and slots by its staged ones.
+    Reply commit_restore(const ShardKey& key, Shard& shard) {
+        auto it = staged_.find(key);
+        if (it == staged_.end())
+            throw FailedPreconditionError("pss: commit_restore on variable '" + shard.name +
+                                          "': nothing is staged for it (restore_shard first)");
+        std::visit([&](auto& state) {
+            using T = typename std::decay_t<decltype(state.value)>::value_type;
+            auto* staged = std::get_if<Staged<T>>(&it->second);
+            if (staged == nullptr)
+                throw InternalError("pss: commit_restore on variable '" + shard.name + "': the staged dtype differs");
+            state.value = std::move(staged->value);
+            state.slots = std::move(staged->slots);
+        }, shard.state);
+        staged_.erase(it);
+        return {};
+    }
+
     OptimizerPolicy optimizer_;
     SyncOptions sync_;
     std::unordered_map<ShardKey, Shard, KeyHash> shards_;
+    std::unordered_map<ShardKey, AnyStaged, KeyHash> staged_;
 };
 
 PSS_NAMESPACE_END

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -342,8 +343,36 @@ public:
             rows.push_back(shape.empty() ? 0 : shard_rows(shape[0], k, i));
             tasks.push_back(round_robin_task(next_shard_.fetch_add(1), num_ps()));
         }
-        return detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name), std::move(initial_value), rows,
-                                      tasks);
+        Variable variable = detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name),
+                                                   std::move(initial_value), rows, tasks);
+        std::function<void(const Variable&)> hook;
+        {
+            std::lock_guard lock(variables_mutex_);
+            std::erase_if(variables_, [](const auto& weak) { return weak.expired(); });
+            variables_.push_back(variable.info_ptr());
+            hook = created_hook_;
+        }
+        if (hook) hook(variable);  // a deferred restore: if it throws, the new variable goes with `variable`
+        return variable;
+    }
+
+    /// @brief The variables this strategy created that still have a handle, in creation order (what
+    /// `Checkpoint(strategy)` saves).
+    [[nodiscard]] std::vector<Variable> variables() const {
+        std::lock_guard lock(variables_mutex_);
+        std::vector<Variable> out;
+        for (const auto& weak : variables_)
+            if (auto info = weak.lock()) out.emplace_back(std::move(info));
+        return out;
+    }
+
+    /// @brief Calls `hook` with each variable created from now on, once its shards hold their initial
+    /// value and before create_variable returns; an exception from it fails the creation. An empty
+    /// function removes the hook. Checkpoint::restore sets it for a deferred restoration (variables
+    /// created after the restore take the checkpoint's values).
+    void set_variable_created_hook(std::function<void(const Variable&)> hook) {
+        std::lock_guard lock(variables_mutex_);
+        created_hook_ = std::move(hook);
     }
 
     [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return spec_; }
@@ -377,6 +406,9 @@ private:
     std::once_flag joined_;
     std::atomic<std::uint64_t> next_shard_{0};
     std::atomic<std::uint64_t> next_id_{1};
+    mutable std::mutex variables_mutex_;
+    std::vector<std::weak_ptr<const detail::VariableInfo>> variables_;
+    std::function<void(const Variable&)> created_hook_;
 };
 
 PSS_NAMESPACE_END

@@ -113,6 +113,9 @@ public:
 
     /// @brief Used by strategies: a handle over already created shards.
     explicit Variable(std::shared_ptr<const detail::VariableInfo> info) : info_(std::move(info)) {}
+    /// @brief Used by strategies and checkpoints: what every handle of this variable shares (its shards,
+    /// their tasks and row offsets, the channel to them); null for an empty handle.
+    [[nodiscard]] const std::shared_ptr<const detail::VariableInfo>& info_ptr() const noexcept { return info_; }
 
     /// @brief TensorFlow's name of the variable's value: `weights:0`.
     [[nodiscard]] std::string name() const { return info().name + ":0"; }

@@ -3,10 +3,12 @@
 
 #include <concepts>
 #include <cstdint>
+#include <ranges>
 #include <span>
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
@@ -50,10 +52,48 @@ concept optimizer_has_apply_sparse =
         o.apply_sparse(value, slots, rows, grad_rows);
     };
 
+/// @brief What `O::for_each_slot` calls on a mutable Slots<T>: each slot tensor, then each counter,
+/// by name. Declared only: the concept checks calls, nothing runs it.
+template <class T>
+struct SlotVisitorArchetype {
+    void operator()(std::string_view name, xt::xarray<T>& tensor) const;
+    void operator()(std::string_view name, std::int64_t& counter) const;
+};
+
+/// @brief What `O::for_each_slot` calls on a const Slots<T>.
+template <class T>
+struct ConstSlotVisitorArchetype {
+    void operator()(std::string_view name, const xt::xarray<T>& tensor) const;
+    void operator()(std::string_view name, const std::int64_t& counter) const;
+};
+
+/// @brief Requirement 7 of Optimizer: `O::for_each_slot(slots, f)` shows a checkpoint every slot tensor
+/// and counter of a shard, by name, mutable and const.
+template <class O, class T>
+concept optimizer_has_for_each_slot =
+    requires(typename O::template Slots<T>& slots, const typename O::template Slots<T>& const_slots) {
+        O::for_each_slot(slots, SlotVisitorArchetype<T>{});
+        O::for_each_slot(const_slots, ConstSlotVisitorArchetype<T>{});
+    };
+
 /// @brief Requirements 3 to 6 for one element type.
 template <class O, class T>
 concept optimizer_for_element = optimizer_has_slots<O, T> && optimizer_has_make_slots<O, T> &&
                                 optimizer_has_apply_dense<O, T> && optimizer_has_apply_sparse<O, T>;
+
+/// @brief Requirement 8 of Optimizer: `O::slot_names()` names the slot tensors a checkpoint saves.
+template <class O>
+concept optimizer_has_slot_names = requires {
+    { O::slot_names() } -> std::ranges::input_range;
+    requires std::convertible_to<std::ranges::range_value_t<decltype(O::slot_names())>, std::string_view>;
+};
+
+/// @brief Requirement 9 of Optimizer: `o.get_config()` is the hyperparameters as a JSON object
+/// (Keras' `get_config()`), for a checkpoint's index. Only its declaration is needed here.
+template <class O>
+concept optimizer_has_get_config = requires(const O& o) {
+    requires std::same_as<decltype(o.get_config()), nlohmann::json>;
+};
 
 }  // namespace detail
 
@@ -77,6 +117,9 @@ concept optimizer_for_element = optimizer_has_slots<O, T> && optimizer_has_make_
 /// | `o.make_slots(value)` | `O::Slots<T>` | fresh slots for a shard whose value is `value`: each slot tensor has value's shape |
 /// | `o.apply_dense(value, slots, grad)` | any | applies `grad` (value's shape) to the whole shard |
 /// | `o.apply_sparse(value, slots, rows, grad_rows)` | any | applies row i of `grad_rows` to row `rows[i]` of the shard |
+/// | `O::for_each_slot(slots, f)` | any | calls `f(name, tensor)` for each slot tensor (`xt::xarray<T>&`, const for const slots) in `slot_names()` order, then `f(name, counter)` for each `std::int64_t` counter (Adam's "iterations") |
+/// | `O::slot_names()` | an input range of string_view | the slot tensors' names, Keras 3's: {} for SGD, {"momentum"}, {"accumulator"}, {"momentum", "velocity"} for Adam |
+/// | `o.get_config()` | `nlohmann::json` | the hyperparameters by Keras' names, `{"learning_rate": 0.01}` |
 ///
 /// @par Rules the compiler cannot check
 /// - The caller (the ps) checks shapes before it calls: `grad` has value's shape; `value` has rank >= 1
@@ -92,12 +135,17 @@ concept optimizer_for_element = optimizer_has_slots<O, T> && optimizer_has_make_
 /// - Step counters (Adam's t) are per shard, in the slots, and count dense and sparse applies alike
 ///   (an apply_sparse with no rows counts too).
 /// - The update is deterministic: the same value, slots and gradient give the same bits.
+/// - for_each_slot shows all the state of a Slots<T>: slots whose tensors and counters are assigned
+///   those of another Slots<T> (by name, through for_each_slot) update to the same bits as that one.
+///   Every slot tensor has the shard's shape, so a checkpoint can split and join slots by rows.
 ///
 /// @par Models
 /// SGD, Momentum (Nesterov too), Adagrad, Adam; the least model is `pss::archetypes::OptimizerArchetype`
 /// (tests/archetypes/optimizer.hpp). `tests/test_policies.cpp` has the conformance suite every model runs.
 template <class O>
 concept Optimizer = detail::optimizer_copy_constructible<O> && detail::optimizer_has_name<O> &&
-                    detail::optimizer_for_element<O, float> && detail::optimizer_for_element<O, double>;
+                    detail::optimizer_for_element<O, float> && detail::optimizer_for_element<O, double> &&
+                    detail::optimizer_has_for_each_slot<O, float> && detail::optimizer_has_for_each_slot<O, double> &&
+                    detail::optimizer_has_slot_names<O> && detail::optimizer_has_get_config<O>;
 
 PSS_NAMESPACE_END

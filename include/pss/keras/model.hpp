@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <future>
 #include <initializer_list>
 #include <iomanip>
@@ -36,6 +37,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
+#include <pss/checkpoint.hpp>
 #include <pss/config.hpp>
 #include <pss/coordinator.hpp>
 #include <pss/errors.hpp>
@@ -53,6 +55,15 @@ PSS_NAMESPACE_BEGIN
 struct History {
     std::vector<int> epoch;    ///< 0, 1, ... (Keras' `history.epoch`)
     std::vector<double> loss;  ///< the mean of the epoch's batch losses (Keras' `history.history["loss"]`)
+};
+
+/// @brief Keras' `BackupAndRestore` callback for Sequential::fit: the model's weights, their optimizer
+/// slots and the epoch are saved in `backup_dir` at the end of every epoch, and a fit that starts where
+/// a backup exists (the process was killed, the machine lost) resumes after its last saved epoch, with
+/// the same shuffling from there on.
+struct BackupAndRestore {
+    std::string backup_dir;         ///< a CheckpointManager's directory (created when missing)
+    bool delete_checkpoint = true;  ///< remove the backup when the fit completes (Keras' default)
 };
 
 /// @brief Any layer, held by value: the element of Sequential's list of layers, so that
@@ -509,6 +520,28 @@ public:
         detail::assign_weights(weights(), values, "Sequential::set_weights", "model");
     }
 
+    /// @brief Saves every weight, with its optimizer slots, as a checkpoint in the directory `path`
+    /// (Keras' `save_weights`; the format of pss::Checkpoint, which numpy reads), atomically. The
+    /// model's config is in the index's metadata.
+    /// @throws FailedPreconditionError before the model is built; what Checkpoint::write throws.
+    void save_weights(const std::string& path) const {
+        require_built("save_weights");
+        Checkpoint<StrategyType> checkpoint(*strategy_, weights());
+        checkpoint.set_metadata({{"model", get_config()}});
+        checkpoint.write(path);
+    }
+
+    /// @brief Restores every weight, and its optimizer slots, from a checkpoint directory written by
+    /// save_weights or pss::Checkpoint, into any shard layout (Keras' `load_weights`). Nothing changes
+    /// when it throws.
+    /// @throws FailedPreconditionError before the model is built; what Checkpoint::restore throws (a
+    /// weight missing from the checkpoint, a shape that differs, a corrupt file, ...).
+    void load_weights(const std::string& path, RestoreOptions options = {}) {
+        require_built("load_weights");
+        Checkpoint<StrategyType> checkpoint(*strategy_, weights());
+        checkpoint.restore(path, options);
+    }
+
     /// @brief Sets the loss and checks the optimizer (Keras' `compile(optimizer, loss)`).
     ///
     /// In pss the parameter servers apply the updates, with the strategy's Optimizer policy: the
@@ -555,7 +588,17 @@ public:
     /// @throws FailedPreconditionError before compile; InvalidArgumentError for data that does not fit
     /// the model (checked before any step runs); the first error a step raised.
     History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs = 1, std::size_t batch_size = 32,
-                bool shuffle = true, bool verbose = true, std::ostream& out = std::cout);
+                bool shuffle = true, bool verbose = true, std::ostream& out = std::cout) {
+        return fit_epochs(x, y, 0, epochs, batch_size, shuffle, verbose, out, {});
+    }
+
+    /// @brief fit with Keras' BackupAndRestore: when `backup.backup_dir` holds a backup, the weights,
+    /// their slots and the shuffling are restored from it and training resumes after its epoch; each
+    /// epoch ends with a backup (the manager keeps one). History lists the epochs this call ran.
+    /// In synchronous training, a resumed fit gives the bits of a fit that never stopped.
+    /// @throws what fit and Checkpoint::restore throw.
+    History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs, std::size_t batch_size,
+                const BackupAndRestore& backup, bool shuffle = true, bool verbose = true, std::ostream& out = std::cout);
 
     /// @brief The loss over all of (x, y): the mean over the examples, computed in batches of
     /// `batch_size` on the calling thread (Keras' `evaluate`).
@@ -565,6 +608,17 @@ public:
     [[nodiscard]] xt::xarray<float> predict(const xt::xarray<float>& x, std::size_t batch_size = 32);
 
 private:
+    History fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, int first_epoch, int epochs,
+                       std::size_t batch_size, bool shuffle, bool verbose, std::ostream& out,
+                       const std::function<void(int)>& epoch_done);
+
+    void require_built(const char* what) const {
+        if (!built())
+            throw FailedPreconditionError(std::string("pss: Sequential::") + what +
+                                          ": the model is not built, so it has no weights yet; call build(input_shape) "
+                                          "(or fit) first");
+    }
+
     /// Each worker's own layers: clones of the model's, sharing the variables.
     struct Replica {
         std::vector<std::unique_ptr<Layer>> layers;
@@ -735,7 +789,35 @@ private:
 
 template <class StrategyType>
 History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs,
-                                      std::size_t batch_size, bool shuffle, bool verbose, std::ostream& out) {
+                                      std::size_t batch_size, const BackupAndRestore& backup, bool shuffle,
+                                      bool verbose, std::ostream& out) {
+    require_compiled("fit");
+    prepare_inputs(x, "fit");  // builds the model: its weights must exist to be restored
+    Checkpoint<StrategyType> checkpoint(*strategy_, weights());
+    CheckpointManager<StrategyType> manager(checkpoint, backup.backup_dir, 1);
+    int first_epoch = 0;
+    if (manager.restore_or_initialize()) {
+        const auto& meta = checkpoint.metadata();
+        first_epoch = meta.at("epoch").template get<int>();
+        std::istringstream state(meta.at("shuffle_rng").template get<std::string>());
+        state >> shuffle_rng_;
+        if (verbose) out << "Restored the backup of epoch " << first_epoch << " from " << backup.backup_dir << "\n";
+    }
+    History history = fit_epochs(x, y, first_epoch, epochs, batch_size, shuffle, verbose, out, [&](int epoch) {
+        std::ostringstream state;
+        state << shuffle_rng_;
+        checkpoint.set_step(step_);
+        checkpoint.set_metadata({{"epoch", epoch + 1}, {"shuffle_rng", state.str()}, {"model", get_config()}});
+        manager.save();
+    });
+    if (backup.delete_checkpoint) detail::remove_tree_quietly(backup.backup_dir);
+    return history;
+}
+
+template <class StrategyType>
+History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, int first_epoch,
+                                             int epochs, std::size_t batch_size, bool shuffle, bool verbose,
+                                             std::ostream& out, const std::function<void(int)>& epoch_done) {
     require_compiled("fit");
     check_batch_size(batch_size, "fit");
     if (epochs < 0)
@@ -758,7 +840,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
     std::size_t rebuilds_left = 2 * workers + 2;
     std::vector<std::size_t> order(examples);
     History history;
-    for (int epoch = 0; epoch < epochs; ++epoch) {
+    for (int epoch = first_epoch; epoch < epochs; ++epoch) {
         std::iota(order.begin(), order.end(), std::size_t{0});
         if (shuffle)  // Fisher-Yates with an unbiased, portable draw (rejection of the uneven tail)
             for (std::size_t i = examples - 1; i > 0; --i) {
@@ -873,6 +955,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
         if (verbose) progress.finish(epoch_loss);
         history.epoch.push_back(epoch);
         history.loss.push_back(epoch_loss);
+        if (epoch_done) epoch_done(epoch);
     }
     return history;
 }

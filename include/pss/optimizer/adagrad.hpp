@@ -1,11 +1,14 @@
 // pss/optimizer/adagrad.hpp: Adagrad, per-element learning rates from the sum of squared gradients.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>
@@ -55,6 +58,22 @@ public:
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "Adagrad"; }
     [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
     [[nodiscard]] double initial_accumulator_value() const noexcept { return initial_accumulator_value_; }
+
+    /// @brief One slot tensor, Keras' "accumulator".
+    [[nodiscard]] static constexpr std::array<std::string_view, 1> slot_names() noexcept { return {"accumulator"}; }
+    /// @brief Calls `f("accumulator", slots.accumulator)`.
+    template <class SlotsType, class F>
+    static void for_each_slot(SlotsType& slots, F&& f) {
+        f(std::string_view("accumulator"), slots.accumulator);
+    }
+    /// @brief `{"name": "Adagrad", "learning_rate": 0.001, "initial_accumulator_value": 0.1, "epsilon": 1e-07}`.
+    template <class Json = nlohmann::json>
+    [[nodiscard]] Json get_config() const {
+        return Json{{"name", std::string(name())},
+                    {"learning_rate", learning_rate_},
+                    {"initial_accumulator_value", initial_accumulator_value_},
+                    {"epsilon", epsilon_}};
+    }
     [[nodiscard]] double epsilon() const noexcept { return epsilon_; }
 
     /// @brief An accumulator shaped like `value`, filled with initial_accumulator_value.

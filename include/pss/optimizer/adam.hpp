@@ -1,12 +1,15 @@
 // pss/optimizer/adam.hpp: Adam, adaptive moment estimation, Keras 3's formula with a per-shard step count.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>
@@ -68,6 +71,24 @@ public:
     [[nodiscard]] double beta_1() const noexcept { return beta_1_; }
     [[nodiscard]] double beta_2() const noexcept { return beta_2_; }
     [[nodiscard]] double epsilon() const noexcept { return epsilon_; }
+
+    /// @brief Keras 3's names of m and v: "momentum" and "velocity".
+    [[nodiscard]] static constexpr std::array<std::string_view, 2> slot_names() noexcept {
+        return {"momentum", "velocity"};
+    }
+    /// @brief Calls `f("momentum", slots.m)`, `f("velocity", slots.v)`, then `f("iterations", slots.iterations)`.
+    template <class SlotsType, class F>
+    static void for_each_slot(SlotsType& slots, F&& f) {
+        f(std::string_view("momentum"), slots.m);
+        f(std::string_view("velocity"), slots.v);
+        f(std::string_view("iterations"), slots.iterations);
+    }
+    /// @brief `{"name": "Adam", "learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-07}`.
+    template <class Json = nlohmann::json>
+    [[nodiscard]] Json get_config() const {
+        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate_}, {"beta_1", beta_1_}, {"beta_2", beta_2_},
+                    {"epsilon", epsilon_}};
+    }
 
     /// @brief Zero moments shaped like `value`, and a step count of 0.
     template <FloatingElement T>

@@ -1,11 +1,14 @@
 // pss/optimizer/momentum.hpp: Momentum, SGD with (optionally Nesterov) momentum, Keras' formula.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xnoalias.hpp>
 
@@ -53,6 +56,19 @@ public:
     [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
     [[nodiscard]] double momentum() const noexcept { return momentum_; }
     [[nodiscard]] bool nesterov() const noexcept { return nesterov_; }
+
+    /// @brief One slot tensor, Keras 3's "momentum" (the velocity).
+    [[nodiscard]] static constexpr std::array<std::string_view, 1> slot_names() noexcept { return {"momentum"}; }
+    /// @brief Calls `f("momentum", slots.momentum)`.
+    template <class SlotsType, class F>
+    static void for_each_slot(SlotsType& slots, F&& f) {
+        f(std::string_view("momentum"), slots.momentum);
+    }
+    /// @brief `{"name": "Momentum", "learning_rate": 0.01, "momentum": 0.9, "nesterov": false}`.
+    template <class Json = nlohmann::json>
+    [[nodiscard]] Json get_config() const {
+        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate_}, {"momentum", momentum_}, {"nesterov", nesterov_}};
+    }
 
     /// @brief A zero velocity shaped like `value`.
     template <FloatingElement T>

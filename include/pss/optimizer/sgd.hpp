@@ -1,11 +1,14 @@
 // pss/optimizer/sgd.hpp: SGD, plain stochastic gradient descent (w -= lr * g).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xnoalias.hpp>
 
@@ -45,6 +48,18 @@ public:
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "SGD"; }
     [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
+
+    /// @brief No slot tensors: a checkpoint saves only the variables.
+    [[nodiscard]] static constexpr std::array<std::string_view, 0> slot_names() noexcept { return {}; }
+    /// @brief Nothing to visit.
+    template <class SlotsType, class F>
+    static void for_each_slot(SlotsType& /*slots*/, F&& /*f*/) {}
+    /// @brief `{"name": "SGD", "learning_rate": 0.01}` (Keras' get_config; a template so that this
+    /// header needs only nlohmann's declaration).
+    template <class Json = nlohmann::json>
+    [[nodiscard]] Json get_config() const {
+        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate_}};
+    }
 
     template <FloatingElement T>
     [[nodiscard]] Slots<T> make_slots(const xt::xarray<T>& /*value*/) const {

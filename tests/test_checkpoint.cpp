@@ -1,0 +1,756 @@
+// tests/test_checkpoint.cpp: checkpoints on real files: save and restore bit for bit, every reshard, deferred
+// restoration, refusals, the manager's atomic commit under SIGKILL, read-only and full directories.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+#include <xtensor/xarray.hpp>
+
+#include <pss/keras.hpp>
+#include <pss/pss.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A fresh directory under the system's temporary directory, removed with everything in it.
+struct TempDir {
+    std::string path;
+    TempDir() {
+        std::string pattern = (fs::temp_directory_path() / "pss_ckpt_XXXXXX").string();
+        REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+        path = pattern;
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    ~TempDir() {
+        std::error_code ec;
+        fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
+        fs::remove_all(path, ec);
+    }
+    [[nodiscard]] std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+doctest::Contains contains(const std::string& text) { return doctest::Contains(text.c_str()); }
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+}
+
+template <class T>
+xt::xarray<T> pattern(const pss::Shape& shape, int seed) {
+    xt::xarray<T> a = xt::xarray<T>::from_shape(shape);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if constexpr (std::is_floating_point_v<T>)
+            a.data()[i] = static_cast<T>(std::sin(0.7 * static_cast<double>(i) + seed) * 3.0);
+        else
+            a.data()[i] = static_cast<T>(static_cast<int>(i) * 7 - seed * 3);
+    }
+    return a;
+}
+
+/// Bit-for-bit equality of two tensors (dtype, shape and bytes).
+bool same_bits(const pss::Tensor& a, const pss::Tensor& b) {
+    return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.bytes(), b.bytes(), a.nbytes()) == 0;
+}
+
+template <class O, int Ps, class C = pss::Asynchronous, int Workers = 1>
+using Strat = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, O,
+                                           pss::LocalClusterResolver<Ps, Workers>, C>;
+
+/// The model of these tests: float32 (10, 3) "emb" (sharded), float64 (5,) "bias", int32 (4, 2), int64 (3,)
+/// and a float32 scalar.
+struct Model {
+    std::vector<pss::Variable> vars;
+    pss::Variable& emb() { return vars[0]; }
+    pss::Variable& bias() { return vars[1]; }
+};
+
+template <class S>
+Model build_model(S& strategy, int seed = 0) {
+    auto scope = strategy.scope();
+    Model m;
+    m.vars.emplace_back(pattern<float>({10, 3}, seed), "emb");
+    m.vars.emplace_back(pattern<double>({5}, seed + 1), "dense/bias");
+    m.vars.emplace_back(pattern<std::int32_t>({4, 2}, seed + 2), "counts");
+    m.vars.emplace_back(pattern<std::int64_t>({3}, seed + 3), "ids");
+    m.vars.emplace_back(xt::xarray<float>(2.5f), "scale");
+    return m;
+}
+
+/// One training step of the model's float variables: a dense gradient to each, and sparse rows to emb.
+void train_step(Model& m, int k, std::uint64_t step = 0) {
+    m.emb().apply_gradient(pattern<float>({10, 3}, 100 + k), step);
+    const std::vector<std::int64_t> rows{1, 4, 7, 9, 1};  // a row in every shard of every layout tested
+    m.emb().apply_sparse_gradient(rows, pattern<float>({5, 3}, 200 + k), step);
+    m.bias().apply_gradient(pattern<double>({5}, 300 + k), step);
+    m.vars[4].apply_gradient(xt::xarray<float>(0.25f * static_cast<float>(k + 1)), step);
+}
+
+std::vector<pss::Tensor> values(const Model& m) {
+    std::vector<pss::Tensor> out;
+    for (const auto& v : m.vars) out.push_back(v.read_value());
+    return out;
+}
+
+/// Every saved tensor of a checkpoint, reassembled whole from its shards: "name" and "name:slot".
+std::map<std::string, pss::Tensor> reassemble(const std::string& dir) {
+    const auto index = pss::detail::read_index(dir);
+    std::map<std::string, pss::Tensor> out;
+    for (const auto& v : index.variables) {
+        std::vector<std::string> parts{""};
+        for (const auto& [slot, record] : v.shards.front().slots) parts.push_back(slot);
+        for (const auto& part : parts) {
+            pss::Tensor t = pss::Tensor::uninitialized(v.dtype, v.shape);
+            pss::detail::read_saved_rows(dir, v, part, 0, v.shape.empty() ? 1 : v.shape[0], t.bytes());
+            out.emplace(part.empty() ? v.name : v.name + ":" + part, std::move(t));
+        }
+    }
+    return out;
+}
+
+template <class O>
+O make_opt() {
+    if constexpr (std::same_as<O, pss::SGD>)
+        return O(0.1);
+    else if constexpr (std::same_as<O, pss::Momentum>)
+        return O(0.05, 0.9);
+    else if constexpr (std::same_as<O, pss::Adagrad>)
+        return O(0.1, 0.1, 1e-7);
+    else
+        return O(0.01);
+}
+
+}  // namespace
+
+TEST_SUITE("checkpoint.hpp") {
+    TEST_CASE("Checkpoint: CRC-32 is zlib's: \"123456789\" gives 0xCBF43926, and it continues across calls") {
+        CHECK(pss::detail::crc32(0, "123456789", 9) == 0xCBF43926u);
+        CHECK(pss::detail::crc32(pss::detail::crc32(0, "1234", 4), "56789", 5) == 0xCBF43926u);
+        CHECK(pss::detail::crc32(0, "", 0) == 0u);
+        std::string long_text(1000, 'a');
+        CHECK(pss::detail::crc32(0, long_text.data(), long_text.size()) == 0x9A38DA03u);  // zlib.crc32(b"a" * 1000)
+    }
+
+    TEST_CASE("Checkpoint: optimizers name their slots as Keras 3 and give their config") {
+        CHECK(pss::SGD::slot_names().empty());
+        CHECK(pss::Momentum::slot_names()[0] == "momentum");
+        CHECK(pss::Adagrad::slot_names()[0] == "accumulator");
+        CHECK(pss::Adam::slot_names()[0] == "momentum");
+        CHECK(pss::Adam::slot_names()[1] == "velocity");
+        CHECK(pss::Adam(0.5).get_config() ==
+              nlohmann::json{{"name", "Adam"}, {"learning_rate", 0.5}, {"beta_1", 0.9}, {"beta_2", 0.999}, {"epsilon", 1e-7}});
+        CHECK(pss::Momentum(0.1, 0.8, true).get_config() ==
+              nlohmann::json{{"name", "Momentum"}, {"learning_rate", 0.1}, {"momentum", 0.8}, {"nesterov", true}});
+    }
+
+    TEST_CASE_TEMPLATE("Checkpoint: save then restore into a fresh strategy gives the same values, slots and next step, "
+                       "float32/float64/int32/int64",
+                       O, pss::SGD, pss::Momentum, pss::Adagrad, pss::Adam) {
+        TempDir dir;
+        Strat<O, 2> a({}, pss::FixedShardsPartitioner(3), make_opt<O>());
+        Model ma = build_model(a);
+        for (int k = 0; k < 3; ++k) train_step(ma, k);
+        pss::Checkpoint ca(a);
+        ca.set_step(3);
+        ca.write(dir / "one");
+
+        // The files: one per shard and per slot, with numpy's header and the shard's bytes.
+        const auto index = pss::detail::read_index(dir / "one");
+        REQUIRE(index.variables.size() == 5);
+        CHECK(index.step == 3);
+        CHECK(index.optimizer.at("name") == std::string(O::name()));
+        CHECK(index.optimizer.at("config") == make_opt<O>().get_config());
+        CHECK(index.partitioner == nlohmann::json{{"name", "FixedShardsPartitioner"}, {"num_shards", 3}, {"num_ps", 2}});
+        const auto& emb = index.variables[0];
+        CHECK(emb.name == "emb");
+        REQUIRE(emb.shards.size() == 3);
+        CHECK(emb.shards[1].row_offset == 4);
+        CHECK(emb.shards[1].shape == pss::Shape{3, 3});
+        CHECK(emb.shards[1].value.file == "emb.part_1.npy");
+        CHECK(emb.shards[1].slots.size() == O::slot_names().size());
+        const std::string part1 = slurp(dir / "one/emb.part_1.npy");
+        using namespace std::string_literals;
+        const std::string header = "\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (3, 3), }"s;
+        CHECK(part1.substr(0, header.size()) == header);
+        CHECK(part1.size() == 128 + 9 * 4);
+        CHECK(part1[127] == '\n');
+        const auto emb_now = ma.emb().read<float>();
+        CHECK(std::memcmp(part1.data() + 128, emb_now.data() + 12, 9 * 4) == 0);
+        CHECK(pss::detail::crc32(0, part1.data(), part1.size()) == emb.shards[1].value.crc32);
+        CHECK(index.variables[1].name == "dense/bias");
+        CHECK(index.variables[1].shards.front().value.file == "dense.bias.part_0.npy");
+        if constexpr (std::same_as<O, pss::Adam>) CHECK(emb.shards[1].counters.at("iterations") == 6);  // 3 dense + 3 sparse
+        CHECK(index.variables[2].shards.front().slots.empty());  // int32: no slots
+
+        // Restored into a fresh strategy of the same layout: the same values; saved again, the same files.
+        Strat<O, 2> b({}, pss::FixedShardsPartitioner(3), make_opt<O>());
+        Model mb = build_model(b, 50);
+        pss::Checkpoint cb(b);
+        cb.restore(dir / "one");
+        CHECK(cb.step() == 3);
+        const auto va = values(ma), vb = values(mb);
+        for (std::size_t i = 0; i < va.size(); ++i) CHECK(same_bits(va[i], vb[i]));
+        cb.write(dir / "two");
+        for (const auto& entry : fs::directory_iterator(dir / "one")) {
+            const std::string name = entry.path().filename().string();
+            if (name == "index.json") continue;
+            CHECK_MESSAGE(slurp(entry.path().string()) == slurp(dir / ("two/" + name)), name);
+        }
+        // The slots took effect: one more step on each gives the same bits.
+        train_step(ma, 3);
+        train_step(mb, 3);
+        const auto wa = values(ma), wb = values(mb);
+        for (std::size_t i = 0; i < wa.size(); ++i) CHECK(same_bits(wa[i], wb[i]));
+        CHECK_FALSE(same_bits(wa[0], va[0]));
+    }
+
+    TEST_CASE("Checkpoint: synchronous Adam, 2 workers: 4 steps, save, restore into a fresh strategy, 3 more steps "
+              "== 7 steps without stopping, bit for bit") {
+        using S = Strat<pss::Adam, 2, pss::Synchronous, 2>;
+        auto run = [](S& s, Model& m, int from, int to) {
+            for (int k = from; k < to; ++k) {
+                const auto step = static_cast<std::uint64_t>(k - from + 1);
+                for (int w = 0; w < 2; ++w) {  // each worker pushes its gradient of the step, once per variable
+                    const std::vector<std::int64_t> rows{static_cast<std::int64_t>(k % 10), 3};
+                    m.emb().apply_sparse_gradient(rows, pattern<float>({2, 3}, 20 * k + w), step);
+                    m.bias().apply_gradient(pattern<double>({5}, 30 * k + w), step);
+                    m.vars[4].apply_gradient(xt::xarray<float>(0.5f + static_cast<float>(w)), step);
+                }
+            }
+            (void)s;
+        };
+        TempDir dir;
+        S straight({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        Model ms = build_model(straight);
+        run(straight, ms, 0, 7);
+
+        S first({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        Model mf = build_model(first);
+        run(first, mf, 0, 4);
+        pss::Checkpoint(first).write(dir / "at4");
+
+        S second({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        Model m2 = build_model(second, 9);
+        pss::Checkpoint c2(second);
+        c2.restore(dir / "at4");
+        run(second, m2, 4, 7);
+        const auto a = values(ms), b = values(m2);
+        for (std::size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i], b[i]));
+    }
+}
+
+namespace {
+
+/// Trains a model on Ps tasks with `shards` shards, saves it to `dir`, and returns its values.
+template <int Ps>
+std::vector<pss::Tensor> train_and_save(int shards, const std::string& dir) {
+    Strat<pss::Adam, Ps> s({}, pss::FixedShardsPartitioner(shards), pss::Adam(0.02));
+    Model m = build_model(s);
+    for (int k = 0; k < 3; ++k) train_step(m, k);
+    pss::Checkpoint(s).write(dir);
+    return values(m);
+}
+
+/// Restores `from` into a model on Ps tasks with `shards` shards, saves it again to `to`, and returns
+/// the values and the number of shards of emb.
+template <int Ps>
+std::pair<std::vector<pss::Tensor>, std::size_t> restore_and_save(int shards, const std::string& from, const std::string& to) {
+    Strat<pss::Adam, Ps> s({}, pss::FixedShardsPartitioner(shards), pss::Adam(0.02));
+    Model m = build_model(s, 77);
+    pss::Checkpoint c(s);
+    c.restore(from);
+    c.write(to);
+    return {values(m), m.emb().num_shards()};
+}
+
+template <int PsFrom, int PsTo>
+void check_reshard(int shards_from, int shards_to) {
+    TempDir dir;
+    const auto saved = train_and_save<PsFrom>(shards_from, dir / "from");
+    const auto restored_and_shards = restore_and_save<PsTo>(shards_to, dir / "from", dir / "to");
+    const auto& restored = restored_and_shards.first;
+    CHECK(restored_and_shards.second == static_cast<std::size_t>(shards_to));
+    for (std::size_t i = 0; i < saved.size(); ++i) CHECK(same_bits(saved[i], restored[i]));
+    // Slots too: the saved tensors of both checkpoints, reassembled from their shards, are equal.
+    const auto a = reassemble(dir / "from"), b = reassemble(dir / "to");
+    CHECK(a.size() == 5 + 2 * 3);  // 5 values, momentum and velocity of the 3 float variables
+    REQUIRE(a.size() == b.size());
+    for (const auto& entry : a) CHECK_MESSAGE(same_bits(entry.second, b.at(entry.first)), entry.first);  // no binding: clang 14
+    // And the counters: every shard of emb counted 6 applies.
+    for (const auto& shard : pss::detail::read_index(dir / "to").variables[0].shards)
+        CHECK(shard.counters.at("iterations") == 6);
+}
+
+}  // namespace
+
+TEST_SUITE("checkpoint.hpp") {
+    TEST_CASE("Checkpoint reshard: 1 ps 1 shard -> 4 ps 4 shards, values and slots exact") { check_reshard<1, 4>(1, 4); }
+    TEST_CASE("Checkpoint reshard: 4 ps 4 shards -> 1 ps 1 shard, values and slots exact") { check_reshard<4, 1>(4, 1); }
+    TEST_CASE("Checkpoint reshard: 4 ps 4 shards -> 2 ps 2 shards, values and slots exact") { check_reshard<4, 2>(4, 2); }
+    TEST_CASE("Checkpoint reshard: 3 ps 3 shards (4,3,3 rows) -> 2 ps 2 shards (5,5), values and slots exact") {
+        check_reshard<3, 2>(3, 2);
+    }
+
+    TEST_CASE("Checkpoint: a restore before the variables exist applies as each is created (deferred)") {
+        TempDir dir;
+        const auto saved = train_and_save<2>(2, dir / "c");
+        Strat<pss::Adam, 3> s({}, pss::FixedShardsPartitioner(3), pss::Adam(0.02));
+        pss::Checkpoint c(s);
+        c.restore(dir / "c");
+        CHECK_THROWS_WITH_AS(c.assert_consumed(),
+                             contains("saved variables 'counts', 'dense/bias', 'emb', 'ids', 'scale' were not restored"),
+                             pss::FailedPreconditionError);
+        Model m = build_model(s, 5);
+        c.assert_consumed();
+        const auto now = values(m);
+        for (std::size_t i = 0; i < saved.size(); ++i) CHECK(same_bits(saved[i], now[i]));
+        // The hook is gone once every saved variable is restored: a new variable keeps its own value.
+        auto scope = s.scope();
+        pss::Variable extra(xt::xarray<float>{1.f, 2.f}, "extra");
+        CHECK(extra.read<float>() == xt::xarray<float>{1.f, 2.f});
+    }
+
+    TEST_CASE("Checkpoint: refusals name the file and the problem, and change no variable") {
+        TempDir dir;
+        train_and_save<2>(2, dir / "good");
+        Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+        Model m = build_model(s, 40);
+        const auto before = values(m);
+        auto unchanged = [&] {
+            const auto now = values(m);
+            for (std::size_t i = 0; i < before.size(); ++i) CHECK(same_bits(before[i], now[i]));
+        };
+        auto copy = [&](const std::string& name) {
+            fs::copy(dir / "good", dir / name, fs::copy_options::recursive);
+            return dir / name;
+        };
+        pss::Checkpoint c(s);
+        SUBCASE("a missing .npy file (of the last variable: the others were staged, not changed)") {
+            const auto p = copy("missing");
+            fs::remove(p + "/scale.npy");
+            CHECK_THROWS_WITH_AS(c.restore(p), contains(p + "/scale.npy: No such file or directory"),
+                                 pss::NotFoundError);
+        }
+        SUBCASE("a truncated .npy file") {
+            const auto p = copy("truncated");
+            fs::resize_file(p + "/emb.part_1.npy", 100);
+            CHECK_THROWS_WITH_AS(c.restore(p),
+                                 contains(p + "/emb.part_1.npy is truncated: it has 100 bytes where the index says 188"),
+                                 pss::InvalidArgumentError);
+        }
+        SUBCASE("a flipped byte in a slot file: checksum mismatch") {
+            const auto p = copy("corrupt");
+            std::string bytes = slurp(p + "/emb.part_1.velocity.npy");
+            bytes[140] = static_cast<char>(bytes[140] ^ 0x10);
+            spit(p + "/emb.part_1.velocity.npy", bytes);
+            CHECK_THROWS_WITH_AS(c.restore(p),
+                                 contains(p + "/emb.part_1.velocity.npy: checksum mismatch in data bytes [0, 60)"),
+                                 pss::InvalidArgumentError);
+        }
+        SUBCASE("an index of a newer format") {
+            const auto p = copy("newer");
+            auto j = nlohmann::json::parse(slurp(p + "/index.json"));
+            j["format_version"] = 2;
+            spit(p + "/index.json", j.dump());
+            CHECK_THROWS_WITH_AS(c.restore(p), contains(p + "/index.json: format_version is 2, newer than this pss reads (1)"),
+                                 pss::InvalidArgumentError);
+        }
+        SUBCASE("a variable whose shape differs") {
+            const auto p = copy("shape");
+            auto j = nlohmann::json::parse(slurp(p + "/index.json"));
+            j["variables"][1]["shape"] = {6};
+            j["variables"][1]["shards"][0]["shape"] = {4};  // shards of 4 and 2 rows
+            j["variables"][1]["shards"][1]["row_offset"] = 4;
+            spit(p + "/index.json", j.dump());
+            CHECK_THROWS_WITH_AS(c.restore(p),
+                                 contains("variable 'dense/bias' was saved with shape (6,) dtype float64 but the "
+                                                   "model's has shape (5,) dtype float64"),
+                                 pss::InvalidArgumentError);
+        }
+        SUBCASE("a variable whose dtype differs") {
+            const auto p = copy("dtype");
+            auto j = nlohmann::json::parse(slurp(p + "/index.json"));
+            j["variables"][3]["dtype"] = "int32";
+            spit(p + "/index.json", j.dump());
+            CHECK_THROWS_WITH_AS(c.restore(p), contains("variable 'ids' was saved with shape (3,) dtype int32"),
+                                 pss::InvalidArgumentError);
+        }
+        SUBCASE("a variable missing from the checkpoint, unless partial") {
+            const auto p = copy("partial");
+            auto j = nlohmann::json::parse(slurp(p + "/index.json"));
+            j["variables"].erase(2);  // counts
+            spit(p + "/index.json", j.dump());
+            CHECK_THROWS_WITH_AS(c.restore(p),
+                                 contains(p + "/index.json has no variable 'counts' (it has 'emb', 'dense/bias', "
+                                                       "'ids', 'scale')"),
+                                 pss::NotFoundError);
+            unchanged();
+            c.restore(p, {.partial = true});
+            const auto now = values(m);
+            CHECK(same_bits(now[2], before[2]));      // counts kept its value
+            CHECK_FALSE(same_bits(now[0], before[0]));  // emb restored
+            return;
+        }
+        SUBCASE("an optimizer whose slots differ") {
+            Strat<pss::Momentum, 2> other({}, pss::FixedShardsPartitioner(2), pss::Momentum(0.1));
+            Model mo = build_model(other);
+            const auto mo_before = values(mo);
+            pss::Checkpoint co(other);
+            CHECK_THROWS_WITH_AS(co.restore(dir / "good"),
+                                 contains("the optimizer's slots do not match: saved by Adam with slots momentum, "
+                                                   "velocity, restored into Momentum with slots momentum"),
+                                 pss::InvalidArgumentError);
+            const auto mo_now = values(mo);
+            for (std::size_t i = 0; i < mo_now.size(); ++i) CHECK(same_bits(mo_before[i], mo_now[i]));
+        }
+        SUBCASE("a checkpoint that is not there") {
+            CHECK_THROWS_WITH_AS(c.restore(dir / "nowhere"), contains(dir / "nowhere/index.json: No such file"),
+                                 pss::NotFoundError);
+        }
+        unchanged();
+    }
+
+    TEST_CASE("CheckpointManager: max_to_keep 2 keeps ckpt-2 and ckpt-3, latest names ckpt-3, restore_or_initialize") {
+        TempDir dir;
+        Strat<pss::Momentum, 2> s({}, pss::FixedShardsPartitioner(2), pss::Momentum(0.1));
+        Model m = build_model(s);
+        pss::Checkpoint c(s);
+        pss::CheckpointManager manager(c, dir / "run", 2);
+        CHECK_FALSE(manager.latest().has_value());
+        std::vector<std::vector<pss::Tensor>> saved;
+        for (int k = 0; k < 3; ++k) {
+            train_step(m, k);
+            c.set_step(static_cast<std::uint64_t>(k + 1));
+            CHECK(manager.save() == dir / ("run/ckpt-" + std::to_string(k + 1)));
+            saved.push_back(values(m));
+        }
+        CHECK(manager.checkpoints() == std::vector<std::string>{dir / "run/ckpt-2", dir / "run/ckpt-3"});
+        CHECK(manager.latest() == dir / "run/ckpt-3");
+        CHECK(nlohmann::json::parse(slurp(dir / "run/latest")) == nlohmann::json{{"latest", "ckpt-3"}, {"step", 3}});
+        std::vector<std::string> names;
+        for (const auto& e : fs::directory_iterator(dir / "run")) names.push_back(e.path().filename().string());
+        std::sort(names.begin(), names.end());
+        CHECK(names == std::vector<std::string>{"ckpt-2", "ckpt-3", "latest"});
+
+        Strat<pss::Momentum, 1> fresh({}, pss::FixedShardsPartitioner(1), pss::Momentum(0.1));
+        Model mf = build_model(fresh, 3);
+        pss::Checkpoint cf(fresh);
+        pss::CheckpointManager mgr(cf, dir / "run", 2);
+        CHECK(mgr.restore_or_initialize() == dir / "run/ckpt-3");
+        CHECK(cf.step() == 3);
+        const auto now = values(mf);
+        for (std::size_t i = 0; i < now.size(); ++i) CHECK(same_bits(now[i], saved[2][i]));
+        // A save into an existing checkpoint's name is refused.
+        CHECK_THROWS_WITH_AS((void)mgr.save(3), contains(dir / "run/ckpt-3 exists already"), pss::AlreadyExistsError);
+        CHECK_THROWS_AS(pss::Checkpoint(s).write(dir / "run/ckpt-2"), pss::AlreadyExistsError);
+    }
+}
+
+namespace {
+
+/// Runs `child` in a forked process and returns its exit status (or the signal that ended it, + 128).
+template <class F>
+int in_child(F child) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int code = 99;
+        try {
+            code = child();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "child: %s\n", e.what());
+            code = 98;
+        }
+        std::_Exit(code);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int kill_at_point = -1;  // the child's save kills itself at this point
+int points_passed = 0;
+
+void count_or_die(const char* /*point*/) {
+    if (points_passed++ == kill_at_point) ::raise(SIGKILL);
+}
+
+/// Saves the model trained `k` steps through a manager of `dir` (k = 1: the first checkpoint).
+int save_trained(const std::string& dir, int steps) {
+    Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+    Model m = build_model(s);
+    for (int k = 0; k < steps; ++k) train_step(m, k);
+    pss::Checkpoint c(s);
+    c.set_step(static_cast<std::uint64_t>(steps));
+    pss::CheckpointManager manager(c, dir, 1);
+    manager.save();
+    return 0;
+}
+
+}  // namespace
+
+TEST_SUITE("checkpoint.hpp") {
+    TEST_CASE("CheckpointManager: SIGKILL at every point of a save leaves latest() loadable, the old or the new, never a mix" *
+              doctest::timeout(300)) {
+        TempDir dir;
+        const std::string run = dir / "run";
+        REQUIRE(in_child([&] { return save_trained(run, 1); }) == 0);
+        std::vector<pss::Tensor> old_values, new_values;
+        {
+            Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+            Model m = build_model(s);
+            train_step(m, 0);
+            old_values = values(m);
+            train_step(m, 1);
+            new_values = values(m);
+        }
+        int killed = 0, completed = 0, saw_old = 0, saw_new = 0;
+        for (int point = 0; point < 200 && completed == 0; ++point) {
+            const int status = in_child([&] {
+                kill_at_point = point;
+                points_passed = 0;
+                pss::detail::checkpoint_save_point_hook = &count_or_die;
+                return save_trained(run, 2);
+            });
+            if (status == 128 + SIGKILL)
+                ++killed;
+            else if (status == 0)
+                ++completed;
+            else
+                FAIL("the child ended with status " << status);
+            // What the crash left: latest() names a complete checkpoint, all of it old or all of it new.
+            Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+            Model m = build_model(s, 3);
+            pss::Checkpoint c(s);
+            pss::CheckpointManager manager(c, run, 1);  // also cleans what the crash left
+            REQUIRE(manager.restore_or_initialize().has_value());
+            const auto now = values(m);
+            bool all_old = true, all_new = true;
+            for (std::size_t i = 0; i < now.size(); ++i) {
+                all_old = all_old && same_bits(now[i], old_values[i]);
+                all_new = all_new && same_bits(now[i], new_values[i]);
+            }
+            CHECK_MESSAGE((all_old || all_new), "killed at point " << point);
+            CHECK(c.step() == (all_new ? 2u : 1u));
+            saw_old += all_old ? 1 : 0;
+            saw_new += all_new ? 1 : 0;
+            if (all_new && status != 0) {  // committed before the kill: start again from the old one
+                fs::remove_all(run);
+                REQUIRE(in_child([&] { return save_trained(run, 1); }) == 0);
+            }
+            if (all_new && status == 0) break;
+        }
+        CHECK(completed == 1);
+        CHECK(killed > 20);  // files created, chunks written, fsyncs, index, renames, latest, removal
+        CHECK(saw_old > 10);
+        CHECK(saw_new >= 1);
+        MESSAGE("killed at " << killed << " points: " << saw_old << " left the old checkpoint, " << saw_new << " the new");
+    }
+
+    TEST_CASE("CheckpointManager: a read-only directory gives a clear error and keeps the previous checkpoint") {
+        TempDir dir;
+        ::chmod(dir.path.c_str(), 0755);  // the child, not root, must reach run
+        const std::string run = dir / "run";
+        REQUIRE(in_child([&] { return save_trained(run, 1); }) == 0);
+        const std::string before = slurp(run + "/latest");
+        ::chmod(run.c_str(), 0555);
+        const int status = in_child([&] {
+            if (::geteuid() == 0) {  // root ignores permissions: become nobody for the test
+                if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 97;
+            }
+            try {
+                save_trained(run, 2);
+            } catch (const pss::FailedPreconditionError& e) {
+                const std::string what = e.what();
+                return what.find("pss: checkpoint: creating directory " + run + "/ckpt-2.tmp-") != std::string::npos &&
+                               what.find("Permission denied") != std::string::npos
+                           ? 0
+                           : 2;
+            }
+            return 1;
+        });
+        CHECK(status == 0);
+        ::chmod(run.c_str(), 0755);
+        CHECK(slurp(run + "/latest") == before);
+        CHECK(fs::exists(run + "/ckpt-1/index.json"));
+        Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+        Model m = build_model(s, 3);
+        pss::Checkpoint c(s);
+        pss::CheckpointManager manager(c, run, 1);
+        CHECK(manager.restore_or_initialize() == run + "/ckpt-1");
+    }
+
+    TEST_CASE("CheckpointManager: a full disk gives a clear error, removes the partial save and keeps the previous") {
+        TempDir dir;
+        const std::string run = dir / "run";
+        fs::create_directories(run);
+        // A 192 KiB filesystem when this process may mount one (root, as in the project's containers);
+        // otherwise a file-size limit, which fails the write the same way (EFBIG instead of ENOSPC).
+        const bool mounted = ::mount("tmpfs", run.c_str(), "tmpfs", 0, "size=192k") == 0;
+        struct Unmount {
+            bool mounted;
+            std::string path;
+            ~Unmount() {
+                if (mounted) ::umount(path.c_str());
+            }
+        } unmount{mounted, run};
+        REQUIRE(in_child([&] { return save_trained(run, 1); }) == 0);
+        const std::string before = slurp(run + "/latest");
+        const int status = in_child([&] {
+            if (!mounted) {
+                std::signal(SIGXFSZ, SIG_IGN);
+                const rlimit limit{4096, 4096};
+                ::setrlimit(RLIMIT_FSIZE, &limit);
+            }
+            Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+            auto scope = s.scope();
+            pss::Variable big(xt::xarray<float>(xt::zeros<float>({64, 1024})), "big");  // 256 KiB
+            pss::Checkpoint c(s);
+            pss::CheckpointManager manager(c, run, 1);
+            try {
+                manager.save();
+            } catch (const pss::FailedPreconditionError& e) {
+                const std::string what = e.what();
+                const bool named = what.find("pss: checkpoint: writing " + run + "/ckpt-2.tmp-") != std::string::npos &&
+                                   what.find("/big.part_") != std::string::npos;
+                const bool reason = what.find(mounted ? "No space left on device" : "File too large") != std::string::npos;
+                if (!named || !reason) std::fprintf(stderr, "unexpected message: %s\n", e.what());
+                return named && reason ? 0 : 2;
+            }
+            return 1;
+        });
+        CHECK(status == 0);
+        CHECK(slurp(run + "/latest") == before);
+        std::vector<std::string> names;
+        for (const auto& e : fs::directory_iterator(run)) names.push_back(e.path().filename().string());
+        std::sort(names.begin(), names.end());
+        CHECK(names == std::vector<std::string>{"ckpt-1", "latest"});  // the partial ckpt-2 was removed
+        MESSAGE(std::string(mounted ? "a full 192 KiB tmpfs" : "RLIMIT_FSIZE (no permission to mount a tmpfs)"));
+    }
+}
+
+namespace {
+
+using KerasStrategy2 = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::Adam,
+                                                    pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
+using KerasStrategy3 = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::Adam,
+                                                    pss::LocalClusterResolver<3, 2>, pss::Synchronous>;
+
+struct Data {
+    xt::xarray<float> x = xt::xarray<float>::from_shape({12, 3});
+    xt::xarray<float> y = xt::xarray<float>::from_shape({12, 1});
+    Data() {
+        for (std::size_t i = 0; i < 12; ++i) {
+            x(i, 0) = static_cast<float>(i % 6);
+            x(i, 1) = static_cast<float>((i * 5) % 6);
+            x(i, 2) = static_cast<float>((i * 7) % 6);
+            y(i, 0) = static_cast<float>(i) * 0.25f - 1.0f;
+        }
+    }
+};
+
+template <class S>
+pss::Sequential<S> make_model(S& strategy) {  // a prvalue: Sequential does not move
+    return pss::Sequential<S>(strategy,
+                              {pss::Embedding(6, 4), pss::GlobalAveragePooling1D(), pss::Dense(3, "tanh"), pss::Dense(1)}, 11);
+}
+
+bool same_weights(const std::vector<pss::Tensor>& a, const std::vector<pss::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (!same_bits(a[i], b[i])) return false;
+    return true;
+}
+
+}  // namespace
+
+TEST_SUITE("keras/model.hpp") {
+    TEST_CASE("Sequential::save_weights on 2 ps, load_weights into 3 ps: the same weights, and the next epoch gives the same bits") {
+        TempDir dir;
+        const Data d;
+        KerasStrategy2 two({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto a = make_model(two);
+        a.compile(pss::Adam(0.05), "mse");
+        (void)a.fit(d.x, d.y, 2, 4, false, false);
+        a.save_weights(dir / "weights");
+        const auto index = pss::detail::read_index(dir / "weights");
+        CHECK(index.variables.size() == 5);
+        CHECK(index.variables[0].name == "embedding/embeddings");
+        CHECK(index.metadata.at("model").at("name") == "sequential");
+
+        KerasStrategy3 three({}, pss::FixedShardsPartitioner(3), pss::Adam(0.05));
+        auto b = make_model(three);
+        b.compile(pss::Adam(0.05), "mse");
+        CHECK_THROWS_WITH_AS(b.load_weights(dir / "weights"), contains("Sequential::load_weights: the model is not built"),
+                             pss::FailedPreconditionError);
+        b.build({3});
+        b.load_weights(dir / "weights");
+        CHECK(b.weights()[0].num_shards() == 3);
+        CHECK(same_weights(a.get_weights(), b.get_weights()));
+        (void)a.fit(d.x, d.y, 1, 4, false, false);
+        (void)b.fit(d.x, d.y, 1, 4, false, false);
+        CHECK(same_weights(a.get_weights(), b.get_weights()));  // Adam's moments and step counts came along
+    }
+
+    TEST_CASE("Sequential::fit with BackupAndRestore: 2 epochs, then a fresh process resumes at epoch 3 of 4 and ends with the "
+              "bits of 4 epochs straight") {
+        TempDir dir;
+        const Data d;
+        KerasStrategy2 s1({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto straight = make_model(s1);
+        straight.compile(pss::Adam(0.05), "mse");
+        const auto full = straight.fit(d.x, d.y, 4, 5, true, false);
+
+        {
+            KerasStrategy2 s2({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+            auto first = make_model(s2);
+        first.compile(pss::Adam(0.05), "mse");
+            const auto h = first.fit(d.x, d.y, 2, 5, pss::BackupAndRestore{dir / "backup", false}, true, false);
+            CHECK(h.epoch == std::vector<int>{0, 1});
+        }  // the process "dies" after epoch 2, its backup kept
+        CHECK(fs::exists(dir / "backup/ckpt-2/index.json"));
+        CHECK_FALSE(fs::exists(dir / "backup/ckpt-1"));  // the manager keeps one
+
+        KerasStrategy2 s3({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto resumed = make_model(s3);
+        resumed.compile(pss::Adam(0.05), "mse");
+        std::ostringstream out;
+        const auto h = resumed.fit(d.x, d.y, 4, 5, pss::BackupAndRestore{dir / "backup"}, true, true, out);
+        CHECK(out.str().rfind("Restored the backup of epoch 2 from " + dir / "backup" + "\nEpoch 3/4\n", 0) == 0);
+        CHECK(h.epoch == std::vector<int>{2, 3});
+        CHECK(h.loss[0] == full.loss[2]);
+        CHECK(h.loss[1] == full.loss[3]);
+        CHECK(same_weights(straight.get_weights(), resumed.get_weights()));
+        CHECK_FALSE(fs::exists(dir / "backup"));  // delete_checkpoint: the fit completed
+    }
+}
