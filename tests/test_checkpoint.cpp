@@ -306,8 +306,9 @@ void check_reshard(int shards_from, int shards_to) {
     REQUIRE(a.size() == b.size());
     for (const auto& entry : a) CHECK_MESSAGE(same_bits(entry.second, b.at(entry.first)), entry.first);  // no binding: clang 14
     // And the counters: every shard of emb counted 6 applies.
-    for (const auto& shard : pss::detail::read_index(dir / "to").variables[0].shards)
-        CHECK(shard.counters.at("iterations") == 6);
+    // The index is held by name: a range-for over a member of a temporary reads freed memory (C++20).
+    const auto index = pss::detail::read_index(dir / "to");
+    for (const auto& shard : index.variables[0].shards) CHECK(shard.counters.at("iterations") == 6);
 }
 
 }  // namespace
