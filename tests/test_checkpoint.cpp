@@ -440,6 +440,70 @@ TEST_SUITE("checkpoint.hpp") {
         unchanged();
     }
 
+    TEST_CASE("Checkpoint: a ps writes only into a save's temporary directory and reads only a checkpoint's own files") {
+        TempDir dir;
+        train_and_save<2>(2, dir / "good");
+        Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
+        Model m = build_model(s, 40);
+        const auto before = values(m);
+        const auto& info = *m.emb().info_ptr();
+        // What any peer of a ps task could send: a save_shard or restore_shard naming a path of its choice.
+        auto send = [&](pss::Op op, const std::string& name, std::vector<std::int64_t> ids = {}) {
+            pss::Request r;
+            r.op = op;
+            r.key = {info.id, info.shards[0].index};
+            r.name = name;
+            r.ids = std::move(ids);
+            return info.channel->send(info.shards[0].task, std::move(r)).get();
+        };
+        auto refused_save = [&](const std::string& prefix, const std::string& why) {
+            const pss::Reply reply = send(pss::Op::save_shard, prefix);
+            CHECK(reply.code == pss::ErrorCode::invalid_argument);
+            CHECK_MESSAGE(reply.message == "pss: save_shard: refused the file prefix '" + prefix + "': " + why, reply.message);
+            CHECK_FALSE(fs::exists(prefix + ".npy"));
+        };
+        const std::string not_a_save = "its directory is not a checkpoint being saved (a name with '.tmp-')";
+        const std::string not_normal = "it must be an absolute path without '.', '..' or empty parts";
+        refused_save(dir / "evil", not_a_save);
+        refused_save("relative.tmp-1/evil", not_normal);
+        fs::create_directories(dir / "ckpt.tmp-1-2-3");
+        refused_save(dir / "ckpt.tmp-1-2-3/../evil", not_normal);
+        refused_save(dir / "ckpt.tmp-1-2-3//evil", not_normal);
+        refused_save(dir / "ckpt.tmp-1-2-3/", not_normal);
+        refused_save(dir / "ckpt.tmp-9/evil", "its directory does not exist or is not a directory (links are not followed)");
+        fs::create_directory_symlink(dir / "elsewhere", dir / "link.tmp-1");
+        fs::create_directories(dir / "elsewhere");
+        refused_save(dir / "link.tmp-1/evil", "its directory does not exist or is not a directory (links are not followed)");
+        CHECK(fs::is_empty(dir / "elsewhere"));
+        // Into a save's directory it works, once: a file is never replaced.
+        CHECK(send(pss::Op::save_shard, dir / "ckpt.tmp-1-2-3/emb").ok());
+        CHECK(fs::file_size(dir / "ckpt.tmp-1-2-3/emb.npy") > 0);
+        const pss::Reply again = send(pss::Op::save_shard, dir / "ckpt.tmp-1-2-3/emb");
+        CHECK(again.code == pss::ErrorCode::already_exists);
+
+        const pss::Reply relative = send(pss::Op::restore_shard, "good\nemb", {0, 5});
+        CHECK(relative.code == pss::ErrorCode::invalid_argument);
+        CHECK(relative.message ==
+              "pss: restore_shard: refused the checkpoint directory 'good': it must be an absolute path without '.', "
+              "'..' or empty parts");
+        // An index that names a file outside its directory is refused, by the ps and by Checkpoint.
+        fs::copy(dir / "good", dir / "outside", fs::copy_options::recursive);
+        auto j = nlohmann::json::parse(slurp(dir / "outside/index.json"));
+        j["variables"][0]["shards"][0]["value"]["file"] = "../good/emb.part_0.npy";
+        spit(dir / "outside/index.json", j.dump());
+        const pss::Reply outside = send(pss::Op::restore_shard, dir / "outside\nemb", {0, 5});
+        CHECK(outside.code == pss::ErrorCode::invalid_argument);
+        CHECK_MESSAGE(outside.message.find("outside/index.json: is malformed (a file name must be a plain name in the "
+                                           "checkpoint's directory, not '../good/emb.part_0.npy')") != std::string::npos,
+                      outside.message);
+        pss::Checkpoint c(s);
+        CHECK_THROWS_WITH_AS(c.restore(dir / "outside"), contains("not '../good/emb.part_0.npy'"), pss::InvalidArgumentError);
+        // Nothing staged by the refusals is committed, and no variable changed.
+        CHECK(send(pss::Op::commit_restore, "").code == pss::ErrorCode::failed_precondition);
+        const auto now = values(m);
+        for (std::size_t i = 0; i < before.size(); ++i) CHECK(same_bits(before[i], now[i]));
+    }
+
     TEST_CASE("CheckpointManager: max_to_keep 2 keeps ckpt-2 and ckpt-3, latest names ckpt-3, restore_or_initialize") {
         TempDir dir;
         Strat<pss::Momentum, 2> s({}, pss::FixedShardsPartitioner(2), pss::Momentum(0.1));

@@ -114,7 +114,7 @@ inline void remove_tree_quietly(const std::string& path) noexcept {
 inline std::string temporary_suffix() {
     static std::atomic<std::uint64_t> counter{0};
     std::random_device rd;
-    return ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)) + "-" +
+    return std::string(temporary_marker) + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)) + "-" +
            std::to_string(rd() % 1000000u);
 }
 
@@ -305,7 +305,7 @@ public:
         // What a crash during an earlier save left: temporary directories and files, never committed.
         for (const auto& entry : std::filesystem::directory_iterator(directory_, ec)) {
             const std::string name = entry.path().filename().string();
-            if ((name.rfind("ckpt-", 0) == 0 || name.rfind("latest", 0) == 0) && name.find(".tmp-") != std::string::npos)
+            if ((name.rfind("ckpt-", 0) == 0 || name.rfind("latest", 0) == 0) && name.find(detail::temporary_marker) != std::string::npos)
                 detail::remove_tree_quietly(entry.path().string());
             else if (name.rfind("ckpt-", 0) == 0 && name.find(".removing") != std::string::npos)
                 detail::remove_tree_quietly(entry.path().string());

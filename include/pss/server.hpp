@@ -432,10 +432,10 @@ private:
 
     /// Writes `<prefix>.npy` (the value) and `<prefix>.<slot>.npy` for each slot tensor of a float shard
     /// (fresh slots when no gradient came yet), each fsync'd; replies with their records and the slots'
-    /// counters as JSON in the message. Writes from the shard's own memory: no copy.
+    /// counters as JSON in the message. Writes from the shard's own memory: no copy. The prefix must
+    /// name a file in a save's temporary directory (`detail::check_save_prefix`): any peer can send it.
     Reply save_shard(const Shard& shard, const std::string& prefix) {
-        if (prefix.empty())
-            throw InvalidArgumentError("pss: save_shard on variable '" + shard.name + "': no file prefix was sent");
+        detail::check_save_prefix(prefix);
         return std::visit([&](auto& state) { return save_state(shard, state, prefix); }, shard.state);
     }
 
@@ -481,6 +481,7 @@ private:
                                        ": the request must name \"directory\\nvariable\" and a row range [begin, end)");
         const std::string dir = request.name.substr(0, newline), name = request.name.substr(newline + 1);
         const auto begin = static_cast<std::size_t>(request.ids[0]), end = static_cast<std::size_t>(request.ids[1]);
+        detail::check_restore_directory(dir);
         const detail::CheckpointIndex index = detail::read_index(dir);
         const detail::SavedVariable* saved = index.find(name);
         if (saved == nullptr) throw NotFoundError("pss: " + what + ": " + dir + " has no variable '" + name + "'");

@@ -5756,6 +5756,7 @@ PSS_NAMESPACE_END
 #include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -5859,6 +5860,7 @@ private:
 [[noreturn]] inline void throw_file_error(std::string_view doing, const std::string& path, int e) {
     const std::string text = "pss: checkpoint: " + std::string(doing) + " " + path + ": " + errno_text(e);
     if (e == ENOENT) throw NotFoundError(text);
+    if (e == EEXIST) throw AlreadyExistsError(text);
     throw FailedPreconditionError(text);
 }
 
@@ -5950,6 +5952,54 @@ inline void rename_path(const std::string& from, const std::string& to) {
     return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+/// What marks a directory that a save is still writing: `<checkpoint>.tmp-<pid>-<counter>-<random>`.
+inline constexpr std::string_view temporary_marker = ".tmp-";
+
+/// True for a name that stays in its directory: not empty, no '/', not "." or "..".
+[[nodiscard]] inline bool is_plain_file_name(std::string_view name) noexcept {
+    return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+           name.find('\0') == std::string_view::npos;
+}
+
+/// True for an absolute path with no "." or ".." component and no empty one: what the coordinator
+/// sends (`absolute_path`), and a path whose meaning does not depend on the ps's working directory.
+[[nodiscard]] inline bool is_normal_absolute_path(std::string_view path) noexcept {
+    if (path.size() < 2 || path.front() != '/' || path.back() == '/') return false;
+    for (std::size_t at = 1; at <= path.size();) {
+        const auto slash = std::min(path.find('/', at), path.size());
+        if (!is_plain_file_name(path.substr(at, slash - at))) return false;
+        at = slash + 1;
+    }
+    return true;
+}
+
+/// Checks a file prefix a ps is asked to save a shard under, before anything is created: it must name
+/// a plain file in a save's temporary directory (`*.tmp-*`) that exists and is a real directory, not a
+/// link. A peer can then only add files to a save in progress (and never replace one: the files are
+/// created exclusively), not write anywhere the ps's user may.
+/// @throws InvalidArgumentError naming the prefix and the rule it breaks.
+inline void check_save_prefix(const std::string& prefix) {
+    const auto refuse = [&](const std::string& why) {
+        throw InvalidArgumentError("pss: save_shard: refused the file prefix '" + prefix + "': " + why);
+    };
+    if (!is_normal_absolute_path(prefix)) refuse("it must be an absolute path without '.', '..' or empty parts");
+    const std::string directory = parent_directory(prefix);
+    if (base_name(directory).find(temporary_marker) == std::string::npos)
+        refuse("its directory is not a checkpoint being saved (a name with '" + std::string(temporary_marker) + "')");
+    struct stat st{};
+    if (::lstat(directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        refuse("its directory does not exist or is not a directory (links are not followed)");
+}
+
+/// Checks a checkpoint directory a ps is asked to restore from: absolute and normal (`check_save_prefix`);
+/// the index then names the files, and each must be a plain name in it (`from_json(FileRecord)`).
+/// @throws InvalidArgumentError naming the directory.
+inline void check_restore_directory(const std::string& directory) {
+    if (!is_normal_absolute_path(directory))
+        throw InvalidArgumentError("pss: restore_shard: refused the checkpoint directory '" + directory +
+                                   "': it must be an absolute path without '.', '..' or empty parts");
+}
+
 // ---- .npy files with chunk checksums --------------------------------------------------------------------
 
 /// Bytes covered by one checksum of a file's data (after its header): a reader of some rows reads and
@@ -5980,6 +6030,10 @@ inline void to_json(nlohmann::json& j, const FileRecord& r) {
 }
 inline void from_json(const nlohmann::json& j, FileRecord& r) {
     r.file = j.at("file").get<std::string>();
+    // An index names files in its own directory only: a name with a '/' or '..' would make the ps
+    // (and pss-ckpt) read outside it.
+    if (!is_plain_file_name(r.file))
+        throw std::invalid_argument("a file name must be a plain name in the checkpoint's directory, not '" + r.file + "'");
     r.bytes = j.at("bytes").get<std::uint64_t>();
     r.crc32 = j.at("crc32").get<std::uint32_t>();
     r.header_bytes = j.at("header_bytes").get<std::uint64_t>();
@@ -7169,7 +7223,7 @@ inline void remove_tree_quietly(const std::string& path) noexcept {
 inline std::string temporary_suffix() {
     static std::atomic<std::uint64_t> counter{0};
     std::random_device rd;
-    return ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)) + "-" +
+    return std::string(temporary_marker) + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1)) + "-" +
            std::to_string(rd() % 1000000u);
 }
 
@@ -7360,7 +7414,7 @@ public:
         // What a crash during an earlier save left: temporary directories and files, never committed.
         for (const auto& entry : std::filesystem::directory_iterator(directory_, ec)) {
             const std::string name = entry.path().filename().string();
-            if ((name.rfind("ckpt-", 0) == 0 || name.rfind("latest", 0) == 0) && name.find(".tmp-") != std::string::npos)
+            if ((name.rfind("ckpt-", 0) == 0 || name.rfind("latest", 0) == 0) && name.find(detail::temporary_marker) != std::string::npos)
                 detail::remove_tree_quietly(entry.path().string());
             else if (name.rfind("ckpt-", 0) == 0 && name.find(".removing") != std::string::npos)
                 detail::remove_tree_quietly(entry.path().string());
@@ -8117,10 +8171,10 @@ private:
 
     /// Writes `<prefix>.npy` (the value) and `<prefix>.<slot>.npy` for each slot tensor of a float shard
     /// (fresh slots when no gradient came yet), each fsync'd; replies with their records and the slots'
-    /// counters as JSON in the message. Writes from the shard's own memory: no copy.
+    /// counters as JSON in the message. Writes from the shard's own memory: no copy. The prefix must
+    /// name a file in a save's temporary directory (`detail::check_save_prefix`): any peer can send it.
     Reply save_shard(const Shard& shard, const std::string& prefix) {
-        if (prefix.empty())
-            throw InvalidArgumentError("pss: save_shard on variable '" + shard.name + "': no file prefix was sent");
+        detail::check_save_prefix(prefix);
         return std::visit([&](auto& state) { return save_state(shard, state, prefix); }, shard.state);
     }
 
@@ -8166,6 +8220,7 @@ private:
                                        ": the request must name \"directory\\nvariable\" and a row range [begin, end)");
         const std::string dir = request.name.substr(0, newline), name = request.name.substr(newline + 1);
         const auto begin = static_cast<std::size_t>(request.ids[0]), end = static_cast<std::size_t>(request.ids[1]);
+        detail::check_restore_directory(dir);
         const detail::CheckpointIndex index = detail::read_index(dir);
         const detail::SavedVariable* saved = index.find(name);
         if (saved == nullptr) throw NotFoundError("pss: " + what + ": " + dir + " has no variable '" + name + "'");

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -121,6 +122,7 @@ private:
 [[noreturn]] inline void throw_file_error(std::string_view doing, const std::string& path, int e) {
     const std::string text = "pss: checkpoint: " + std::string(doing) + " " + path + ": " + errno_text(e);
     if (e == ENOENT) throw NotFoundError(text);
+    if (e == EEXIST) throw AlreadyExistsError(text);
     throw FailedPreconditionError(text);
 }
 
@@ -212,6 +214,54 @@ inline void rename_path(const std::string& from, const std::string& to) {
     return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+/// What marks a directory that a save is still writing: `<checkpoint>.tmp-<pid>-<counter>-<random>`.
+inline constexpr std::string_view temporary_marker = ".tmp-";
+
+/// True for a name that stays in its directory: not empty, no '/', not "." or "..".
+[[nodiscard]] inline bool is_plain_file_name(std::string_view name) noexcept {
+    return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+           name.find('\0') == std::string_view::npos;
+}
+
+/// True for an absolute path with no "." or ".." component and no empty one: what the coordinator
+/// sends (`absolute_path`), and a path whose meaning does not depend on the ps's working directory.
+[[nodiscard]] inline bool is_normal_absolute_path(std::string_view path) noexcept {
+    if (path.size() < 2 || path.front() != '/' || path.back() == '/') return false;
+    for (std::size_t at = 1; at <= path.size();) {
+        const auto slash = std::min(path.find('/', at), path.size());
+        if (!is_plain_file_name(path.substr(at, slash - at))) return false;
+        at = slash + 1;
+    }
+    return true;
+}
+
+/// Checks a file prefix a ps is asked to save a shard under, before anything is created: it must name
+/// a plain file in a save's temporary directory (`*.tmp-*`) that exists and is a real directory, not a
+/// link. A peer can then only add files to a save in progress (and never replace one: the files are
+/// created exclusively), not write anywhere the ps's user may.
+/// @throws InvalidArgumentError naming the prefix and the rule it breaks.
+inline void check_save_prefix(const std::string& prefix) {
+    const auto refuse = [&](const std::string& why) {
+        throw InvalidArgumentError("pss: save_shard: refused the file prefix '" + prefix + "': " + why);
+    };
+    if (!is_normal_absolute_path(prefix)) refuse("it must be an absolute path without '.', '..' or empty parts");
+    const std::string directory = parent_directory(prefix);
+    if (base_name(directory).find(temporary_marker) == std::string::npos)
+        refuse("its directory is not a checkpoint being saved (a name with '" + std::string(temporary_marker) + "')");
+    struct stat st{};
+    if (::lstat(directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        refuse("its directory does not exist or is not a directory (links are not followed)");
+}
+
+/// Checks a checkpoint directory a ps is asked to restore from: absolute and normal (`check_save_prefix`);
+/// the index then names the files, and each must be a plain name in it (`from_json(FileRecord)`).
+/// @throws InvalidArgumentError naming the directory.
+inline void check_restore_directory(const std::string& directory) {
+    if (!is_normal_absolute_path(directory))
+        throw InvalidArgumentError("pss: restore_shard: refused the checkpoint directory '" + directory +
+                                   "': it must be an absolute path without '.', '..' or empty parts");
+}
+
 // ---- .npy files with chunk checksums --------------------------------------------------------------------
 
 /// Bytes covered by one checksum of a file's data (after its header): a reader of some rows reads and
@@ -242,6 +292,10 @@ inline void to_json(nlohmann::json& j, const FileRecord& r) {
 }
 inline void from_json(const nlohmann::json& j, FileRecord& r) {
     r.file = j.at("file").get<std::string>();
+    // An index names files in its own directory only: a name with a '/' or '..' would make the ps
+    // (and pss-ckpt) read outside it.
+    if (!is_plain_file_name(r.file))
+        throw std::invalid_argument("a file name must be a plain name in the checkpoint's directory, not '" + r.file + "'");
     r.bytes = j.at("bytes").get<std::uint64_t>();
     r.crc32 = j.at("crc32").get<std::uint32_t>();
     r.header_bytes = j.at("header_bytes").get<std::uint64_t>();
