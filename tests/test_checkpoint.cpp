@@ -15,6 +15,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
@@ -158,6 +159,22 @@ TEST_SUITE("checkpoint.hpp") {
         CHECK(pss::detail::crc32(0, "", 0) == 0u);
         std::string long_text(1000, 'a');
         CHECK(pss::detail::crc32(0, long_text.data(), long_text.size()) == 0x9A38DA03u);  // zlib.crc32(b"a" * 1000)
+        CHECK(pss::detail::crc32_by_table(0, long_text.data(), long_text.size()) == 0x9A38DA03u);
+        // Folded (where the CPU can) and by table agree at every length around the fold's 64- and 16-byte
+        // steps, at every alignment, continuing any CRC.
+        std::vector<unsigned char> bytes(4096 + 64);
+        std::uint32_t state = 12345;
+        for (auto& b : bytes) b = static_cast<unsigned char>((state = state * 1103515245u + 12345u) >> 24);
+        int differ = 0, compared = 0;
+        for (std::size_t offset = 0; offset < 16; ++offset)
+            for (std::size_t n = 0; n <= 300; ++n, ++compared)
+                differ += pss::detail::crc32(static_cast<std::uint32_t>(n), bytes.data() + offset, n) !=
+                          pss::detail::crc32_by_table(static_cast<std::uint32_t>(n), bytes.data() + offset, n);
+        for (std::size_t n = 4096; n <= 4096 + 48; ++n, ++compared)
+            differ += pss::detail::crc32(0, bytes.data() + 3, n) != pss::detail::crc32_by_table(0, bytes.data() + 3, n);
+        CHECK(compared == 16 * 301 + 49);
+        CHECK(differ == 0);
+        CHECK(pss::detail::crc32(0, bytes.data(), 4096) == 0x8D119CD4u);  // Python: zlib.crc32 of the same bytes
     }
 
     TEST_CASE("Checkpoint: optimizers name their slots as Keras 3 and give their config") {
@@ -817,5 +834,62 @@ TEST_SUITE("keras/model.hpp") {
         CHECK(h.loss[1] == full.loss[3]);
         CHECK(same_weights(straight.get_weights(), resumed.get_weights()));
         CHECK_FALSE(fs::exists(dir / "backup"));  // delete_checkpoint: the fit completed
+    }
+
+    TEST_CASE("Sequential::fit with BackupAndRestore every 4 batches: a process that dies after the backup at epoch 2 "
+              "batch 2 is resumed there and ends with the bits and losses of a fit that never stopped") {
+        TempDir dir;
+        const Data d;  // 12 examples in batches of 2: 6 batches an epoch
+        KerasStrategy2 s1({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto straight = make_model(s1);
+        straight.compile(pss::Adam(0.05), "mse");
+        const auto full = straight.fit(d.x, d.y, 3, 2, true, false);
+
+        // Backups after batches 4, 8 (epoch 1, batch 2), 12 (the end of epoch 1) and 16; the process "dies"
+        // when the second is committed.
+        static int backups_committed;
+        struct Died {};
+        backups_committed = 0;
+        pss::detail::checkpoint_save_point_hook = [](const char* point) {
+            if (std::string_view(point) == "latest synced" && ++backups_committed == 2) throw Died{};
+        };
+        {
+            KerasStrategy2 s2({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+            auto first = make_model(s2);
+            first.compile(pss::Adam(0.05), "mse");
+            CHECK_THROWS_AS((void)first.fit(d.x, d.y, 3, 2, pss::BackupAndRestore{dir / "backup", true, 4}, true, false),
+                            Died);
+        }
+        pss::detail::checkpoint_save_point_hook = nullptr;
+        const auto meta = pss::detail::read_index(dir / "backup/ckpt-2").metadata;
+        CHECK(meta.at("epoch") == 1);
+        CHECK(meta.at("batch") == 2);
+
+        KerasStrategy2 s3({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto resumed = make_model(s3);
+        resumed.compile(pss::Adam(0.05), "mse");
+        std::ostringstream out;
+        const auto h = resumed.fit(d.x, d.y, 3, 2, pss::BackupAndRestore{dir / "backup", true, 4}, true, true, out);
+        CHECK(out.str().rfind("Restored the backup of epoch 2, batch 2 from " + dir / "backup" + "\nEpoch 2/3\n", 0) == 0);
+        CHECK(h.epoch == std::vector<int>{1, 2});
+        CHECK(h.loss[0] == full.loss[1]);  // the batches before the backup are counted too
+        CHECK(h.loss[1] == full.loss[2]);
+        CHECK(same_weights(straight.get_weights(), resumed.get_weights()));
+        CHECK_FALSE(fs::exists(dir / "backup"));
+
+        // A backup of another batch size does not fit: refused before any step.
+        {
+            KerasStrategy2 s4({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+            auto other = make_model(s4);
+            other.compile(pss::Adam(0.05), "mse");
+            (void)other.fit(d.x, d.y, 1, 1, pss::BackupAndRestore{dir / "b2", false, 10}, true, false);
+        }
+        KerasStrategy2 s5({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
+        auto wrong = make_model(s5);
+        wrong.compile(pss::Adam(0.05), "mse");
+        CHECK_THROWS_WITH_AS((void)wrong.fit(d.x, d.y, 2, 4, pss::BackupAndRestore{dir / "b2"}, true, false),
+                             "pss: Sequential::fit: the backup resumes at batch 10 of an epoch, but an epoch of this "
+                             "data has 3 batches; it was made with other data or another batch_size",
+                             pss::InvalidArgumentError);
     }
 }

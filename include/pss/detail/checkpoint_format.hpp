@@ -20,6 +20,9 @@
 #include <vector>
 
 #include <fcntl.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,9 +57,8 @@ inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32_tables = []
     return t;
 }();
 
-/// @brief zlib's `crc32(crc, data, n)`: the CRC-32 of what `crc` covered followed by `n` bytes at `data`
-/// (start with 0).
-[[nodiscard]] inline std::uint32_t crc32(std::uint32_t crc, const void* data, std::size_t n) noexcept {
+/// zlib's CRC-32 by the tables (any host): the CRC-32 of what `crc` covered followed by `n` bytes.
+[[nodiscard]] inline std::uint32_t crc32_by_table(std::uint32_t crc, const void* data, std::size_t n) noexcept {
     const auto* p = static_cast<const unsigned char*>(data);
     const auto& t = crc32_tables;
     std::uint32_t c = ~crc;
@@ -72,6 +74,72 @@ inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32_tables = []
     }
     while (n-- > 0) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PSS_NO_CRC32_PCLMUL)
+#define PSS_CRC32_PCLMUL 1
+/// x.hi * k.hi ^ x.lo * k.lo ^ next, carry-less: one folding step of a 128-bit lane by the distance `k` encodes.
+__attribute__((target("pclmul,sse4.1"))) inline __m128i crc32_fold_step(__m128i x, __m128i k, __m128i next) noexcept {
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x11), _mm_clmulepi64_si128(x, k, 0x00)), next);
+}
+
+__attribute__((target("pclmul,sse4.1"))) inline __m128i crc32_load(const void* at) noexcept {
+    return _mm_loadu_si128(static_cast<const __m128i*>(at));
+}
+
+/// The CRC register (not inverted) after `n` bytes (n >= 64, a multiple of 16) by carry-less multiplication:
+/// four 128-bit lanes folded 64 bytes at a time, then into one, then Barrett-reduced (Intel's "Fast CRC
+/// Computation for Generic Polynomials Using PCLMULQDQ", with the constants of zlib's crc32_simd.c in
+/// Chromium). 4x the tables: saving a checkpoint was bounded by its checksums.
+__attribute__((target("pclmul,sse4.1"))) inline std::uint32_t crc32_fold_pclmul(const unsigned char* p, std::size_t n,
+                                                                                std::uint32_t reg) noexcept {
+    alignas(16) static constexpr std::uint64_t k1k2[2] = {0x0154442bd4, 0x01c6e41596};
+    alignas(16) static constexpr std::uint64_t k3k4[2] = {0x01751997d0, 0x00ccaa009e};
+    alignas(16) static constexpr std::uint64_t k5k0[2] = {0x0163cd6124, 0x0000000000};
+    alignas(16) static constexpr std::uint64_t poly[2] = {0x01db710641, 0x01f7011641};
+    __m128i x1 = _mm_xor_si128(crc32_load(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
+    __m128i x2 = crc32_load(p + 16), x3 = crc32_load(p + 32), x4 = crc32_load(p + 48);
+    p += 64;
+    n -= 64;
+    __m128i k = crc32_load(k1k2);
+    for (; n >= 64; p += 64, n -= 64) {
+        x1 = crc32_fold_step(x1, k, crc32_load(p));
+        x2 = crc32_fold_step(x2, k, crc32_load(p + 16));
+        x3 = crc32_fold_step(x3, k, crc32_load(p + 32));
+        x4 = crc32_fold_step(x4, k, crc32_load(p + 48));
+    }
+    k = crc32_load(k3k4);
+    x1 = crc32_fold_step(crc32_fold_step(crc32_fold_step(x1, k, x2), k, x3), k, x4);
+    for (; n >= 16; p += 16, n -= 16) x1 = crc32_fold_step(x1, k, crc32_load(p));
+    // 128 bits to 64, then to 32 (Barrett reduction).
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(x1, k, 0x10));
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), crc32_load(k5k0), 0x00), _mm_srli_si128(x1, 4));
+    const __m128i mu = crc32_load(poly);
+    const __m128i q = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), mu, 0x10), low32);
+    x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(q, mu, 0x00));
+    return static_cast<std::uint32_t>(_mm_extract_epi32(x1, 1));
+}
+
+/// True when this CPU has PCLMULQDQ and SSE4.1 (asked once).
+[[nodiscard]] inline bool cpu_has_pclmul() noexcept {
+    static const bool has = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    return has;
+}
+#endif
+
+/// @brief zlib's `crc32(crc, data, n)`: the CRC-32 of what `crc` covered followed by `n` bytes at `data`
+/// (start with 0). By carry-less multiplication where the CPU has it (x86-64 since 2010), else by tables.
+[[nodiscard]] inline std::uint32_t crc32(std::uint32_t crc, const void* data, std::size_t n) noexcept {
+#ifdef PSS_CRC32_PCLMUL
+    if (n >= 64 && cpu_has_pclmul()) {
+        const auto* p = static_cast<const unsigned char*>(data);
+        const std::size_t bulk = n & ~std::size_t{15};
+        crc = ~crc32_fold_pclmul(p, bulk, ~crc);
+        return crc32_by_table(crc, p + bulk, n - bulk);
+    }
+#endif
+    return crc32_by_table(crc, data, n);
 }
 
 // ---- files ---------------------------------------------------------------------------------------------

@@ -58,12 +58,15 @@ struct History {
 };
 
 /// @brief Keras' `BackupAndRestore` callback for Sequential::fit: the model's weights, their optimizer
-/// slots and the epoch are saved in `backup_dir` at the end of every epoch, and a fit that starts where
-/// a backup exists (the process was killed, the machine lost) resumes after its last saved epoch, with
-/// the same shuffling from there on.
+/// slots and where the fit stands (epoch, batch, shuffling) are saved in `backup_dir` at the end of every
+/// epoch, or every `save_freq` batches, and a fit that starts where a backup exists (the process was
+/// killed, the machine lost) resumes right after it, with the same shuffling from there on.
 struct BackupAndRestore {
     std::string backup_dir;         ///< a CheckpointManager's directory (created when missing)
     bool delete_checkpoint = true;  ///< remove the backup when the fit completes (Keras' default)
+    /// 0: back up at the end of every epoch (Keras' `save_freq="epoch"`); N: after every N batches, counted
+    /// across epochs (Keras' integer `save_freq`). A backup waits for the batches in flight to finish.
+    std::size_t save_freq = 0;
 };
 
 /// @brief Any layer, held by value: the element of Sequential's list of layers, so that
@@ -589,12 +592,13 @@ public:
     /// the model (checked before any step runs); the first error a step raised.
     History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs = 1, std::size_t batch_size = 32,
                 bool shuffle = true, bool verbose = true, std::ostream& out = std::cout) {
-        return fit_epochs(x, y, 0, epochs, batch_size, shuffle, verbose, out, {});
+        return fit_epochs(x, y, {0, 0, 0, shuffle_rng_}, epochs, batch_size, shuffle, verbose, out, {});
     }
 
     /// @brief fit with Keras' BackupAndRestore: when `backup.backup_dir` holds a backup, the weights,
-    /// their slots and the shuffling are restored from it and training resumes after its epoch; each
-    /// epoch ends with a backup (the manager keeps one). History lists the epochs this call ran.
+    /// their slots and the shuffling are restored from it and training resumes after its last batch;
+    /// each epoch (or every `backup.save_freq` batches) ends with a backup (the manager keeps one).
+    /// History lists the epochs this call ran; the loss of an epoch resumed midway covers all its batches.
     /// In synchronous training, a resumed fit gives the bits of a fit that never stopped.
     /// @throws what fit and Checkpoint::restore throw.
     History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs, std::size_t batch_size,
@@ -608,9 +612,23 @@ public:
     [[nodiscard]] xt::xarray<float> predict(const xt::xarray<float>& x, std::size_t batch_size = 32);
 
 private:
-    History fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, int first_epoch, int epochs,
-                       std::size_t batch_size, bool shuffle, bool verbose, std::ostream& out,
-                       const std::function<void(int)>& epoch_done);
+    /// Where a fit stands between two batches: the next batch of `epoch` is `batch`, the batches of it
+    /// before summed `loss_sum`, and `shuffle_rng` is the generator's state when `epoch` began.
+    struct FitPoint {
+        int epoch = 0;
+        std::size_t batch = 0;
+        double loss_sum = 0;
+        std::mt19937 shuffle_rng;
+    };
+    /// What fit_epochs calls at a backup point (all batches before it applied): the point, every
+    /// `every_batches` batches (0: at each epoch's end).
+    struct FitBackup {
+        std::size_t every_batches = 0;
+        std::function<void(const FitPoint&)> save;
+    };
+
+    History fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, const FitPoint& start, int epochs,
+                       std::size_t batch_size, bool shuffle, bool verbose, std::ostream& out, const FitBackup& backup);
 
     void require_built(const char* what) const {
         if (!built())
@@ -795,29 +813,42 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
     prepare_inputs(x, "fit");  // builds the model: its weights must exist to be restored
     Checkpoint<StrategyType> checkpoint(*strategy_, weights());
     CheckpointManager<StrategyType> manager(checkpoint, backup.backup_dir, 1);
-    int first_epoch = 0;
+    FitPoint start{0, 0, 0, shuffle_rng_};
     if (manager.restore_or_initialize()) {
         const auto& meta = checkpoint.metadata();
-        first_epoch = meta.at("epoch").template get<int>();
+        start.epoch = meta.at("epoch").template get<int>();
+        start.batch = meta.value("batch", std::size_t{0});
+        start.loss_sum = meta.value("loss_sum", 0.0);
         std::istringstream state(meta.at("shuffle_rng").template get<std::string>());
-        state >> shuffle_rng_;
-        if (verbose) out << "Restored the backup of epoch " << first_epoch << " from " << backup.backup_dir << "\n";
+        state >> start.shuffle_rng;
+        if (!state) throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup.backup_dir +
+                                               " has a malformed shuffle_rng");
+        if (verbose) {
+            out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
+            if (start.batch > 0) out << ", batch " << start.batch;
+            out << " from " << backup.backup_dir << "\n";
+        }
     }
-    History history = fit_epochs(x, y, first_epoch, epochs, batch_size, shuffle, verbose, out, [&](int epoch) {
-        std::ostringstream state;
-        state << shuffle_rng_;
-        checkpoint.set_step(step_);
-        checkpoint.set_metadata({{"epoch", epoch + 1}, {"shuffle_rng", state.str()}, {"model", get_config()}});
-        manager.save();
-    });
+    History history = fit_epochs(x, y, start, epochs, batch_size, shuffle, verbose, out,
+                                 {backup.save_freq, [&](const FitPoint& point) {
+                                      std::ostringstream state;
+                                      state << point.shuffle_rng;
+                                      checkpoint.set_step(step_);
+                                      checkpoint.set_metadata({{"epoch", point.epoch},
+                                                               {"batch", point.batch},
+                                                               {"loss_sum", point.loss_sum},
+                                                               {"shuffle_rng", state.str()},
+                                                               {"model", get_config()}});
+                                      manager.save();
+                                  }});
     if (backup.delete_checkpoint) detail::remove_tree_quietly(backup.backup_dir);
     return history;
 }
 
 template <class StrategyType>
-History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, int first_epoch,
-                                             int epochs, std::size_t batch_size, bool shuffle, bool verbose,
-                                             std::ostream& out, const std::function<void(int)>& epoch_done) {
+History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y,
+                                             const FitPoint& start, int epochs, std::size_t batch_size, bool shuffle,
+                                             bool verbose, std::ostream& out, const FitBackup& backup) {
     require_compiled("fit");
     check_batch_size(batch_size, "fit");
     if (epochs < 0)
@@ -840,7 +871,15 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     std::size_t rebuilds_left = 2 * workers + 2;
     std::vector<std::size_t> order(examples);
     History history;
-    for (int epoch = first_epoch; epoch < epochs; ++epoch) {
+    if (start.batch >= steps && start.batch > 0)
+        throw InvalidArgumentError("pss: Sequential::fit: the backup resumes at batch " + std::to_string(start.batch) +
+                                   " of an epoch, but an epoch of this data has " + std::to_string(steps) +
+                                   " batches; it was made with other data or another batch_size");
+    shuffle_rng_ = start.shuffle_rng;
+    std::size_t batches_since_backup = 0;
+    for (int epoch = start.epoch; epoch < epochs; ++epoch) {
+        const bool resumed = epoch == start.epoch;
+        const std::mt19937 epoch_rng = shuffle_rng_;
         std::iota(order.begin(), order.end(), std::size_t{0});
         if (shuffle)  // Fisher-Yates with an unbiased, portable draw (rejection of the uneven tail)
             for (std::size_t i = examples - 1; i > 0; --i) {
@@ -907,8 +946,8 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
             }
             window.push_back(std::move(c));
         };
-        double sum = 0;
-        std::size_t counted = 0;
+        double sum = resumed ? start.loss_sum : 0;
+        std::size_t counted = resumed ? start.batch : 0;
         auto count_batch = [&] {  // the oldest batch's loss, once its closures are done
             for (;;) {
                 try {
@@ -927,7 +966,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
             }
         };
         try {
-            for (std::size_t b = 0; b < steps; ++b) {
+            for (std::size_t b = counted; b < steps; ++b) {
                 const std::size_t begin = b * batch_size;
                 const std::size_t count = std::min(batch_size, examples - begin);
                 if constexpr (StrategyType::synchronous) {
@@ -943,6 +982,16 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                     schedule_closure({b, begin, count, 0, 1.0, 1.0, {}});
                 }
                 if (b + 1 - counted > max_batches_in_flight) count_batch();
+                // A backup within the epoch: every batch up to b applied, then saved (one at its end waits
+                // for the epoch's own).
+                if (backup.save && backup.every_batches > 0 && ++batches_since_backup == backup.every_batches) {
+                    batches_since_backup = 0;
+                    if (b + 1 < steps) {
+                        while (counted < b + 1) count_batch();
+                        coordinator_->join();
+                        backup.save({epoch, b + 1, sum, epoch_rng});
+                    }
+                }
             }
             while (counted < steps) count_batch();
             coordinator_->join();
@@ -955,7 +1004,8 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         if (verbose) progress.finish(epoch_loss);
         history.epoch.push_back(epoch);
         history.loss.push_back(epoch_loss);
-        if (epoch_done) epoch_done(epoch);
+        if (backup.save && (backup.every_batches == 0 || batches_since_backup == 0))
+            backup.save({epoch + 1, 0, 0, shuffle_rng_});
     }
     return history;
 }
