@@ -457,6 +457,71 @@ TEST_SUITE("checkpoint.hpp") {
         unchanged();
     }
 
+    TEST_CASE("Checkpoint: .npy headers and index numbers are read strictly, whatever the bytes") {
+        std::string descr;
+        bool fortran = true;
+        std::vector<std::size_t> shape;
+        pss::detail::parse_npy_dictionary("{'descr': '<f4', 'fortran_order': False, 'shape': (6, 3), }          \n",
+                                          descr, fortran, shape);
+        CHECK(descr == "<f4");
+        CHECK_FALSE(fortran);
+        CHECK(shape == std::vector<std::size_t>{6, 3});
+        pss::detail::parse_npy_dictionary("{'shape':(7,),'fortran_order':True,'descr':'<i8'}\n", descr, fortran, shape);
+        CHECK((descr == "<i8" && fortran && shape == std::vector<std::size_t>{7}));
+        pss::detail::parse_npy_dictionary("{'descr': '<f8', 'fortran_order': False, 'shape': ()}", descr, fortran, shape);
+        CHECK(shape.empty());
+        auto refused = [&](std::string_view text) {
+            try {
+                pss::detail::parse_npy_dictionary(text, descr, fortran, shape);
+            } catch (const std::invalid_argument& e) {
+                return std::string(e.what());
+            }
+            return std::string("accepted");
+        };
+        CHECK(refused("") == "expected '{' at byte 0 of the dictionary");
+        CHECK(refused("\n") == "expected '{' at byte 1 of the dictionary");
+        CHECK(refused("{}") == "'descr', 'fortran_order' or 'shape' is missing at byte 2 of the dictionary");
+        CHECK(refused("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}") ==
+              "expected a dimension (at most 32) at byte 51 of the dictionary");
+        CHECK(refused("{'descr': '<f4', 'descr': '<f8'}") == "key 'descr' is unknown or repeated at byte 26 of the dictionary");
+        CHECK(refused("{'descr': '<f4") == "an unterminated string at byte 11 of the dictionary");
+        CHECK(refused("{'descr': '<f4', 'fortran_order': Maybe}") ==
+              "fortran_order is neither True nor False at byte 34 of the dictionary");
+        CHECK(refused("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}") ==
+              "a dimension too large at byte 70 of the dictionary");
+
+        // Numbers of an index that are not integers of their field's range (nlohmann's get<T>() would
+        // convert them with undefined behaviour).
+        TempDir dir;
+        train_and_save<2>(2, dir / "good");
+        const std::string text = slurp(dir / "good/index.json");
+        auto with = [&](auto edit) {
+            auto j = nlohmann::json::parse(text);
+            edit(j);
+            try {
+                (void)pss::detail::index_from_json(j.dump(), "index.json");
+            } catch (const pss::InvalidArgumentError& e) {
+                return std::string(e.what());
+            }
+            return std::string("accepted");
+        };
+        CHECK(with([](auto& j) { j["variables"][0]["shards"][0]["value"]["bytes"] = 1e99; }) ==
+              "pss: checkpoint: index.json: is malformed (\"bytes\" must be an integer from 0 to 18446744073709551615, not "
+              "1e+99)");
+        CHECK(with([](auto& j) { j["variables"][0]["shards"][0]["value"]["crc32"] = 4294967296; }) ==
+              "pss: checkpoint: index.json: is malformed (\"crc32\" must be an integer from 0 to 4294967295, not "
+              "4294967296)");
+        CHECK(with([](auto& j) { j["variables"][0]["shape"] = {-10, 3}; }) ==
+              "pss: checkpoint: index.json: is malformed (\"shape\" must be an integer from 0 to 18446744073709551615, not "
+              "-10)");
+        CHECK(with([](auto& j) { j["variables"][0]["shape"] = {std::uint64_t{1} << 61, 3}; }) ==
+              "pss: checkpoint: index.json: variable 'emb': its shape (2305843009213693952, 3) is larger than a "
+              "checkpoint can hold");
+        CHECK(with([](auto& j) { j["format"] = nlohmann::json::array(); }) ==
+              "pss: checkpoint: index.json: is not a pss checkpoint index (no \"format\": \"pss-checkpoint\")");
+        CHECK(with([](auto&) {}) == "accepted");
+    }
+
     TEST_CASE("Checkpoint: a ps writes only into a save's temporary directory and reads only a checkpoint's own files") {
         TempDir dir;
         train_and_save<2>(2, dir / "good");

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# tools/fuzz.sh: fuzz what a process decodes from the network: the wire's frames (tests/fuzz/fuzz_frame.cpp)
-# and a call's encoded arguments (tests/fuzz/fuzz_call.cpp). Builds each with clang's libFuzzer,
-# AddressSanitizer and UndefinedBehaviorSanitizer into build-fuzz/, then runs each for a bounded time on a
-# working copy of its seed corpus, tests/fuzz/corpus/ and tests/fuzz/corpus_call/ (new inputs it finds
-# stay in build-fuzz/).
+# tools/fuzz.sh: fuzz what a process decodes from the network or reads from a checkpoint: the wire's frames
+# (tests/fuzz/fuzz_frame.cpp), a call's encoded arguments (tests/fuzz/fuzz_call.cpp), and a checkpoint's index
+# and .npy files (tests/fuzz/fuzz_checkpoint.cpp). Builds each with clang's libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer into build-fuzz/, then runs each for a bounded time on a working copy of its
+# seed corpus, tests/fuzz/corpus/, corpus_call/ and corpus_checkpoint/ (new inputs it finds stay in
+# build-fuzz/).
 #
 #   tools/fuzz.sh              run each target for 60 s
 #   tools/fuzz.sh 600          run each for 600 s
-#   tools/fuzz.sh --seeds      rewrite both seed corpora with what the library's encoders make
+#   tools/fuzz.sh --seeds      rewrite the seed corpora with what the library's encoders and writers make
 #   PSS_FUZZ_ARGS="-jobs=2" tools/fuzz.sh    extra libFuzzer flags
 #
 # Needs clang++ and its runtime (Debian: clang, libclang-rt-<version>-dev). Exits non-zero when the fuzzer
@@ -29,12 +30,16 @@ if [[ ${1:-} == --seeds ]]; then
     mkdir -p tests/fuzz/corpus_call
     rm -f tests/fuzz/corpus_call/*
     "./$build/write_call_seeds" tests/fuzz/corpus_call
+    "$CXX" "${common[@]}" -DPSS_FUZZ_WRITE_SEEDS tests/fuzz/fuzz_checkpoint.cpp -o "$build/write_checkpoint_seeds"
+    mkdir -p tests/fuzz/corpus_checkpoint
+    rm -f tests/fuzz/corpus_checkpoint/*
+    "./$build/write_checkpoint_seeds" tests/fuzz/corpus_checkpoint
     exit 0
 fi
 
 seconds=${1:-60}
 read -r -a extra <<<"${PSS_FUZZ_ARGS:-}"
-for target in frame:corpus call:corpus_call; do
+for target in frame:corpus call:corpus_call checkpoint:corpus_checkpoint; do
     name=${target%%:*} corpus=${target##*:}
     "$CXX" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
         "tests/fuzz/fuzz_$name.cpp" -o "$build/fuzz_$name"

@@ -469,7 +469,7 @@ void Checkpoint<StrategyType>::write(const std::string& where) const {
                 auto& shard = index.variables[i].shards[k];
                 shard.value = j.at("value").get<detail::FileRecord>();
                 for (const auto& [name, record] : j.at("slots").items()) shard.slots[name] = record.template get<detail::FileRecord>();
-                shard.counters = j.at("counters").get<std::map<std::string, std::int64_t>>();
+                shard.counters = detail::json_counters(j.at("counters"));
             }
         if (failed) throw_error(failed->code, failed->message);
         detail::write_small_file(temporary + "/index.json", detail::index_to_json(index).dump(1) + "\n");

@@ -5751,8 +5751,10 @@ PSS_NAMESPACE_END
 #include <bit>
 #include <cerrno>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -6079,6 +6081,39 @@ inline void check_restore_directory(const std::string& directory) {
     return std::max(min_chunk, by_count);
 }
 
+/// An untrusted JSON value as an integer of type T: nlohmann's get<T>() converts a float or an integer
+/// out of T's range with undefined behaviour, so the value's kind and range are checked first.
+/// @throws std::invalid_argument naming `what` and the value.
+template <std::integral T>
+[[nodiscard]] T json_integer(const nlohmann::json& j, std::string_view what) {
+    if (j.is_number_unsigned()) {
+        if (const auto v = j.get<std::uint64_t>(); std::in_range<T>(v)) return static_cast<T>(v);
+    } else if (j.is_number_integer()) {
+        if (const auto v = j.get<std::int64_t>(); std::in_range<T>(v)) return static_cast<T>(v);
+    }
+    throw std::invalid_argument(std::string(what) + " must be an integer from " +
+                                std::to_string(std::numeric_limits<T>::min()) + " to " +
+                                std::to_string(std::numeric_limits<T>::max()) + ", not " + j.dump());
+}
+
+/// An untrusted JSON array of integers of type T (json_integer for each).
+template <std::integral T>
+[[nodiscard]] std::vector<T> json_integers(const nlohmann::json& j, std::string_view what) {
+    if (!j.is_array()) throw std::invalid_argument(std::string(what) + " must be an array, not " + j.dump());
+    std::vector<T> out;
+    out.reserve(j.size());
+    for (const auto& item : j) out.push_back(json_integer<T>(item, what));
+    return out;
+}
+
+/// An untrusted JSON object of counters: {"iterations": 7}.
+[[nodiscard]] inline std::map<std::string, std::int64_t> json_counters(const nlohmann::json& j) {
+    if (!j.is_object()) throw std::invalid_argument("\"counters\" must be an object, not " + j.dump());
+    std::map<std::string, std::int64_t> out;
+    for (const auto& [name, value] : j.items()) out[name] = json_integer<std::int64_t>(value, "counter \"" + name + "\"");
+    return out;
+}
+
 /// What the index records of one file: its size, its CRC-32 (zlib's, the whole file), and the CRC-32 of
 /// its header and of each chunk of its data, which a partial read checks.
 struct FileRecord {
@@ -6102,11 +6137,11 @@ inline void from_json(const nlohmann::json& j, FileRecord& r) {
     // (and pss-ckpt) read outside it.
     if (!is_plain_file_name(r.file))
         throw std::invalid_argument("a file name must be a plain name in the checkpoint's directory, not '" + r.file + "'");
-    r.bytes = j.at("bytes").get<std::uint64_t>();
-    r.crc32 = j.at("crc32").get<std::uint32_t>();
-    r.header_bytes = j.at("header_bytes").get<std::uint64_t>();
-    r.chunk_bytes = j.at("chunk_bytes").get<std::uint64_t>();
-    r.chunk_crc32 = j.at("chunk_crc32").get<std::vector<std::uint32_t>>();
+    r.bytes = json_integer<std::uint64_t>(j.at("bytes"), "\"bytes\"");
+    r.crc32 = json_integer<std::uint32_t>(j.at("crc32"), "\"crc32\"");
+    r.header_bytes = json_integer<std::uint64_t>(j.at("header_bytes"), "\"header_bytes\"");
+    r.chunk_bytes = json_integer<std::uint64_t>(j.at("chunk_bytes"), "\"chunk_bytes\"");
+    r.chunk_crc32 = json_integers<std::uint32_t>(j.at("chunk_crc32"), "\"chunk_crc32\"");
 }
 
 /// numpy's dtype string of a pss dtype: "<f4", "<f8", "<i4", "<i8".
@@ -6167,7 +6202,78 @@ struct NpyHeader {
     std::size_t header_bytes = 0;
 };
 
-/// Parses a .npy header from the first bytes of a file (by xtensor's npy parser).
+/// Parses the dictionary of a .npy header, the Python literal numpy writes:
+/// `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }` padded with spaces, then a newline;
+/// the keys in any order, each once. Strict, and safe on any bytes (xtensor's parse_header reads before
+/// an empty string on some, and takes "-1" or "x" for a dimension).
+/// @throws std::invalid_argument saying what is wrong.
+inline void parse_npy_dictionary(std::string_view text, std::string& descr, bool& fortran, std::vector<std::size_t>& shape) {
+    std::size_t at = 0;
+    const auto fail = [&](const std::string& what) {
+        throw std::invalid_argument(what + " at byte " + std::to_string(at) + " of the dictionary");
+    };
+    const auto skip_space = [&] {
+        while (at < text.size() && (text[at] == ' ' || text[at] == '\n' || text[at] == '\t')) ++at;
+    };
+    const auto expect = [&](char c) {
+        skip_space();
+        if (at >= text.size() || text[at] != c) fail(std::string("expected '") + c + "'");
+        ++at;
+    };
+    const auto peek = [&](char c) {
+        skip_space();
+        return at < text.size() && text[at] == c;
+    };
+    const auto quoted = [&] {
+        expect('\'');
+        const auto end = text.find('\'', at);
+        if (end == std::string_view::npos) fail("an unterminated string");
+        std::string out(text.substr(at, end - at));
+        at = end + 1;
+        return out;
+    };
+    bool seen_descr = false, seen_fortran = false, seen_shape = false;
+    expect('{');
+    while (!peek('}')) {
+        const std::string key = quoted();
+        expect(':');
+        skip_space();
+        if (key == "descr" && !seen_descr) {
+            descr = quoted();
+            seen_descr = true;
+        } else if (key == "fortran_order" && !seen_fortran) {
+            fortran = text.substr(at, 4) == "True";
+            if (!fortran && text.substr(at, 5) != "False") fail("fortran_order is neither True nor False");
+            at += fortran ? 4 : 5;
+            seen_fortran = true;
+        } else if (key == "shape" && !seen_shape) {
+            expect('(');
+            shape.clear();
+            while (!peek(')')) {
+                const std::size_t begin = at;
+                std::uint64_t d = 0;
+                for (; at < text.size() && text[at] >= '0' && text[at] <= '9'; ++at) {
+                    if (d > (std::numeric_limits<std::uint64_t>::max() - 9) / 10) fail("a dimension too large");
+                    d = d * 10 + static_cast<std::uint64_t>(text[at] - '0');
+                }
+                if (at == begin || shape.size() == 32) fail("expected a dimension (at most 32)");
+                shape.push_back(static_cast<std::size_t>(d));
+                if (!peek(')')) expect(',');
+            }
+            expect(')');
+            seen_shape = true;
+        } else {
+            fail("key '" + key + "' is unknown or repeated");
+        }
+        if (!peek('}')) expect(',');
+    }
+    expect('}');
+    skip_space();
+    if (at != text.size()) fail("bytes after the dictionary");
+    if (!seen_descr || !seen_fortran || !seen_shape) fail("'descr', 'fortran_order' or 'shape' is missing");
+}
+
+/// Parses a .npy header from the first bytes of a file.
 /// @throws InvalidArgumentError naming `path` when the bytes are no .npy header of a pss dtype in C order.
 [[nodiscard]] inline NpyHeader parse_npy_header(std::string_view bytes, const std::string& path) {
     auto bad = [&](const std::string& why) {
@@ -6188,14 +6294,15 @@ struct NpyHeader {
         throw bad("format version " + std::to_string(major) + " is unknown");
     }
     if (bytes.size() < prefix + len) throw bad("its header is cut short");
+    if (len == 0 || bytes[prefix + len - 1] != '\n') throw bad("its header does not end with a newline");
     NpyHeader h;
     h.header_bytes = prefix + len;
     std::string descr;
     bool fortran = false;
     std::vector<std::size_t> shape;
     try {
-        xt::detail::parse_header(std::string(bytes.substr(prefix, len)), descr, &fortran, shape);
-    } catch (const std::exception& e) {
+        parse_npy_dictionary(bytes.substr(prefix, len), descr, fortran, shape);
+    } catch (const std::invalid_argument& e) {
         throw bad(std::string("its header does not parse (") + e.what() + ")");
     }
     if (fortran) throw bad("it is in Fortran order; pss reads C order");
@@ -6227,9 +6334,14 @@ inline void read_npy_rows(const std::string& dir, const FileRecord& record, DTyp
         throw InvalidArgumentError("pss: checkpoint: " + path + (size < record.bytes ? " is truncated" : " is too long") +
                                    ": it has " + std::to_string(size) + " bytes where the index says " +
                                    std::to_string(record.bytes));
-    const std::uint64_t data_bytes = record.bytes - record.header_bytes;
-    const std::size_t chunks = record.chunk_bytes == 0 ? 0 : (data_bytes + record.chunk_bytes - 1) / record.chunk_bytes;
-    if (record.header_bytes < 10 || record.chunk_bytes == 0 || record.chunk_crc32.size() != chunks + 1)
+    // A header is a few hundred bytes (numpy pads it to 64); one the index claims larger is not read.
+    constexpr std::uint64_t max_header_bytes = std::uint64_t{1} << 20;
+    const bool header_fits = record.header_bytes >= 10 && record.header_bytes <= record.bytes &&
+                             record.header_bytes <= max_header_bytes;
+    const std::uint64_t data_bytes = header_fits ? record.bytes - record.header_bytes : 0;
+    const std::uint64_t chunks =
+        record.chunk_bytes == 0 ? 0 : data_bytes / record.chunk_bytes + (data_bytes % record.chunk_bytes != 0 ? 1 : 0);
+    if (!header_fits || record.chunk_bytes == 0 || record.chunk_crc32.size() != chunks + 1)
         throw InvalidArgumentError("pss: checkpoint: the index's record of " + path +
                                    " is inconsistent (header_bytes, chunk_bytes and chunk_crc32 do not fit its size)");
     auto checksum_error = [&](const std::string& part) {
@@ -6244,11 +6356,11 @@ inline void read_npy_rows(const std::string& dir, const FileRecord& record, DTyp
         throw InvalidArgumentError("pss: checkpoint: " + path + " holds shape " + format_shape(h.shape) + " dtype " +
                                    std::string(dtype_name(h.dtype)) + " where the index says shape " +
                                    format_shape(shape) + " dtype " + std::string(dtype_name(dtype)));
-    const std::size_t row_bytes = row_elements(shape) * dtype_size(dtype);
-    const std::uint64_t want_begin = row_begin * row_bytes, want_end = row_end * row_bytes;
-    if (want_end > data_bytes || want_begin > want_end)
+    const std::size_t row_bytes = row_elements(shape) * dtype_size(dtype);  // the index's shapes are checked
+    if (row_begin > row_end || (row_bytes != 0 && row_end > data_bytes / row_bytes))
         throw InvalidArgumentError("pss: checkpoint: " + path + " has no rows [" + std::to_string(row_begin) + ", " +
                                    std::to_string(row_end) + ")");
+    const std::uint64_t want_begin = row_begin * row_bytes, want_end = row_end * row_bytes;
     if (want_begin == want_end) return;
     std::vector<char> buffer;
     auto* dest = static_cast<char*>(out);
@@ -6348,6 +6460,10 @@ struct CheckpointIndex {
             {"variables", std::move(vars)}};
 }
 
+/// The most bytes a saved variable may describe (2^62): more than any file, and no product of a
+/// shape's extents, rows or bytes overflows below it.
+inline constexpr std::uint64_t max_saved_bytes = std::uint64_t{1} << 62;
+
 /// Parses and checks an index (`path` names it in errors).
 /// @throws InvalidArgumentError for an index that is not pss's, of a newer format, or inconsistent.
 [[nodiscard]] inline CheckpointIndex index_from_json(const std::string& text, const std::string& path) {
@@ -6358,36 +6474,45 @@ struct CheckpointIndex {
     } catch (const std::exception& e) {
         throw bad(std::string("is not JSON (") + e.what() + ")");
     }
-    if (!j.is_object() || j.value("format", std::string()) != "pss-checkpoint")
+    if (!j.is_object() || !j.contains("format") || j.at("format") != "pss-checkpoint")
         throw bad("is not a pss checkpoint index (no \"format\": \"pss-checkpoint\")");
     CheckpointIndex index;
     try {
-        index.format_version = j.at("format_version").get<int>();
+        index.format_version = json_integer<int>(j.at("format_version"), "\"format_version\"");
         if (index.format_version > checkpoint_format_version)
             throw bad("format_version is " + std::to_string(index.format_version) + ", newer than this pss reads (" +
                       std::to_string(checkpoint_format_version) + "); restore it with a newer pss");
-        index.step = j.at("step").get<std::uint64_t>();
+        index.step = json_integer<std::uint64_t>(j.at("step"), "\"step\"");
         index.optimizer = j.at("optimizer");
         index.partitioner = j.at("partitioner");
         index.metadata = j.value("metadata", nlohmann::json::object());
         for (const auto& jv : j.at("variables")) {
             SavedVariable v;
             v.name = jv.at("name").get<std::string>();
-            v.shape = jv.at("shape").get<Shape>();
+            v.shape = json_integers<std::size_t>(jv.at("shape"), "\"shape\"");
             const auto dtype = dtype_from_name(jv.at("dtype").get<std::string>());
             if (!dtype) throw bad("variable '" + v.name + "' has an unknown dtype " + jv.at("dtype").dump());
             v.dtype = *dtype;
+            // Shapes are untrusted: none may describe more bytes than a file can hold (no size overflows).
+            auto check_shape = [&](const Shape& shape, const std::string& what) {
+                if (bounded_elements(shape, max_saved_bytes / dtype_size(v.dtype)) < 0)
+                    throw bad("variable '" + v.name + "': " + what + " shape " + format_shape(shape) +
+                              " is larger than a checkpoint can hold");
+            };
+            check_shape(v.shape, "its");
             std::size_t rows = 0;
             for (const auto& js : jv.at("shards")) {
                 SavedShard s;
-                s.row_offset = js.at("row_offset").get<std::size_t>();
-                s.shape = js.at("shape").get<Shape>();
+                s.row_offset = json_integer<std::size_t>(js.at("row_offset"), "\"row_offset\"");
+                s.shape = json_integers<std::size_t>(js.at("shape"), "\"shape\"");
                 s.value = js.at("value").get<FileRecord>();
                 for (const auto& [name, record] : js.at("slots").items()) s.slots[name] = record.get<FileRecord>();
-                s.counters = js.at("counters").get<std::map<std::string, std::int64_t>>();
+                s.counters = json_counters(js.at("counters"));
+                check_shape(s.shape, "shard " + std::to_string(v.shards.size()) + "'s");
                 const bool fits = v.shape.empty()
                                       ? s.shape.empty() && s.row_offset == 0
                                       : s.shape.size() == v.shape.size() && s.row_offset == rows &&
+                                            s.shape[0] <= v.shape[0] - rows &&
                                             std::equal(s.shape.begin() + 1, s.shape.end(), v.shape.begin() + 1);
                 if (!fits)
                     throw bad("variable '" + v.name + "': shard " + std::to_string(v.shards.size()) + " (rows from " +
@@ -7646,7 +7771,7 @@ void Checkpoint<StrategyType>::write(const std::string& where) const {
                 auto& shard = index.variables[i].shards[k];
                 shard.value = j.at("value").get<detail::FileRecord>();
                 for (const auto& [name, record] : j.at("slots").items()) shard.slots[name] = record.template get<detail::FileRecord>();
-                shard.counters = j.at("counters").get<std::map<std::string, std::int64_t>>();
+                shard.counters = detail::json_counters(j.at("counters"));
             }
         if (failed) throw_error(failed->code, failed->message);
         detail::write_small_file(temporary + "/index.json", detail::index_to_json(index).dump(1) + "\n");

@@ -22,6 +22,7 @@
 #include <ostream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -816,13 +817,17 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
     FitPoint start{0, 0, 0, shuffle_rng_};
     if (manager.restore_or_initialize()) {
         const auto& meta = checkpoint.metadata();
-        start.epoch = meta.at("epoch").template get<int>();
-        start.batch = meta.value("batch", std::size_t{0});
-        start.loss_sum = meta.value("loss_sum", 0.0);
-        std::istringstream state(meta.at("shuffle_rng").template get<std::string>());
-        state >> start.shuffle_rng;
-        if (!state) throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup.backup_dir +
-                                               " has a malformed shuffle_rng");
+        try {
+            start.epoch = detail::json_integer<int>(meta.at("epoch"), "\"epoch\"");
+            start.batch = meta.contains("batch") ? detail::json_integer<std::size_t>(meta.at("batch"), "\"batch\"") : 0;
+            start.loss_sum = meta.value("loss_sum", 0.0);
+            std::istringstream state(meta.at("shuffle_rng").template get<std::string>());
+            state >> start.shuffle_rng;
+            if (!state) throw std::invalid_argument("\"shuffle_rng\" is no state of std::mt19937");
+        } catch (const std::exception& e) {
+            throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup.backup_dir +
+                                       " is malformed: " + e.what());
+        }
         if (verbose) {
             out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
             if (start.batch > 0) out << ", batch " << start.batch;
