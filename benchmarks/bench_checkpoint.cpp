@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -178,9 +179,38 @@ BENCHMARK(BM_plain_read_reused_buffers)->Unit(benchmark::kMillisecond)->UseRealT
 
 }  // namespace
 
+/// A field of /proc/self/status in KiB ("VmRSS", "VmHWM"), 0 when unknown.
+std::size_t status_kib(const std::string& field) {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind(field + ":", 0) == 0) return std::strtoul(line.c_str() + field.size() + 1, nullptr, 10);
+    return 0;
+}
+
+/// The memory one save needs beyond the variables: the peak RSS during a save less the RSS before it
+/// (the peak is reset first by /proc/self/clear_refs). All 4 ps tasks are in this process, so this is
+/// the sum of their needs; the limit is one shard's buffer.
+void report_save_memory() {
+    Model& model = Model::get();
+    pss::Checkpoint checkpoint(model.strategy);
+    const std::string path = bench_dir() + "/memory";
+    checkpoint.write(path);  // warm: the first save allocates the checkpoint's own small state
+    fs::remove_all(path);
+    std::ofstream("/proc/self/clear_refs") << "5";
+    const std::size_t before = status_kib("VmRSS");
+    checkpoint.write(path);
+    const std::size_t peak = status_kib("VmHWM");
+    fs::remove_all(path);
+    const double shard_mib = static_cast<double>(model_bytes()) / num_variables / (1 << 20);
+    std::printf("memory beyond the variables during a save (4 ps tasks together): %zu KiB (RSS %zu KiB before, peak "
+                "%zu KiB); one shard is %.1f MiB\n",
+                peak > before ? peak - before : 0, before, peak, shard_mib);
+}
+
 int main(int argc, char** argv) {
     std::printf("checkpoint of %zu MiB in %d float32 variables over %d ps tasks, files under %s\n", model_bytes() >> 20,
                 num_variables, num_ps, bench_dir().c_str());
+    report_save_memory();
     const int status = pss_bench::run(argc, argv,
                                       {{"save vs write+fsync", "BM_Checkpoint_save/repeats:3/real_time",
                                         "BM_plain_write_fsync/repeats:3/real_time", 0.8},
