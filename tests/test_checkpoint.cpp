@@ -309,6 +309,19 @@ std::pair<std::vector<pss::Tensor>, std::size_t> restore_and_save(int shards, co
     return {values(m), m.emb().num_shards()};
 }
 
+/// A checkpoint of a trained model on 2 ps in dir/good, and a fresh model (seed 40) on 2 ps to restore into.
+struct SavedAndFresh {
+    TempDir dir;
+    Strat<pss::Adam, 2> s{{}, pss::FixedShardsPartitioner(2), pss::Adam(0.02)};
+    Model m;
+    std::vector<pss::Tensor> before;
+    SavedAndFresh() {
+        train_and_save<2>(2, dir / "good");
+        m = build_model(s, 40);
+        before = values(m);
+    }
+};
+
 template <int PsFrom, int PsTo>
 void check_reshard(int shards_from, int shards_to) {
     TempDir dir;
@@ -357,12 +370,7 @@ TEST_SUITE("checkpoint.hpp") {
         CHECK(extra.read<float>() == xt::xarray<float>{1.f, 2.f});
     }
 
-    TEST_CASE("Checkpoint: refusals name the file and the problem, and change no variable") {
-        TempDir dir;
-        train_and_save<2>(2, dir / "good");
-        Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
-        Model m = build_model(s, 40);
-        const auto before = values(m);
+    TEST_CASE_FIXTURE(SavedAndFresh, "Checkpoint: refusals name the file and the problem, and change no variable") {
         auto unchanged = [&] {
             const auto now = values(m);
             for (std::size_t i = 0; i < before.size(); ++i) CHECK(same_bits(before[i], now[i]));
@@ -522,12 +530,7 @@ TEST_SUITE("checkpoint.hpp") {
         CHECK(with([](auto&) {}) == "accepted");
     }
 
-    TEST_CASE("Checkpoint: a ps writes only into a save's temporary directory and reads only a checkpoint's own files") {
-        TempDir dir;
-        train_and_save<2>(2, dir / "good");
-        Strat<pss::Adam, 2> s({}, pss::FixedShardsPartitioner(2), pss::Adam(0.02));
-        Model m = build_model(s, 40);
-        const auto before = values(m);
+    TEST_CASE_FIXTURE(SavedAndFresh, "Checkpoint: a ps writes only into a save's temporary directory and reads only a checkpoint's own files") {
         const auto& info = *m.emb().info_ptr();
         // What any peer of a ps task could send: a save_shard or restore_shard naming a path of its choice.
         auto send = [&](pss::Op op, const std::string& name, std::vector<std::int64_t> ids = {}) {

@@ -122,12 +122,10 @@ struct MoveOnlyPartitioner {
     std::size_t operator()(std::span<const std::size_t>, DType) const { return 1; }
 };
 
-/// An optimizer shaped like the archetype, with one piece changed by each near miss below.
-template <class Derived>
-struct OptimizerBase {
+/// An optimizer shaped like the archetype but without a name, with one piece changed by each near miss below.
+struct UnnamedOptimizerBase {
     template <class T>
     struct Slots {};
-    static std::string_view name() { return "near miss"; }
     static std::array<std::string_view, 0> slot_names() { return {}; }
     template <class S, class F>
     static void for_each_slot(S&, F&&) {}
@@ -138,6 +136,10 @@ struct OptimizerBase {
     }
     template <class T>
     void apply_dense(xt::xarray<T>&, Slots<T>&, const xt::xarray<T>&) const {}
+};
+template <class Derived>
+struct OptimizerBase : UnnamedOptimizerBase {
+    static std::string_view name() { return "near miss"; }
 };
 struct SparseTakesVector : OptimizerBase<SparseTakesVector> {
     template <class T>
@@ -173,19 +175,7 @@ struct SlotsNotVisitable : GoodOptimizer {  // for_each_slot takes no visitor
 struct ConfigNotJson : GoodOptimizer {  // get_config answers a string
     std::string get_config() const { return "{}"; }
 };
-struct NoName {
-    template <class T>
-    struct Slots {};
-    static std::array<std::string_view, 0> slot_names() { return {}; }
-    template <class S, class F>
-    static void for_each_slot(S&, F&&) {}
-    nlohmann::json get_config() const { return {}; }
-    template <class T>
-    Slots<T> make_slots(const xt::xarray<T>&) const {
-        return {};
-    }
-    template <class T>
-    void apply_dense(xt::xarray<T>&, Slots<T>&, const xt::xarray<T>&) const {}
+struct NoName : UnnamedOptimizerBase {
     template <class T>
     void apply_sparse(xt::xarray<T>&, Slots<T>&, std::span<const std::int64_t>, const xt::xarray<T>&) const {}
 };

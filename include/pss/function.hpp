@@ -110,8 +110,8 @@ private:
 /// tensor reference names a tensor that came with the values, once.
 class ValuesReader {
 public:
-    ValuesReader(Values&& values, std::string what, const CallContext& context)
-        : what_(std::move(what)), context_(context), tensors_(std::move(values.tensors)), taken_(tensors_.size(), false) {
+    ValuesReader(Values&& values, std::string what, CallContext context)
+        : what_(std::move(what)), context_(std::move(context)), tensors_(std::move(values.tensors)), taken_(tensors_.size(), false) {
         CborDepthCheck check;
         const bool sound = nlohmann::json::sax_parse(values.cbor, &check, nlohmann::json::input_format_t::cbor);
         if (check.too_deep()) fail("they nest deeper than " + std::to_string(CborDepthCheck::max_depth) + " levels");
@@ -161,7 +161,7 @@ public:
 
 private:
     std::string what_;
-    const CallContext& context_;
+    CallContext context_;  // by value: a reader may outlive the call that made it (a copy is one shared_ptr)
     nlohmann::json items_;
     std::size_t at_ = 0;
     std::vector<Tensor> tensors_;
@@ -439,8 +439,7 @@ struct is_registered_function<RegisteredFunction<S>> : std::true_type {};
 /// Decodes what run_call answered: the result, or the worker's error thrown as its Error subclass.
 template <class R>
 R decode_result(Values&& answer, const std::string& name) {
-    const CallContext none;
-    ValuesReader reader(std::move(answer), "answer to the call of \"" + name + "\"", none);
+    ValuesReader reader(std::move(answer), "answer to the call of \"" + name + "\"", CallContext{});
     const nlohmann::json& status = reader.next("a status");
     if (status == call_failed) {
         const nlohmann::json& code = reader.next("an error code");

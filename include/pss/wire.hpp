@@ -606,12 +606,15 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
             words += 1 + t.shape().size();
             bytes += t.nbytes();
         }
-        many_descriptors_.resize(8 * words);
-        std::byte* out = many_descriptors_.data();
-        for (const Tensor& t : values->tensors) describe(t, out);
         if (words > std::numeric_limits<std::uint16_t>::max())
             throw InvalidArgumentError("pss: wire: a call's tensors need " + std::to_string(words) +
                                        " descriptor words; the wire carries 65535 at most");
+        if (values->cbor.size() > std::numeric_limits<std::uint32_t>::max())
+            throw InvalidArgumentError("pss: wire: a call's values are " + std::to_string(values->cbor.size()) +
+                                       " bytes of CBOR; the wire carries 4 GiB at most");
+        many_descriptors_.resize(8 * words);
+        std::byte* out = many_descriptors_.data();
+        for (const Tensor& t : values->tensors) describe(t, out);
         h.tensors = static_cast<std::uint16_t>(values->tensors.size());
         h.descriptor_words = static_cast<std::uint16_t>(words);
         h.payload_length = bytes;

@@ -4425,12 +4425,15 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
             words += 1 + t.shape().size();
             bytes += t.nbytes();
         }
-        many_descriptors_.resize(8 * words);
-        std::byte* out = many_descriptors_.data();
-        for (const Tensor& t : values->tensors) describe(t, out);
         if (words > std::numeric_limits<std::uint16_t>::max())
             throw InvalidArgumentError("pss: wire: a call's tensors need " + std::to_string(words) +
                                        " descriptor words; the wire carries 65535 at most");
+        if (values->cbor.size() > std::numeric_limits<std::uint32_t>::max())
+            throw InvalidArgumentError("pss: wire: a call's values are " + std::to_string(values->cbor.size()) +
+                                       " bytes of CBOR; the wire carries 4 GiB at most");
+        many_descriptors_.resize(8 * words);
+        std::byte* out = many_descriptors_.data();
+        for (const Tensor& t : values->tensors) describe(t, out);
         h.tensors = static_cast<std::uint16_t>(values->tensors.size());
         h.descriptor_words = static_cast<std::uint16_t>(words);
         h.payload_length = bytes;
@@ -8699,8 +8702,8 @@ private:
 /// tensor reference names a tensor that came with the values, once.
 class ValuesReader {
 public:
-    ValuesReader(Values&& values, std::string what, const CallContext& context)
-        : what_(std::move(what)), context_(context), tensors_(std::move(values.tensors)), taken_(tensors_.size(), false) {
+    ValuesReader(Values&& values, std::string what, CallContext context)
+        : what_(std::move(what)), context_(std::move(context)), tensors_(std::move(values.tensors)), taken_(tensors_.size(), false) {
         CborDepthCheck check;
         const bool sound = nlohmann::json::sax_parse(values.cbor, &check, nlohmann::json::input_format_t::cbor);
         if (check.too_deep()) fail("they nest deeper than " + std::to_string(CborDepthCheck::max_depth) + " levels");
@@ -8750,7 +8753,7 @@ public:
 
 private:
     std::string what_;
-    const CallContext& context_;
+    CallContext context_;  // by value: a reader may outlive the call that made it (a copy is one shared_ptr)
     nlohmann::json items_;
     std::size_t at_ = 0;
     std::vector<Tensor> tensors_;
@@ -9028,8 +9031,7 @@ struct is_registered_function<RegisteredFunction<S>> : std::true_type {};
 /// Decodes what run_call answered: the result, or the worker's error thrown as its Error subclass.
 template <class R>
 R decode_result(Values&& answer, const std::string& name) {
-    const CallContext none;
-    ValuesReader reader(std::move(answer), "answer to the call of \"" + name + "\"", none);
+    ValuesReader reader(std::move(answer), "answer to the call of \"" + name + "\"", CallContext{});
     const nlohmann::json& status = reader.next("a status");
     if (status == call_failed) {
         const nlohmann::json& code = reader.next("an error code");

@@ -5,6 +5,7 @@
 # WORK_DIR/ckpts for the numpy test.
 #   -DLAUNCH=<pss-launch> -DPROGRAM=<checkpoint_program> -DCKPT=<pss-ckpt> -DWORK_DIR=<scratch dir>
 cmake_minimum_required(VERSION 3.21)
+include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
@@ -19,14 +20,7 @@ function(run name mode what shards)
   else()
     execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 -- "${PROGRAM}" ${what} "${dir}" ${shards}
       RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
-    set(chief "")
-    string(REPLACE ";" "\\;" escaped "${out}")
-    string(REPLACE "\n" ";" lines "${escaped}")
-    foreach(line IN LISTS lines)
-      if(line MATCHES "^\\[chief\\] (.*)$")
-        string(APPEND chief "${CMAKE_MATCH_1}\n")
-      endif()
-    endforeach()
+    pss_chief_lines(chief "${out}")
   endif()
   file(WRITE "${WORK_DIR}/${name}.stdout.txt" "${out}")
   file(WRITE "${WORK_DIR}/${name}.stderr.txt" "${err}")

@@ -4,6 +4,7 @@
 #   -DLAUNCH=<pss-launch> -DPROGRAM=<program> -DEXPECTED=<golden file> -DWORK_DIR=<scratch dir> -DMODE=<mode>
 #   [-DARGS=<program arguments, ;-separated>]
 cmake_minimum_required(VERSION 3.21)
+include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
@@ -14,15 +15,7 @@ if(MODE STREQUAL "embedded")
 else()
   execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 --report-memory -- "${PROGRAM}" ${ARGS}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
-  # The chief's lines, in order, without their prefix.
-  set(chief "")
-  string(REPLACE ";" "\\;" escaped "${out}")
-  string(REPLACE "\n" ";" lines "${escaped}")
-  foreach(line IN LISTS lines)
-    if(line MATCHES "^\\[chief\\] (.*)$")
-      string(APPEND chief "${CMAKE_MATCH_1}\n")
-    endif()
-  endforeach()
+  pss_chief_lines(chief "${out}")
 endif()
 file(WRITE "${WORK_DIR}/stdout.txt" "${out}")
 file(WRITE "${WORK_DIR}/stderr.txt" "${err}")
