@@ -25,6 +25,7 @@
 
 #include <pss/pss.hpp>
 
+#include "bench_support.hpp"
 #include "ratio_report.hpp"
 
 namespace {
@@ -40,10 +41,7 @@ std::size_t model_bytes() {
 }
 
 std::string bench_dir() {
-    const char* dir = std::getenv("PSS_BENCH_DIR");
-    static const std::string path = (fs::path(dir ? dir : fs::temp_directory_path().string()) /
-                                      ("pss_bench_checkpoint_" + std::to_string(::getpid())))
-                                         .string();
+    static const std::string path = pss_bench::scratch_directory("pss_bench_checkpoint");
     fs::create_directories(path);
     return path;
 }
@@ -179,14 +177,6 @@ BENCHMARK(BM_plain_read_reused_buffers)->Unit(benchmark::kMillisecond)->UseRealT
 
 }  // namespace
 
-/// A field of /proc/self/status in KiB ("VmRSS", "VmHWM"), 0 when unknown.
-std::size_t status_kib(const std::string& field) {
-    std::ifstream in("/proc/self/status");
-    for (std::string line; std::getline(in, line);)
-        if (line.rfind(field + ":", 0) == 0) return std::strtoul(line.c_str() + field.size() + 1, nullptr, 10);
-    return 0;
-}
-
 /// The memory one save needs beyond the variables: the peak RSS during a save less the RSS before it
 /// (the peak is reset first by /proc/self/clear_refs). All 4 ps tasks are in this process, so this is
 /// the sum of their needs; the limit is one shard's buffer.
@@ -197,13 +187,13 @@ void report_save_memory() {
     checkpoint.write(path);  // warm: the first save allocates the checkpoint's own small state
     fs::remove_all(path);
     std::ofstream("/proc/self/clear_refs") << "5";
-    const std::size_t before = status_kib("VmRSS");
+    const long before = pss_bench::status_kib("VmRSS");
     checkpoint.write(path);
-    const std::size_t peak = status_kib("VmHWM");
+    const long peak = pss_bench::status_kib("VmHWM");
     fs::remove_all(path);
     const double shard_mib = static_cast<double>(model_bytes()) / num_variables / (1 << 20);
-    std::printf("memory beyond the variables during a save (4 ps tasks together): %zu KiB (RSS %zu KiB before, peak "
-                "%zu KiB); one shard is %.1f MiB\n",
+    std::printf("memory beyond the variables during a save (4 ps tasks together): %ld KiB (RSS %ld KiB before, peak "
+                "%ld KiB); one shard is %.1f MiB\n",
                 peak > before ? peak - before : 0, before, peak, shard_mib);
 }
 

@@ -12,15 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <unistd.h>
 
 #include <benchmark/benchmark.h>
 #include <xtensor/xarray.hpp>
@@ -28,6 +24,7 @@
 
 #include <pss/keras.hpp>
 
+#include "bench_support.hpp"
 #include "ratio_report.hpp"
 
 namespace {
@@ -79,14 +76,6 @@ constexpr std::size_t steps_per_epoch = (examples + batch - 1) / batch;
 // pss: Sequential::fit on the embedded cluster
 // ---------------------------------------------------------------------------------------------------
 
-/// Where the saving fit backs up: PSS_BENCH_DIR, else the system's temporary directory.
-std::string backup_directory() {
-    const char* dir = std::getenv("PSS_BENCH_DIR");
-    const std::filesystem::path base = dir != nullptr && *dir != '\0' ? std::filesystem::path(dir)
-                                                                     : std::filesystem::temp_directory_path();
-    return (base / ("pss_bench_ctr_backup_" + std::to_string(::getpid()))).string();
-}
-
 constexpr std::size_t save_every_steps = 100;
 constexpr int epochs = 5;  // benchmark iterations: one epoch each (the saving fit: one iteration of 5 epochs)
 
@@ -121,7 +110,7 @@ void pss_fit(benchmark::State& state) {
         const auto history =
             SaveEvery == 0 ? model.fit(d.ids, d.clicks, 1, batch, /*shuffle=*/false, /*verbose=*/false)
                            : model.fit(d.ids, d.clicks, epochs, batch,
-                                       pss::BackupAndRestore{backup_directory(), true, SaveEvery}, /*shuffle=*/false,
+                                       pss::BackupAndRestore{pss_bench::scratch_directory("pss_bench_ctr_backup"), true, SaveEvery}, /*shuffle=*/false,
                                        /*verbose=*/false);
         seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         cpu_seconds += static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;

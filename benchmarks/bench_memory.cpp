@@ -13,18 +13,9 @@
 
 #include <pss/pss.hpp>
 
-namespace {
+#include "bench_support.hpp"
 
-/// A /proc/self/status field in KiB: VmHWM is the peak resident size, VmRSS the current one.
-long status_kib(const std::string& field) {
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    while (std::getline(status, line))
-        if (line.rfind(field + ":", 0) == 0) return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
-    return -1;
-}
-
-}  // namespace
+using pss_bench::status_kib;
 
 int main(int argc, char** argv) {
     const std::size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 256;

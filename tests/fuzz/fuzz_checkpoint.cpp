@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,22 +55,21 @@ void fit_record(pss::detail::FileRecord& r, std::string_view bytes) {
     }
 }
 
-/// Bytes of rows [begin, end) of `v`, or 0 when they would not fit the harness's 16 MiB.
-std::size_t rows_bytes(const pss::detail::SavedVariable& v, std::size_t begin, std::size_t end) {
-    std::size_t row = pss::dtype_size(v.dtype);
-    for (std::size_t i = 1; i < v.shape.size(); ++i) {
-        if (v.shape[i] != 0 && row > (std::size_t{16} << 20) / v.shape[i]) return 0;
-        row *= v.shape[i];
-    }
-    const std::size_t rows = v.shape.empty() ? 1 : end - begin;
-    return rows != 0 && row > (std::size_t{16} << 20) / rows ? 0 : row * rows;
+/// Bytes of rows [begin, end) of `v` (a scalar: its one element), or none beyond the harness's 16 MiB.
+std::optional<std::size_t> rows_bytes(const pss::detail::SavedVariable& v, std::size_t begin, std::size_t end) {
+    pss::Shape rows = v.shape;
+    if (!rows.empty()) rows[0] = end - begin;
+    const std::size_t element = pss::dtype_size(v.dtype);
+    const std::int64_t n = pss::detail::bounded_elements(rows, (std::size_t{16} << 20) / element);
+    if (n < 0) return std::nullopt;
+    return static_cast<std::size_t>(n) * element;
 }
 
 void read(const std::string& dir, const pss::detail::SavedVariable& v, const std::string& slot, std::size_t begin,
           std::size_t end) {
-    const std::size_t n = rows_bytes(v, begin, end);
-    if (n == 0 && !(begin == end && !v.shape.empty())) return;
-    std::vector<char> out(n + 1);
+    const auto n = rows_bytes(v, begin, end);
+    if (!n) return;
+    std::vector<char> out(*n + 1);
     try {
         pss::detail::read_saved_rows(dir, v, slot, begin, end, out.data());
     } catch (const pss::Error&) {
