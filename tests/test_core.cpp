@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -203,6 +205,89 @@ TEST_SUITE("ParameterServer") {
         read.key = {1, 0};
         pss::Tensor value = server.handle(std::move(read)).take();
         CHECK(value.get<float>() == xt::xarray<float>{1, 2, 3});
+    }
+    TEST_CASE("ParameterServer: a gradient holding NaN or infinity is refused with the variable's name and the "
+              "count, and changes nothing; ServerOptions turns the check off") {
+        auto make = [](pss::ServerOptions options) {
+            auto server = std::make_unique<pss::ParameterServer<pss::SGD>>(pss::SGD(1.0), pss::SyncOptions{}, options);
+            pss::Request create;
+            create.op = pss::Op::create;
+            create.key = {1, 0};
+            create.name = "emb";
+            create.payload = xt::xarray<double>{{1, 2}, {3, 4}, {5, 6}};
+            REQUIRE(server->handle(std::move(create)).ok());
+            return server;
+        };
+        auto push = [](pss::ParameterServer<pss::SGD>& server, pss::Op op, xt::xarray<double> g, Ids ids = {}) {
+            pss::Request r;
+            r.op = op;
+            r.key = {1, 0};
+            r.payload = std::move(g);
+            r.ids = std::move(ids);
+            return server.handle(std::move(r));
+        };
+        auto read = [](pss::ParameterServer<pss::SGD>& server) {
+            pss::Request r;
+            r.op = pss::Op::read;
+            r.key = {1, 0};
+            return server.handle(std::move(r)).take().get<double>();
+        };
+        const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+        auto server = make({});
+        pss::Reply dense = push(*server, pss::Op::apply_dense, xt::xarray<double>{{1, nan}, {inf, 1}, {1, -inf}});
+        CHECK(dense.code == pss::ErrorCode::invalid_argument);
+        CHECK(dense.message == "pss: apply_gradient on variable 'emb': the gradient holds 3 non-finite values (NaN or "
+                               "infinity) of 6; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
+        pss::Reply sparse = push(*server, pss::Op::apply_sparse, xt::xarray<double>{{1, 1}, {nan, 1}}, {0, 2});
+        CHECK(sparse.message == "pss: apply_sparse_gradient on variable 'emb': the gradient holds 1 non-finite value "
+                                "(NaN or infinity) of 4; nothing was applied "
+                                "(ServerOptions::refuse_non_finite_gradients)");
+        CHECK(read(*server) == xt::xarray<double>{{1, 2}, {3, 4}, {5, 6}});
+        // assign and scatter are not gradients: a program may store infinity on purpose.
+        CHECK(push(*server, pss::Op::scatter_update, xt::xarray<double>{{inf, 0}}, {1}).ok());
+        CHECK(push(*server, pss::Op::apply_dense, xt::xarray<double>{{1, 1}, {0, 0}, {1, 1}}).ok());
+        CHECK(read(*server) == xt::xarray<double>{{0, 1}, {inf, 0}, {4, 5}});
+
+        auto lenient = make({.refuse_non_finite_gradients = false});
+        CHECK(push(*lenient, pss::Op::apply_dense, xt::xarray<double>{{0, 0}, {0, 0}, {0, inf}}).ok());
+        CHECK(read(*lenient)(2, 1) == -inf);
+    }
+    TEST_CASE("ParameterServer: a synchronous push more than staleness + 2 steps ahead of the applied step is "
+              "refused and kept nowhere; one within the window waits for its step") {
+        for (std::uint64_t staleness : {0u, 3u}) {
+            CAPTURE(staleness);
+            pss::ParameterServer<pss::SGD> server(pss::SGD(1.0), pss::SyncOptions{true, 1, staleness});
+            pss::Request create;
+            create.op = pss::Op::create;
+            create.key = {1, 0};
+            create.name = "w";
+            create.payload = xt::xarray<float>{10};
+            REQUIRE(server.handle(std::move(create)).ok());
+            auto push = [&](std::uint64_t step) {
+                pss::Request r;
+                r.op = pss::Op::apply_dense;
+                r.key = {1, 0};
+                r.step = step;
+                r.payload = xt::xarray<float>{1};
+                return server.handle(std::move(r));
+            };
+            const std::uint64_t last = 2 + staleness;  // the furthest a worker can be ahead of step 0
+            pss::Reply far = push(last + 1);
+            CHECK(far.code == pss::ErrorCode::invalid_argument);
+            CHECK(far.message == "pss: apply_gradient on variable 'w': step " + std::to_string(last + 1) +
+                                     " is too far ahead: step 0 is the last applied, and with staleness " +
+                                     std::to_string(staleness) + " no worker can push beyond step " +
+                                     std::to_string(last));
+            CHECK(push(std::uint64_t{1} << 62).code == pss::ErrorCode::invalid_argument);
+            CHECK(push(last).ok());  // kept until the steps before it are applied
+            for (std::uint64_t step = 1; step < last; ++step) CHECK(push(step).ok());
+            pss::Request read;
+            read.op = pss::Op::read;
+            read.key = {1, 0};
+            CHECK(server.handle(std::move(read)).take().get<float>() == xt::xarray<float>{10.0f - static_cast<float>(last)});
+            CHECK(push(2 * last + 1).code == pss::ErrorCode::invalid_argument);  // the window moved with the steps
+            CHECK(push(2 * last).ok());
+        }
     }
     TEST_CASE("ParameterServer: creating the same shard twice is AlreadyExistsError") {
         pss::ParameterServer<pss::SGD> server;

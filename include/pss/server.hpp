@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -73,6 +74,14 @@ struct SyncOptions {
     std::uint64_t staleness = 0;   ///< synchronous: how many steps a pull may run ahead of the applied ones
 };
 
+/// @brief What a ParameterServer refuses to apply.
+struct ServerOptions {
+    /// Refuse a gradient holding NaN or infinity (`apply_gradient`, `apply_sparse_gradient`) with an
+    /// InvalidArgumentError naming the variable and the count of bad values; the shard is left as it
+    /// was. One such push would otherwise turn the variable's every value NaN, silently.
+    bool refuse_non_finite_gradients = true;
+};
+
 /// @brief The state of one parameter-server task: its shards, each with its optimizer slots.
 ///
 /// A ParameterServer is driven by one thread (the transport's task), so it needs no locks: requests to
@@ -89,8 +98,9 @@ class ParameterServer {
 public:
     /// @param optimizer applies gradients to this task's shards
     /// @param sync how pushes are applied: asynchronously (the default) or per step from all workers
-    explicit ParameterServer(OptimizerPolicy optimizer = {}, SyncOptions sync = {})
-        : optimizer_(std::move(optimizer)), sync_(sync) {
+    /// @param options what the server refuses to apply
+    explicit ParameterServer(OptimizerPolicy optimizer = {}, SyncOptions sync = {}, ServerOptions options = {})
+        : optimizer_(std::move(optimizer)), sync_(sync), options_(options) {
         if (sync_.synchronous && sync_.workers == 0)
             throw InvalidArgumentError("pss: ParameterServer: synchronous training needs at least one worker");
     }
@@ -284,6 +294,7 @@ private:
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
+                    if (options_.refuse_non_finite_gradients) check_finite<T>(shard, request);
                     if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
                     if (sync_.synchronous) {
                         push_step(shard, state, std::move(request));
@@ -304,6 +315,20 @@ private:
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;
+    }
+
+    /// Throws when the gradient holds NaN or infinity: nothing is applied.
+    template <class T>
+    static void check_finite(const Shard& shard, const Request& request) {
+        const auto& gradient = request.payload.template get<T>();
+        std::size_t bad = 0;
+        for (const T x : gradient) bad += std::isfinite(x) ? 0 : 1;  // no early exit: the loop vectorises
+        if (bad != 0)
+            throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
+                                       "': the gradient holds " + std::to_string(bad) + " non-finite value" +
+                                       (bad == 1 ? "" : "s") + " (NaN or infinity) of " +
+                                       std::to_string(gradient.size()) +
+                                       "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
     /// Sums rows of repeated ids, scales them and lets the optimizer apply them.
@@ -327,8 +352,17 @@ private:
         if (step <= state.applied)
             throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) +
                                        " is applied already; a worker pushed twice, or too late");
-        // A push may be ahead of this shard by more than the staleness bound: its worker's pulls were
-        // checked against other shards. It waits in `pending` until the steps before it are applied.
+        // A push may be ahead of this shard by one step more than the staleness bound: its worker's pulls
+        // may have been checked against other shards only. Every worker finished step s - 2 - staleness
+        // (its pushes were answered) before any worker could pull step s anywhere, so a push of step s
+        // further ahead than that comes from no worker of this run: it is refused, not kept (a stranger's
+        // pushes for far-future steps would otherwise hold memory for ever). It waits in `pending` until
+        // the steps before it are applied.
+        if (step > state.applied + 2 + sync_.staleness)
+            throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) + " is too far ahead: step " +
+                                       std::to_string(state.applied) + " is the last applied, and with staleness " +
+                                       std::to_string(sync_.staleness) + " no worker can push beyond step " +
+                                       std::to_string(state.applied + 2 + sync_.staleness));
         auto& pending = state.pending[step];
         auto& grad = request.payload.template get<T>();
         if (request.op == Op::apply_dense) {
@@ -549,6 +583,7 @@ private:
 
     OptimizerPolicy optimizer_;
     SyncOptions sync_;
+    ServerOptions options_;
     std::unordered_map<ShardKey, Shard, KeyHash> shards_;
     std::unordered_map<ShardKey, AnyStaged, KeyHash> staged_;
 };
