@@ -5,12 +5,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
 #include <future>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 #include <doctest/doctest.h>
@@ -256,6 +266,8 @@ TEST_SUITE("net") {
                   "pss: wire: frame of kind 4 carries values; only a call and its reply do");
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{14}; })) ==
                   "pss: wire: frame of a shutdown carries tensors, ids or a name; it carries nothing");
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{128}; })) ==
+                  "pss: wire: frame of a reply carries ids or a name; a reply carries neither");
             CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{2}; })) ==
                   "pss: wire: frame of a shard operation describes 2 tensors; it carries one at most");
             CHECK(decode_error(with([](Bytes& b) { b[38] = std::byte{10}; })) ==
@@ -661,5 +673,347 @@ TEST_SUITE("net") {
                              doctest::Contains("id 3 is out of range"), pss::OutOfRangeError);
         CHECK_THROWS_AS(counts.assign(xt::xarray<std::int64_t>{1, 2}), pss::InvalidArgumentError);
         CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{9, 18, 27});
+    }
+}
+
+// ---- what a stranger who reaches a port can do (issue 10: bounded resources, nothing trusted) ----------
+
+namespace {
+
+/// A ps task in a process of its own, as users run it: forked while this process runs no other thread,
+/// it serves a ParameterServer<SGD> over a TcpTransport with `options` until this object is destroyed.
+/// Its resident memory and CPU time are read from /proc.
+class ForkedPs {
+public:
+    explicit ForkedPs(pss::TcpOptions options, rlim_t max_files = 0) {
+        // A child forked from a threaded process may inherit a lock some thread held: wait (a little) for
+        // the threads of earlier tests to end.
+        auto threads = [] {
+            return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                 std::filesystem::directory_iterator{});
+        };
+        for (int i = 0; i < 200 && threads() > 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        REQUIRE(threads() == 1);
+        int port_pipe[2], stop_pipe[2];
+        REQUIRE(::pipe(port_pipe) == 0);
+        REQUIRE(::pipe(stop_pipe) == 0);
+        pid_ = ::fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            ::close(port_pipe[0]);
+            ::close(stop_pipe[1]);
+            rlimit files{};
+            if (max_files != 0 && ::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+                files.rlim_cur = max_files;
+                if (::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(3);
+            }
+            {
+                pss::ParameterServer<pss::SGD> server(pss::SGD(1.0));
+                pss::TcpTransport transport(one_ps(), options);
+                transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
+                    server.handle(std::move(r), std::move(respond));
+                });
+                const std::uint16_t port = transport.bound_port({"ps", 0});
+                if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(4);
+                char byte = 0;
+                while (::read(stop_pipe[0], &byte, 1) < 0) {
+                }  // until the parent closes its end
+                transport.shutdown();
+            }
+            ::_exit(0);
+        }
+        ::close(port_pipe[1]);
+        ::close(stop_pipe[0]);
+        stop_ = stop_pipe[1];
+        const auto n = ::read(port_pipe[0], &port_, sizeof port_);
+        ::close(port_pipe[0]);
+        REQUIRE(n == sizeof port_);
+    }
+    ForkedPs(const ForkedPs&) = delete;
+    ForkedPs& operator=(const ForkedPs&) = delete;
+    ~ForkedPs() {
+        ::close(stop_);
+        int status = 0;
+        ::waitpid(pid_, &status, 0);
+        CHECK(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 0);
+    }
+
+    [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+    /// Resident memory in MiB (VmRSS).
+    [[nodiscard]] double rss_mib() const {
+        std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+        std::string line;
+        while (std::getline(status, line))
+            if (line.starts_with("VmRSS:")) return std::stod(line.substr(6)) / 1024.0;
+        FAIL("no VmRSS for the ps process");
+        return 0;
+    }
+
+    /// User and system CPU time so far, in seconds.
+    [[nodiscard]] double cpu_seconds() const {
+        std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        std::istringstream fields(text.substr(text.rfind(')') + 2));
+        std::string field;
+        double ticks = 0;
+        for (int i = 3; i <= 15 && fields >> field; ++i)
+            if (i == 14 || i == 15) ticks += std::stod(field);
+        return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+    }
+
+    /// A client transport whose ps task is this process.
+    [[nodiscard]] std::unique_ptr<pss::TcpTransport> client() const {
+        return std::make_unique<pss::TcpTransport>(
+            pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(port_)}}});
+    }
+
+private:
+    pid_t pid_ = -1;
+    int stop_ = -1;
+    std::uint16_t port_ = 0;
+};
+
+pss::Request shard_request(pss::Op op, pss::Tensor payload = {}, Ids ids = {}) {
+    pss::Request r;
+    r.op = op;
+    r.key = {1, 0};
+    r.name = "w";
+    r.payload = std::move(payload);
+    r.ids = std::move(ids);
+    return r;
+}
+
+/// Creates variable 1/0 on the ps: `elements` float32 values 0, 1, 2, ...
+void create_variable(pss::TcpTransport& client, std::size_t elements) {
+    REQUIRE(client.send({"ps", 0}, shard_request(pss::Op::create, xt::xarray<float>(xt::arange<float>(
+                                                                      static_cast<float>(elements)))))
+                .get()
+                .ok());
+}
+
+/// True when the ps still serves: variable 1/0 reads back as 0, 1, 2, ... (`elements` of them).
+bool serves_unchanged(pss::TcpTransport& client, std::size_t elements) {
+    pss::Reply reply = client.send({"ps", 0}, shard_request(pss::Op::read)).get();
+    return reply.ok() &&
+           reply.payload.get<float>() == xt::xarray<float>(xt::arange<float>(static_cast<float>(elements)));
+}
+
+/// The seconds until the server closes `raw` (it reads and drops what comes), at most `limit`.
+double seconds_until_closed(RawClient& raw, double limit) {
+    const auto start = std::chrono::steady_clock::now();
+    raw.socket.non_blocking(true);
+    std::array<std::byte, 65536> sink;
+    for (;;) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (elapsed > limit) return elapsed;
+        std::error_code ec;
+        raw.socket.read_some(asio::buffer(sink), ec);
+        if (ec == asio::error::would_block) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            continue;
+        }
+        if (ec) return elapsed;  // EOF or reset: closed
+    }
+}
+
+}  // namespace
+
+TEST_SUITE("net") {
+    TEST_CASE("TcpTransport under attack: headers announcing 16 Mi ids or a 1 GiB payload cost the ps memory only "
+              "for the bytes that came; a stalled frame is closed after frame_timeout; the ps serves on, unchanged" *
+              doctest::timeout(60)) {
+        pss::TcpOptions options;
+        options.serve.frame_timeout = std::chrono::milliseconds(1500);
+        ForkedPs ps(options);
+        std::size_t elements = 1000;
+        {
+            auto client = ps.client();
+            create_variable(*client, elements);
+        }
+        const double before = ps.rss_mib();
+
+        // 16 gathers announcing 16 Mi ids each (128 MiB apiece: 2 GiB had they been sized at once), each
+        // sending 1 MiB of them, then stalling.
+        pss::Request gather = shard_request(pss::Op::gather, {}, Ids{0, 1});
+        Bytes ids_frame = frame_bytes(pss::OutgoingFrame::request(gather, 7, 0, false));
+        ids_frame.resize(80 + get_le(ids_frame, 38, 2) * 8 + get_le(ids_frame, 40, 4));  // header, descriptors, name
+        put_u64(ids_frame, 48, std::uint64_t{1} << 24);
+        ids_frame.resize(ids_frame.size() + (1u << 20), std::byte{0});
+        // 4 assigns announcing 1 GiB of float32 each, sending 1 MiB: one is received, three wait for the
+        // task's receive budget (4 GiB, half of it announced by the gathers).
+        pss::Request assign = shard_request(pss::Op::assign, xt::xarray<float>{1, 2});
+        Bytes payload_frame = frame_bytes(pss::OutgoingFrame::request(assign, 8, 0, false));
+        REQUIRE(get_le(payload_frame, 38, 2) == 2);  // descriptors: dtype and rank, then the one extent
+        payload_frame.resize(80 + 16 + get_le(payload_frame, 40, 4));  // header, descriptors, name
+        put_u64(payload_frame, 88, std::uint64_t{1} << 28);
+        put_u64(payload_frame, 56, std::uint64_t{1} << 30);
+        reseal(payload_frame);
+        payload_frame.resize(payload_frame.size() + (1u << 20), std::byte{0});
+
+        std::vector<std::unique_ptr<RawClient>> stalled;
+        for (int i = 0; i < 20; ++i) {
+            stalled.push_back(std::make_unique<RawClient>(ps.port()));
+            stalled.back()->write(i < 16 ? ids_frame : payload_frame);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the ps has read what came
+        const double during = ps.rss_mib();
+        MESSAGE("ps resident memory: " << before << " MiB before, " << during << " MiB with 20 stalled frames "
+                                       << "announcing 6 GiB");
+        // 16 x (2 MiB of ids: grown ahead by at most what came, and the 1 MiB they grew from) + 1 MiB
+        CHECK(during - before < 100.0);
+        for (auto& raw : stalled) CHECK(seconds_until_closed(*raw, 10.0) < 5.0);
+        auto client = ps.client();
+        CHECK(serves_unchanged(*client, elements));
+    }
+
+    TEST_CASE("TcpTransport under attack: a connection that sends nothing, or half a frame, is closed after "
+              "first_frame_timeout or frame_timeout" *
+              doctest::timeout(30)) {
+        pss::TcpOptions options;
+        options.serve.first_frame_timeout = std::chrono::milliseconds(800);
+        options.serve.frame_timeout = std::chrono::milliseconds(800);
+        pss::TcpTransport transport(one_ps(), options);
+        pss::ParameterServer<pss::SGD> server;
+        transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
+            server.handle(std::move(r), std::move(respond));
+        });
+        const std::uint16_t port = transport.bound_port({"ps", 0});
+        RawClient silent(port);
+        const Bytes frame = frame_bytes(pss::OutgoingFrame::request(
+            shard_request(pss::Op::create, xt::xarray<float>(xt::arange<float>(1000.0f))), 1, 0, false));
+        RawClient half(port);
+        half.write(Bytes(frame.begin(), frame.begin() + static_cast<std::ptrdiff_t>(frame.size() / 2)));
+        const double silent_closed = seconds_until_closed(silent, 10.0);
+        CHECK(silent_closed > 0.5);
+        CHECK(silent_closed < 5.0);
+        CHECK(seconds_until_closed(half, 10.0) < 5.0);
+        // A proven connection may stay idle: only a frame begun has a deadline.
+        RawClient proven(port);
+        proven.write(frame);
+        Bytes reply(80);
+        asio::read(proven.socket, asio::buffer(reply));
+        CHECK(pss::decode_header(std::span<const std::byte, 80>(reply.data(), 80)).code == pss::ErrorCode::ok);
+        CHECK(seconds_until_closed(proven, 1.5) >= 1.5);
+        CHECK(server.num_shards() == 1);
+    }
+
+    TEST_CASE("TcpTransport under attack: reads pipelined without reading the replies stop being read past "
+              "max_unread_reply_bytes, and the connection is closed after unread_reply_timeout" *
+              doctest::timeout(60)) {
+        pss::TcpOptions options;
+        options.serve.max_unread_reply_bytes = std::size_t{16} << 20;
+        options.serve.unread_reply_timeout = std::chrono::milliseconds(1000);
+        ForkedPs ps(options);
+        const std::size_t elements = std::size_t{1} << 20;  // 4 MiB
+        auto client = ps.client();
+        create_variable(*client, elements);
+        const double before = ps.rss_mib();
+        RawClient raw(ps.port());
+        Bytes reads;
+        for (std::uint64_t id = 1; id <= 300; ++id) {  // 300 x 4 MiB of replies, had they all been made
+            const Bytes one = frame_bytes(pss::OutgoingFrame::request(shard_request(pss::Op::read), id, 0, false));
+            reads.insert(reads.end(), one.begin(), one.end());
+        }
+        raw.write(reads);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        const double during = ps.rss_mib();
+        MESSAGE("ps resident memory: " << before << " MiB before, " << during << " MiB with 300 unread reads");
+        CHECK(during - before < 48.0);  // 16 MiB queued + the reply being written + socket buffers
+        CHECK(serves_unchanged(*client, elements));  // another connection is served meanwhile
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        Bytes got;
+        std::error_code ec;
+        asio::read(raw.socket, asio::dynamic_buffer(got), ec);
+        CHECK(ec);  // closed (end of file or reset)
+        CHECK(got.size() < std::size_t{300} * (elements * 4 + 80));
+        CHECK(serves_unchanged(*client, elements));
+    }
+
+    TEST_CASE("TcpTransport under attack: 2,000 idle connections under a limit of 1,024 file descriptors neither "
+              "spin the ps nor lock out a legitimate client" *
+              doctest::timeout(120)) {
+        rlimit files{};
+        REQUIRE(::getrlimit(RLIMIT_NOFILE, &files) == 0);
+        if (files.rlim_max != RLIM_INFINITY && files.rlim_max < 2300) {
+            MESSAGE("skipped: this process may open only " << files.rlim_max << " files");
+            return;
+        }
+        if (files.rlim_cur != RLIM_INFINITY && files.rlim_cur < 2300) {
+            files.rlim_cur = 2300;
+            REQUIRE(::setrlimit(RLIMIT_NOFILE, &files) == 0);
+        }
+        // The default cap (three quarters of 1,024), and a cap above the descriptor limit, so that
+        // accept itself fails with EMFILE and has to back off.
+        for (std::size_t max_connections : {std::size_t{0}, std::size_t{5000}}) {
+            CAPTURE(max_connections);
+            pss::TcpOptions options;
+            options.serve.max_connections = max_connections;
+            ForkedPs ps(options, 1024);
+            const std::size_t elements = 16;
+            {
+                auto client = ps.client();
+                create_variable(*client, elements);
+            }
+            asio::io_context io;
+            std::vector<asio::ip::tcp::socket> idle;
+            for (int i = 0; i < 2000; ++i)
+                idle.emplace_back(io).connect({asio::ip::address_v4::loopback(), ps.port()});
+            std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            const double cpu_before = ps.cpu_seconds();
+            std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            const double cpu = ps.cpu_seconds() - cpu_before;
+            MESSAGE("ps CPU time over 1 s with 2,000 idle connections: " << cpu << " s");
+            CHECK(cpu < 0.3);  // a spinning accept loop takes the whole second
+            auto client = ps.client();
+            CHECK(serves_unchanged(*client, elements));
+        }
+    }
+
+    TEST_CASE("TcpTransport under attack: a request id repeated on a connection is answered from the record of "
+              "its outcome, not applied twice; one older than the record is refused" *
+              doctest::timeout(30)) {
+        pss::TcpOptions options;
+        options.serve.recorded_replies = 3;
+        pss::TcpTransport transport(one_ps(), options);
+        pss::ParameterServer<pss::SGD> server;
+        transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
+            server.handle(std::move(r), std::move(respond));
+        });
+        RawClient raw(transport.bound_port({"ps", 0}));
+        auto exchange = [&](const pss::Request& request, std::uint64_t id) {
+            raw.write(frame_bytes(pss::OutgoingFrame::request(request, id, 0, false)));
+            Bytes header(80);
+            asio::read(raw.socket, asio::buffer(header));
+            const auto h = pss::decode_header(std::span<const std::byte, 80>(header.data(), 80));
+            Bytes rest(static_cast<std::size_t>(std::uint64_t{h.descriptor_words} * 8 + h.name_length +
+                                                h.message_length + h.values_length + h.ids_count * 8 +
+                                                h.payload_length));
+            asio::read(raw.socket, asio::buffer(rest));
+            header.insert(header.end(), rest.begin(), rest.end());
+            auto frame = pss::decode_frame(header);
+            CHECK(frame.header.request_id == id);
+            pss::Reply reply;
+            reply.code = frame.header.code;
+            reply.message = frame.body.message;
+            reply.payload = std::move(frame.payload);
+            return reply;
+        };
+        const auto add_one = shard_request(pss::Op::assign_add, xt::xarray<float>{1, 1});
+        CHECK(exchange(shard_request(pss::Op::create, xt::xarray<float>{10, 20}), 1).ok());
+        CHECK(exchange(add_one, 2).ok());
+        CHECK(exchange(add_one, 2).ok());  // the record's answer: applied once
+        const auto wrong_shape = shard_request(pss::Op::assign_add, xt::xarray<float>{1});
+        const std::string error = exchange(wrong_shape, 3).message;
+        CHECK(error == "pss: assign_add on variable 'w': expected shape (2,) dtype float32, got shape (1,) dtype float32");
+        CHECK(exchange(add_one, 3).message == error);  // the record's answer, whatever the frame now says
+        CHECK(exchange(shard_request(pss::Op::read), 4).payload.get<float>() == xt::xarray<float>{11, 21});
+        CHECK(exchange(shard_request(pss::Op::read), 4).payload.get<float>() == xt::xarray<float>{11, 21});  // reads run again
+        pss::Reply old = exchange(add_one, 1);  // ids 2, 3 and 4 are recorded: 1 is not
+        CHECK(old.code == pss::ErrorCode::failed_precondition);
+        CHECK(old.message == "pss: TcpTransport: request id 1 reached /job:ps/replica:0/task:0 again on this "
+                             "connection (ids must increase: 4 came already); it was not applied again");
+        CHECK(exchange(shard_request(pss::Op::read), 5).payload.get<float>() == xt::xarray<float>{11, 21});
     }
 }

@@ -443,6 +443,8 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
         fail("of kind " + std::to_string(h.kind) + " carries values; only a call and its reply do");
     if (h.kind == frame_kind_shutdown && (h.tensors != 0 || h.ids_count != 0 || h.name_length != 0))
         fail("of a shutdown carries tensors, ids or a name; it carries nothing");
+    if (h.is_reply() && (h.ids_count != 0 || h.name_length != 0))
+        fail("of a reply carries ids or a name; a reply carries neither");
     if (h.has_values())
         too_big("tensors", h.tensors, limits.max_tensors);
     else if (h.tensors > 1)

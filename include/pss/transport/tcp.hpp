@@ -80,7 +80,8 @@ public:
                                           ") was called after shutdown()");
         if (served_.contains(task))
             throw InvalidArgumentError("pss: TcpTransport: task " + task.to_string() + " is served twice");
-        auto served = std::make_shared<detail::TcpServedTask>(io_, task, std::move(handler), options_.limits);
+        auto served = std::make_shared<detail::TcpServedTask>(io_, task, std::move(handler), options_.limits,
+                                                             options_.serve);
         std::error_code ec;
         asio::ip::address address = asio::ip::make_address(where.host, ec);
         if (where.host == "localhost") address = asio::ip::address_v4::loopback();

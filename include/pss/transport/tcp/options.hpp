@@ -18,6 +18,34 @@
 
 PSS_NAMESPACE_BEGIN
 
+/// @brief What a served task spends on its peers at most. Each bound is a defence against a peer that
+/// misbehaves or attacks (the README's Security section); the defaults leave a legitimate cluster room.
+struct TcpServeLimits {
+    /// Connections one served task keeps open; 0: three quarters of the process's soft limit of file
+    /// descriptors. A connection beyond it closes the oldest one that has not sent a whole frame yet, or
+    /// else is closed itself.
+    std::size_t max_connections = 0;
+    /// A connection that has not sent its first whole frame this long after it was accepted is closed.
+    std::chrono::milliseconds first_frame_timeout{10'000};
+    /// A frame whose header has arrived must arrive whole within this, else the connection is closed
+    /// (a peer that announces a large frame and stalls holds nothing for longer).
+    std::chrono::milliseconds frame_timeout{60'000};
+    /// Reply bytes a connection may leave unread before the task stops reading its requests.
+    std::size_t max_unread_reply_bytes = std::size_t{64} << 20;
+    /// Reply bytes all of a task's connections may leave unread before each stops reading requests (a
+    /// connection with no reply waiting still reads).
+    std::size_t max_task_unread_reply_bytes = std::size_t{1} << 30;
+    /// A connection whose requests are not read (its replies are not being read) for this long is closed.
+    std::chrono::milliseconds unread_reply_timeout{60'000};
+    /// Bytes (ids and tensors, as announced) of the frames a task is receiving at once; a frame that
+    /// would go beyond waits until others are whole. A single frame may always be received.
+    std::uint64_t max_receiving_bytes = std::uint64_t{4} << 30;
+    /// Bytes of receive buffers a task keeps for reuse (large pushes land in mapped pages).
+    std::size_t max_pooled_bytes = std::size_t{256} << 20;
+    /// Replies a connection remembers, so that a repeated request id is answered, not applied twice.
+    std::size_t recorded_replies = 1024;
+};
+
 /// @brief Settings of a TcpTransport. The defaults are TensorFlow's where it has one.
 struct TcpOptions {
     /// First wait between two connection attempts to a task that is not up yet.
@@ -34,8 +62,10 @@ struct TcpOptions {
     /// synchronous pull is held at the ps until its step is applied, so it waits for the slowest worker's
     /// step: keep this above the longest step.
     std::chrono::milliseconds request_timeout{30'000};
-    /// What a peer may make this process allocate.
+    /// What a peer may make this process allocate for one frame.
     WireLimits limits;
+    /// What a served task spends on its peers.
+    TcpServeLimits serve;
     /// Threads running the sockets and the served tasks' handlers (a handler runs on one of them, and
     /// holds it while it runs). One gives the lowest latency: with two, completions hop between threads.
     /// Raise it for a process serving several busy tasks, or whose handler may block: with one thread,
