@@ -508,6 +508,41 @@ TEST_SUITE("Remote calls") {
         CHECK(named_inproc.is_chief());
         CHECK(!named_inproc.is_distributed());
     }
+    TEST_CASE("ParameterServerStrategy: a chief or worker whose optimizer or consistency differs from a ps's is "
+              "refused as it starts, with each part as both tasks run it" *
+              doctest::timeout(60)) {
+        auto free_address = [] {
+            asio::io_context io;
+            asio::ip::tcp::acceptor probe(io, asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+            return "127.0.0.1:" + std::to_string(probe.local_endpoint().port());
+        };
+        // Fixed addresses, as every process of a real cluster reads them.
+        const pss::ClusterSpec spec{{"chief", {free_address()}}, {"ps", {free_address()}}, {"worker", {free_address()}}};
+        using S = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::SimpleClusterResolver>;
+        using Sync = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD,
+                                                  pss::SimpleClusterResolver, pss::Synchronous>;
+        S ps{pss::SimpleClusterResolver(spec, "ps", 0), {}, pss::SGD(0.5)};
+        CHECK_THROWS_WITH_AS(S(pss::SimpleClusterResolver(spec, "chief", 0), {}, pss::SGD(0.25)),
+                             "pss: /job:chief/replica:0/task:0 and /job:ps/replica:0/task:0 run different "
+                             "configurations: optimizer {\"config\":{\"learning_rate\":0.25,\"name\":\"SGD\"},"
+                             "\"name\":\"SGD\"} on /job:chief/replica:0/task:0, {\"config\":{\"learning_rate\":0.5,"
+                             "\"name\":\"SGD\"},\"name\":\"SGD\"} on /job:ps/replica:0/task:0. Every task of a "
+                             "cluster must run the same optimizer, consistency and cluster",
+                             pss::FailedPreconditionError);
+        CHECK_THROWS_WITH_AS(Sync(pss::SimpleClusterResolver(spec, "worker", 0), {}, pss::SGD(0.5)),
+                             "pss: /job:worker/replica:0/task:0 and /job:ps/replica:0/task:0 run different "
+                             "configurations: consistency {\"staleness\":0,\"synchronous\":true} on "
+                             "/job:worker/replica:0/task:0, {\"staleness\":0,\"synchronous\":false} on "
+                             "/job:ps/replica:0/task:0. Every task of a cluster must run the same optimizer, "
+                             "consistency and cluster",
+                             pss::FailedPreconditionError);
+        // The same configuration starts, and trains with the ps's optimizer as it always did.
+        S chief{pss::SimpleClusterResolver(spec, "chief", 0), {}, pss::SGD(0.5)};
+        auto scope = chief.scope();
+        pss::Variable w(xt::xarray<float>{1, 2}, "w");
+        w.apply_gradient(xt::xarray<float>{2, 2});
+        CHECK(w.read<float>() == xt::xarray<float>{0, 1});
+    }
     TEST_CASE("AutoTransport: threads for the embedded cluster, TCP for host:port addresses, and never a mix" *
               doctest::timeout(30)) {
         pss::AutoTransport embedded(pss::LocalClusterResolver<2, 2>{}.cluster_spec());

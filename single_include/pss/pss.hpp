@@ -8236,6 +8236,8 @@ PSS_NAMESPACE_END
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 // pss/distribute.hpp: the distribution strategy interface (tf.distribute.Strategy), its scope, and the
 // default strategy that holds the variables made outside any scope.
 
@@ -9486,6 +9488,45 @@ private:
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
 };
 
+/// The call with which a chief or worker checks, as it starts, that every ps runs its configuration.
+inline constexpr std::string_view handshake_call = "pss.handshake";
+
+/// What every task of a cluster must agree on: the optimizer a ps applies, the consistency a ps counts
+/// pushes by and a worker numbers steps by, the cluster's shape, and the library's version. The
+/// partitioner is not in it: only the chief partitions, and each variable's shard layout travels with it.
+template <class OptimizerPolicy>
+nlohmann::json cluster_fingerprint(const OptimizerPolicy& optimizer, const SyncOptions& sync, const ClusterSpec& spec) {
+    nlohmann::json jobs = nlohmann::json::object();
+    for (const auto& job : spec.jobs()) jobs[job] = spec.num_tasks(job);
+    return {{"pss", std::to_string(PSS_VERSION_MAJOR) + "." + std::to_string(PSS_VERSION_MINOR) + "." +
+                        std::to_string(PSS_VERSION_PATCH)},
+            {"optimizer", {{"name", std::string(OptimizerPolicy::name())}, {"config", optimizer.get_config()}}},
+            {"consistency", {{"synchronous", sync.synchronous}, {"staleness", sync.staleness}}},
+            {"cluster", std::move(jobs)}};
+}
+
+/// The answer of a ps to a handshake: ok when `theirs` (sent by task `peer`) is `ours`, else the
+/// differences, each part as both tasks run it.
+inline Reply answer_handshake(const nlohmann::json& ours, const TaskId& self, const Values& values) {
+    nlohmann::json sent = nlohmann::json::from_cbor(values.cbor, true, false);
+    if (!sent.is_object() || !sent.contains("fingerprint") || !sent.contains("task") || !sent["task"].is_string())
+        return Reply::error(ErrorCode::invalid_argument,
+                            "pss: a handshake to " + self.to_string() + " must carry {\"task\", \"fingerprint\"}");
+    const nlohmann::json& theirs = sent["fingerprint"];
+    if (theirs == ours) return {};
+    const std::string peer = sent["task"].get<std::string>();
+    std::string differences;
+    for (const auto& [part, value] : ours.items()) {
+        const nlohmann::json other = theirs.is_object() && theirs.contains(part) ? theirs[part] : nlohmann::json();
+        if (other == value) continue;
+        differences += (differences.empty() ? "" : "; ") + part + " " + other.dump() + " on " + peer + ", " +
+                       value.dump() + " on " + self.to_string();
+    }
+    return Reply::error(ErrorCode::failed_precondition,
+                        "pss: " + peer + " and " + self.to_string() + " run different configurations: " + differences +
+                            ". Every task of a cluster must run the same optimizer, consistency and cluster");
+}
+
 /// One task of a cluster whose tasks are separate processes. Every role sends through `client_`; a ps
 /// or worker task also serves its own address through `server_`, a transport of its own, so that a
 /// worker's call, which waits for replies from the ps tasks, never holds the threads those replies
@@ -9496,7 +9537,12 @@ class ClusterTaskChannel final : public StrategyChannel,
                                  public std::enable_shared_from_this<ClusterTaskChannel<TransportPolicy, OptimizerPolicy>> {
 public:
     ClusterTaskChannel(const ClusterSpec& spec, TaskId self, const OptimizerPolicy& optimizer, SyncOptions sync)
-        : spec_(spec), self_(std::move(self)), optimizer_(optimizer), sync_(sync), client_(spec) {}
+        : spec_(spec),
+          self_(std::move(self)),
+          optimizer_(optimizer),
+          sync_(sync),
+          fingerprint_(cluster_fingerprint(optimizer_, sync_, spec_)),
+          client_(spec) {}
     ~ClusterTaskChannel() override { shutdown(); }
 
     /// Serves this task's address when it is a ps or a worker (after construction: the handler needs
@@ -9507,6 +9553,8 @@ public:
             server_ = std::make_unique<TransportPolicy>(spec_);
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
+                if (r.kind == RequestKind::call && r.name == handshake_call)
+                    return respond(answer_handshake(fingerprint_, self_, r.values));
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
@@ -9518,12 +9566,32 @@ public:
                     return Reply::error(ErrorCode::invalid_argument,
                                         "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
+                if (r.name == handshake_call) return answer_handshake(fingerprint_, self_, r.values);
                 const ClosureContext context{self_.index};
                 const ClosureContext::Guard current(context);
                 Reply reply;
                 reply.values = run_call(r.name, std::move(r.values), CallContext{weak.lock(), self_.index});
                 return reply;
             }));
+        }
+    }
+
+    /// A chief or worker checks that every ps runs its configuration (waiting for each to come up).
+    /// @throws FailedPreconditionError naming each part that differs, as each task runs it
+    void handshake() {
+        if (self_.type == "ps") return;
+        nlohmann::json hello{{"task", self_.to_string()}, {"fingerprint", fingerprint_}};
+        std::vector<std::future<Reply>> replies;
+        for (int i = 0; i < spec_.num_tasks("ps"); ++i) {
+            Request request;
+            request.kind = RequestKind::call;
+            request.name = std::string(handshake_call);
+            request.values.cbor = nlohmann::json::to_cbor(hello);
+            replies.push_back(client_.send(TaskId{"ps", i}, std::move(request)));
+        }
+        for (auto& reply : replies) {
+            Reply r = reply.get();
+            if (!r.ok()) throw_error(r.code, r.message);
         }
     }
 
@@ -9585,6 +9653,7 @@ private:
     TaskId self_;
     OptimizerPolicy optimizer_;
     SyncOptions sync_;
+    nlohmann::json fingerprint_;
     TransportPolicy client_;
     std::unique_ptr<ParameterServer<OptimizerPolicy>> ps_;
     std::unique_ptr<TransportPolicy> server_;  // after ps_: its threads stop before ps_ goes
@@ -9658,6 +9727,7 @@ public:
                 auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
                     spec_, task_, optimizer_, sync);
                 channel->start();
+                channel->handshake();
                 channel_ = std::move(channel);
                 distributed_ = true;
                 return;
