@@ -680,6 +680,13 @@ TEST_SUITE("net") {
 
 namespace {
 
+/// `server` serves task ps:0 of `transport`.
+void serve_ps(pss::TcpTransport& transport, pss::ParameterServer<pss::SGD>& server) {
+    transport.serve({"ps", 0}, [&server](pss::Request&& r, pss::Responder respond) {
+        server.handle(std::move(r), std::move(respond));
+    });
+}
+
 /// A ps task in a process of its own, as users run it: forked while this process runs no other thread,
 /// it serves a ParameterServer<SGD> over a TcpTransport with `options` until this object is destroyed.
 /// Its resident memory and CPU time are read from /proc.
@@ -710,9 +717,7 @@ public:
             {
                 pss::ParameterServer<pss::SGD> server(pss::SGD(1.0));
                 pss::TcpTransport transport(one_ps(), options);
-                transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
-                    server.handle(std::move(r), std::move(respond));
-                });
+                serve_ps(transport, server);
                 const std::uint16_t port = transport.bound_port({"ps", 0});
                 if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(4);
                 char byte = 0;
@@ -876,9 +881,7 @@ TEST_SUITE("net") {
         options.serve.frame_timeout = std::chrono::milliseconds(800);
         pss::TcpTransport transport(one_ps(), options);
         pss::ParameterServer<pss::SGD> server;
-        transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
-            server.handle(std::move(r), std::move(respond));
-        });
+        serve_ps(transport, server);
         const std::uint16_t port = transport.bound_port({"ps", 0});
         RawClient silent(port);
         const Bytes frame = frame_bytes(pss::OutgoingFrame::request(
@@ -978,9 +981,7 @@ TEST_SUITE("net") {
         options.serve.recorded_replies = 3;
         pss::TcpTransport transport(one_ps(), options);
         pss::ParameterServer<pss::SGD> server;
-        transport.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
-            server.handle(std::move(r), std::move(respond));
-        });
+        serve_ps(transport, server);
         RawClient raw(transport.bound_port({"ps", 0}));
         auto exchange = [&](const pss::Request& request, std::uint64_t id) {
             raw.write(frame_bytes(pss::OutgoingFrame::request(request, id, 0, false)));

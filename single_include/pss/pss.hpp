@@ -5250,6 +5250,7 @@ PSS_NAMESPACE_END
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -5369,7 +5370,7 @@ public:
     void start() {
         std::error_code ignored;
         socket_.non_blocking(true, ignored);
-        arm(task_->serve.first_frame_timeout);
+        set_deadline(task_->serve.first_frame_timeout);
         read_header();
     }
 
@@ -5418,15 +5419,25 @@ private:
                h.ids_count * sizeof(std::int64_t) + h.payload_length;
     }
 
-    /// Closes the connection `after` from now, unless re-armed or cancelled first; 0 never.
-    void arm(std::chrono::milliseconds after) {
-        if (after.count() <= 0) {
-            timer_.cancel();
-            return;
-        }
-        timer_.expires_after(after);
+    /// Closes the connection unless it makes progress within `after` (0: no limit). Setting or clearing a
+    /// deadline costs no system call: the timer, once running, re-arms itself for the deadline it finds
+    /// when it fires and stops when there is none, so a stream of small frames does not reprogram it.
+    void set_deadline(std::chrono::milliseconds after) {
+        if (after.count() <= 0) return clear_deadline();
+        deadline_ = asio::steady_timer::clock_type::now() + after;
+        if (!timer_running_ || *deadline_ < timer_.expiry()) run_timer();
+    }
+    void clear_deadline() noexcept { deadline_.reset(); }
+
+    void run_timer() {
+        timer_running_ = true;
+        timer_.expires_at(*deadline_);
         timer_.async_wait([self = shared_from_this()](std::error_code ec) {
-            if (!ec) self->close();
+            if (ec) return;  // re-armed for an earlier deadline, or closed
+            self->timer_running_ = false;
+            if (self->closed_ || !self->deadline_) return;
+            if (asio::steady_timer::clock_type::now() >= *self->deadline_) return self->close();
+            self->run_timer();
         });
     }
 
@@ -5445,7 +5456,7 @@ private:
         } catch (const WireError& e) {
             return refuse(e);
         }
-        arm(task_->serve.frame_timeout);
+        set_deadline(task_->serve.frame_timeout);
         const std::uint64_t need = announced_bytes(header_);
         if (task_->receiving_bytes != 0 && task_->receiving_bytes + need > task_->serve.max_receiving_bytes) {
             waiting_ = true;  // until release_receiving hands it the budget (the frame timeout runs)
@@ -5536,7 +5547,7 @@ private:
     void on_payload(std::error_code ec) {
         if (ec || closed_) return close();
         proven_ = true;
-        timer_.cancel();
+        clear_deadline();
         end_frame();
         // Only a shard operation's reply may hand the spent request payload back (elided).
         const bool hands_back = header_.request_kind() == RequestKind::operation && !reply_carries_value(header_.op());
@@ -5573,7 +5584,7 @@ private:
         if (closed_) return;
         if (too_much_unread()) {
             paused_ = true;  // until the peer reads its replies (on_written), or the timeout closes it
-            return arm(task_->serve.unread_reply_timeout);
+            return set_deadline(task_->serve.unread_reply_timeout);
         }
         read_header();
     }
@@ -5620,7 +5631,7 @@ private:
     void refuse(const WireError& e) {
         if (!e.request_id()) return close();
         closing_ = true;
-        timer_.cancel();
+        clear_deadline();
         end_frame();
         queue_reply(*e.request_id(), Reply::error(ErrorCode::invalid_argument, e.what()), false);
     }
@@ -5662,7 +5673,7 @@ private:
         }
         if (paused_ && !too_much_unread()) {
             paused_ = false;
-            timer_.cancel();
+            clear_deadline();
             read_header();
         }
         if (!writes_.empty()) return write_next();
@@ -5677,7 +5688,7 @@ private:
         std::error_code ignored;
         socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
         if (discarded_ > (1u << 20)) return close();
-        arm(task_->serve.frame_timeout);
+        set_deadline(task_->serve.frame_timeout);
         socket_.async_read_some(asio::buffer(header_bytes_), [self = shared_from_this()](std::error_code ec, std::size_t n) {
             self->discarded_ += n;
             if (ec) return self->close();
@@ -5689,7 +5700,9 @@ private:
 
     std::shared_ptr<TcpServedTask> task_;
     asio::ip::tcp::socket socket_;
-    asio::steady_timer timer_;  // first_frame_timeout, frame_timeout or unread_reply_timeout
+    asio::steady_timer timer_;  // closes the connection at deadline_ (see set_deadline)
+    std::optional<asio::steady_timer::time_point> deadline_;  // first frame, frame, unread replies or linger
+    bool timer_running_ = false;
     std::array<std::byte, frame_header_size> header_bytes_{};
     TcpReadAhead ahead_;
     FrameHeader header_;
