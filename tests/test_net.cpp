@@ -687,6 +687,14 @@ void serve_ps(pss::TcpTransport& transport, pss::ParameterServer<pss::SGD>& serv
     });
 }
 
+/// A ps task served in this process, over a TcpTransport with `options`.
+struct LocalPs {
+    explicit LocalPs(const pss::TcpOptions& options) : transport(one_ps(), options) { serve_ps(transport, server); }
+    [[nodiscard]] std::uint16_t port() const { return transport.bound_port({"ps", 0}); }
+    pss::ParameterServer<pss::SGD> server;  // before the transport: outlives its threads
+    pss::TcpTransport transport;
+};
+
 /// A ps task in a process of its own, as users run it: forked while this process runs no other thread,
 /// it serves a ParameterServer<SGD> over a TcpTransport with `options` until this object is destroyed.
 /// Its resident memory and CPU time are read from /proc.
@@ -869,8 +877,7 @@ TEST_SUITE("net") {
         // 16 x (2 MiB of ids: grown ahead by at most what came, and the 1 MiB they grew from) + 1 MiB
         CHECK(during - before < 100.0);
         for (auto& raw : stalled) CHECK(seconds_until_closed(*raw, 10.0) < 5.0);
-        auto client = ps.client();
-        CHECK(serves_unchanged(*client, elements));
+        CHECK(serves_unchanged(*ps.client(), elements));
     }
 
     TEST_CASE("TcpTransport under attack: a connection that sends nothing, or half a frame, is closed after "
@@ -879,10 +886,8 @@ TEST_SUITE("net") {
         pss::TcpOptions options;
         options.serve.first_frame_timeout = std::chrono::milliseconds(800);
         options.serve.frame_timeout = std::chrono::milliseconds(800);
-        pss::TcpTransport transport(one_ps(), options);
-        pss::ParameterServer<pss::SGD> server;
-        serve_ps(transport, server);
-        const std::uint16_t port = transport.bound_port({"ps", 0});
+        LocalPs ps(options);
+        const std::uint16_t port = ps.port();
         RawClient silent(port);
         const Bytes frame = frame_bytes(pss::OutgoingFrame::request(
             shard_request(pss::Op::create, xt::xarray<float>(xt::arange<float>(1000.0f))), 1, 0, false));
@@ -899,7 +904,7 @@ TEST_SUITE("net") {
         asio::read(proven.socket, asio::buffer(reply));
         CHECK(pss::decode_header(std::span<const std::byte, 80>(reply.data(), 80)).code == pss::ErrorCode::ok);
         CHECK(seconds_until_closed(proven, 1.5) >= 1.5);
-        CHECK(server.num_shards() == 1);
+        CHECK(ps.server.num_shards() == 1);
     }
 
     TEST_CASE("TcpTransport under attack: reads pipelined without reading the replies stop being read past "
@@ -969,8 +974,7 @@ TEST_SUITE("net") {
             const double cpu = ps.cpu_seconds() - cpu_before;
             MESSAGE("ps CPU time over 1 s with 2,000 idle connections: " << cpu << " s");
             CHECK(cpu < 0.3);  // a spinning accept loop takes the whole second
-            auto client = ps.client();
-            CHECK(serves_unchanged(*client, elements));
+            CHECK(serves_unchanged(*ps.client(), elements));
         }
     }
 
@@ -979,10 +983,8 @@ TEST_SUITE("net") {
               doctest::timeout(30)) {
         pss::TcpOptions options;
         options.serve.recorded_replies = 3;
-        pss::TcpTransport transport(one_ps(), options);
-        pss::ParameterServer<pss::SGD> server;
-        serve_ps(transport, server);
-        RawClient raw(transport.bound_port({"ps", 0}));
+        LocalPs ps(options);
+        RawClient raw(ps.port());
         auto exchange = [&](const pss::Request& request, std::uint64_t id) {
             raw.write(frame_bytes(pss::OutgoingFrame::request(request, id, 0, false)));
             Bytes header(80);

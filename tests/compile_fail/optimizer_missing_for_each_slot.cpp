@@ -7,31 +7,15 @@
 #include <string_view>
 
 #include <nlohmann/json.hpp>
-#include <xtensor/xarray.hpp>
 
-#include <pss/concepts/optimizer.hpp>
+#include "optimizer_parts.hpp"
 
-struct SlotsHiddenSGD {
-    template <class T>
-    struct Slots {};
+struct SlotsHiddenSGD : DenseSGDPart {
     static std::string_view name() { return "SlotsHiddenSGD"; }
     static std::array<std::string_view, 0> slot_names() { return {}; }
     nlohmann::json get_config() const { return nlohmann::json::object(); }
     template <class T>
-    Slots<T> make_slots(const xt::xarray<T>&) const {
-        return {};
-    }
-    template <class T>
-    void apply_dense(xt::xarray<T>& value, Slots<T>&, const xt::xarray<T>& grad) const {
-        value -= grad;
-    }
-    template <class T>
     void apply_sparse(xt::xarray<T>&, Slots<T>&, std::span<const std::int64_t>, const xt::xarray<T>&) const {}
-};
-
-template <pss::Optimizer OptimizerPolicy>
-struct ParameterServerLike {
-    OptimizerPolicy optimizer;
 };
 
 ParameterServerLike<SlotsHiddenSGD> server{};
