@@ -984,12 +984,12 @@ TEST_SUITE("net") {
             std::vector<asio::ip::tcp::socket> idle;
             for (int i = 0; i < 2000; ++i)
                 idle.emplace_back(io).connect({asio::ip::address_v4::loopback(), ps.port()});
-            std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the accept backlog is worked off
             const double cpu_before = ps.cpu_seconds();
             std::this_thread::sleep_for(std::chrono::milliseconds(1000));
             const double cpu = ps.cpu_seconds() - cpu_before;
             MESSAGE("ps CPU time over 1 s with 2,000 idle connections: " << cpu << " s");
-            CHECK(cpu < 0.3);  // a spinning accept loop takes the whole second
+            CHECK(cpu < 0.5);  // a spinning accept loop takes the whole second
             CHECK(serves_unchanged(*ps.client(), elements));
         }
     }
