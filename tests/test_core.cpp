@@ -6,8 +6,10 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -248,7 +250,18 @@ TEST_SUITE("ParameterServer") {
         CHECK(push(*server, pss::Op::apply_dense, xt::xarray<double>{{1, 1}, {0, 0}, {1, 1}}).ok());
         CHECK(read(*server) == xt::xarray<double>{{0, 1}, {inf, 0}, {4, 5}});
 
-        auto lenient = make({.refuse_non_finite_gradients = false});
+        auto environment = [](std::optional<std::string> value) {
+            return [value](std::string_view name) {
+                return name == "PSS_NON_FINITE_GRADIENTS" ? value : std::nullopt;
+            };
+        };
+        CHECK(pss::ServerOptions::from_environment(environment(std::nullopt)).refuse_non_finite_gradients);
+        CHECK(pss::ServerOptions::from_environment(environment("refuse")).refuse_non_finite_gradients);
+        CHECK(!pss::ServerOptions::from_environment(environment("apply")).refuse_non_finite_gradients);
+        CHECK_THROWS_WITH_AS((void)pss::ServerOptions::from_environment(environment("no")),
+                             "pss: PSS_NON_FINITE_GRADIENTS is \"no\"; give \"refuse\" or \"apply\"",
+                             pss::InvalidArgumentError);
+        auto lenient = make(pss::ServerOptions::from_environment(environment("apply")));
         CHECK(push(*lenient, pss::Op::apply_dense, xt::xarray<double>{{0, 0}, {0, 0}, {0, inf}}).ok());
         CHECK(read(*lenient)(2, 1) == -inf);
     }

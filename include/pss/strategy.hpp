@@ -75,8 +75,9 @@ public:
     TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync) : transport_(spec) {
         const int num_ps = spec.num_tasks("ps");
         servers_.reserve(static_cast<std::size_t>(num_ps));
+        const ServerOptions options = ServerOptions::from_environment();
         for (int i = 0; i < num_ps; ++i) {
-            servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync));
+            servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync, options));
             auto* server = servers_.back().get();
             transport_.serve(TaskId{"ps", i}, [server](Request&& r, Responder respond) {
                 server->handle(std::move(r), std::move(respond));
@@ -162,7 +163,8 @@ public:
     /// shared_from_this).
     void start() {
         if (self_.type == "ps") {
-            ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_);
+            ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_,
+                                                                     ServerOptions::from_environment());
             server_ = std::make_unique<TransportPolicy>(spec_);
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
