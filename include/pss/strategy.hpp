@@ -181,7 +181,6 @@ public:
                     return Reply::error(ErrorCode::invalid_argument,
                                         "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
                                             self_.to_string() + ", which runs calls only (variables live on ps tasks)");
-                if (r.name == handshake_call) return answer_handshake(fingerprint_, self_, r.values);
                 const ClosureContext context{self_.index};
                 const ClosureContext::Guard current(context);
                 Reply reply;
@@ -195,13 +194,13 @@ public:
     /// @throws FailedPreconditionError naming each part that differs, as each task runs it
     void handshake() {
         if (self_.type == "ps") return;
-        nlohmann::json hello{{"task", self_.to_string()}, {"fingerprint", fingerprint_}};
+        const auto hello = nlohmann::json::to_cbor({{"task", self_.to_string()}, {"fingerprint", fingerprint_}});
         std::vector<std::future<Reply>> replies;
         for (int i = 0; i < spec_.num_tasks("ps"); ++i) {
             Request request;
             request.kind = RequestKind::call;
             request.name = std::string(handshake_call);
-            request.values.cbor = nlohmann::json::to_cbor(hello);
+            request.values.cbor = hello;
             replies.push_back(client_.send(TaskId{"ps", i}, std::move(request)));
         }
         for (auto& reply : replies) {

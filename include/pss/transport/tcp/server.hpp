@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,7 +61,6 @@ public:
         bytes_ += tensor.nbytes();
         buffers_.push_back(std::move(tensor));
     }
-    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
 private:
     static constexpr std::size_t min_bytes = 64 << 10;  // smaller buffers are cheap to allocate
@@ -179,6 +177,7 @@ private:
         OutgoingFrame frame;
     };
     struct Outcome {
+        std::uint64_t id;
         ErrorCode code;
         std::string message;
     };
@@ -323,22 +322,23 @@ private:
         const bool hands_back = header_.request_kind() == RequestKind::operation && !reply_carries_value(header_.op());
         const std::uint64_t id = header_.request_id;
         if (header_.task != static_cast<std::uint32_t>(task_->task.index)) {
-            answer(id, hands_back,
+            answer(id, hands_back, false,
                    Reply::error(ErrorCode::invalid_argument,
                                 "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
-                                    " of job \"" + task_->task.type + "\" reached " + task_->task.to_string() +
-                                    "; the sender's cluster spec gives this address to another task"));
-        } else if (seen_id_ && id <= last_id_ && !rerun_repeat()) {
+                                    " reached another task (which one is not told); the sender's cluster spec "
+                                    "gives this address to another task"));
+        } else if (last_id_ && id <= *last_id_ && !rerun_repeat()) {
             answer_repeat(id);
         } else {
-            last_id_ = seen_id_ ? std::max(last_id_, id) : id;
-            seen_id_ = true;
+            last_id_ = std::max(last_id_.value_or(id), id);
+            // Only what changes state is recorded: a repeated read or gather runs again.
+            const bool record = !rerun_repeat();
             // The reply goes out through the task's strand whenever the handler answers: at once (the
             // dispatch runs inline, on this strand) or later from any thread.
-            Responder respond([self = shared_from_this(), id, hands_back](Reply&& reply) {
+            Responder respond([self = shared_from_this(), id, hands_back, record](Reply&& reply) {
                 if (self->task_->stopped.load(std::memory_order_acquire)) return;
-                asio::dispatch(self->task_->strand, [self, id, hands_back, reply = std::move(reply)]() mutable {
-                    self->answer(id, hands_back, std::move(reply));
+                asio::dispatch(self->task_->strand, [self, id, hands_back, record, reply = std::move(reply)]() mutable {
+                    self->answer(id, hands_back, record, std::move(reply));
                 });
             });
             try {
@@ -367,14 +367,14 @@ private:
     /// Answers a request id this connection has seen already from the record of its outcome; it is not
     /// applied again (a replayed or duplicated frame has the effect of one).
     void answer_repeat(std::uint64_t id) {
-        auto it = recorded_.find(id);
+        auto it = std::find_if(recorded_.begin(), recorded_.end(), [id](const Outcome& o) { return o.id == id; });
         if (it != recorded_.end() && header_.request_kind() == RequestKind::operation)
-            return queue_reply(id, Reply::error(it->second.code, it->second.message), false);
+            return queue_reply(id, Reply::error(it->code, it->message), false);
         queue_reply(id,
                     Reply::error(ErrorCode::failed_precondition,
                                  "pss: TcpTransport: request id " + std::to_string(id) + " reached " +
                                      task_->task.to_string() + " again on this connection (ids must increase: " +
-                                     std::to_string(last_id_) + " came already); it was not applied again" +
+                                     std::to_string(*last_id_) + " came already); it was not applied again" +
                                      (it == recorded_.end() ? "" : ", and a call's answer is not kept")),
                     false);
     }
@@ -385,12 +385,12 @@ private:
                (unread_bytes_ > 0 && task_->unread_reply_bytes > serve.max_task_unread_reply_bytes);
     }
 
-    /// Queues the reply to request `id` (strand).
-    void answer(std::uint64_t id, bool hands_back, Reply reply) {
+    /// Queues the reply to request `id` (strand); `record`: kept for a repeat of the id.
+    void answer(std::uint64_t id, bool hands_back, bool record, Reply reply) {
         if (closed_) return;
-        if (task_->serve.recorded_replies != 0) {
-            recorded_.insert_or_assign(id, Outcome{reply.code, reply.message});
-            if (recorded_.size() > task_->serve.recorded_replies) recorded_.erase(recorded_.begin());
+        if (record && task_->serve.recorded_replies != 0) {
+            if (recorded_.size() == task_->serve.recorded_replies) recorded_.pop_front();
+            recorded_.push_back(Outcome{id, reply.code, reply.message});
         }
         // An update's reply payload is the spent request buffer: the client hands its own back.
         const bool elide = hands_back && reply.ok() && reply.payload.has_value();
@@ -481,9 +481,8 @@ private:
     std::vector<Tensor> incoming_values_;  // a call's tensors
     std::deque<PendingWrite> writes_;
     TcpWriteBatch batch_;
-    std::map<std::uint64_t, Outcome> recorded_;  // the outcomes of the last requests, by id
-    std::uint64_t last_id_ = 0;  // the highest request id seen (when seen_id_)
-    bool seen_id_ = false;
+    std::deque<Outcome> recorded_;  // the outcomes of the last state-changing requests, in answer order
+    std::optional<std::uint64_t> last_id_;  // the highest request id seen
     std::uint64_t receiving_ = 0;  // this frame's share of the task's receive budget
     std::size_t unread_bytes_ = 0;  // queued reply bytes
     bool writing_ = false;
