@@ -88,6 +88,14 @@ std::string decode_error(const Bytes& b, const pss::WireLimits& limits = {}) {
 pss::ClusterSpec one_ps() { return pss::ClusterSpec{{"ps", {"127.0.0.1:0"}}}; }
 
 /// A blocking client on a raw socket, for hostile bytes.
+/// `options` with plaintext links. The attack tests send raw frames, so their ps is plaintext: the bounds
+/// they test hold for any peer that gets past TLS (a stranger without a certificate does not: see the
+/// TLS tests).
+pss::TcpOptions plaintext(pss::TcpOptions options = {}) {
+    options.plaintext = true;
+    return options;
+}
+
 struct RawClient {
     asio::io_context io;
     asio::ip::tcp::socket socket{io};
@@ -257,7 +265,7 @@ TEST_SUITE("net") {
             CHECK(decode_error(with([](Bytes& b) {
                       b[6] = std::byte{128};
                       put_u32(b, 8, 42);
-                  })) == "pss: wire: frame error code 42 is unknown; codes are 0 (ok) to 9 (not ready)");
+                  })) == "pss: wire: frame error code 42 is unknown; codes are 0 (ok) to 10 (permission denied)");
             CHECK(decode_error(with([](Bytes& b) { put_u32(b, 8, 6); })) ==
                   "pss: wire: frame error code 6 is set on a request; only a reply carries an error");
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{13}; })) ==
@@ -558,7 +566,7 @@ TEST_SUITE("net") {
     TEST_CASE("TcpTransport: hostile frames get an error reply or a closed connection; the task keeps serving and "
               "its handler never sees them" *
               doctest::timeout(30)) {
-        pss::TcpTransport transport(one_ps());
+        pss::TcpTransport transport(one_ps(), plaintext());
         const pss::TaskId ps{"ps", 0};
         std::atomic<int> handled{0};
         transport.serve(ps, pss::answer_at_once([&](pss::Request&& r) {
@@ -687,9 +695,11 @@ void serve_ps(pss::TcpTransport& transport, pss::ParameterServer<pss::SGD>& serv
     });
 }
 
-/// A ps task served in this process, over a TcpTransport with `options`.
+/// A ps task served in this process, over a plaintext TcpTransport with `options`.
 struct LocalPs {
-    explicit LocalPs(const pss::TcpOptions& options) : transport(one_ps(), options) { serve_ps(transport, server); }
+    explicit LocalPs(const pss::TcpOptions& options) : transport(one_ps(), plaintext(options)) {
+        serve_ps(transport, server);
+    }
     [[nodiscard]] std::uint16_t port() const { return transport.bound_port({"ps", 0}); }
     pss::ParameterServer<pss::SGD> server;  // before the transport: outlives its threads
     pss::TcpTransport transport;
@@ -711,7 +721,8 @@ constexpr double shadow_factor = 1.0;
 #endif
 
 /// A ps task in a process of its own, as users run it: forked while this process runs no other thread,
-/// it serves a ParameterServer<SGD> over a TcpTransport with `options` until this object is destroyed.
+/// it serves a ParameterServer<SGD> over a plaintext TcpTransport with `options` until this object is
+/// destroyed.
 /// Its resident memory and CPU time are read from /proc.
 class ForkedPs {
 public:
@@ -740,7 +751,7 @@ public:
             }
             {
                 pss::ParameterServer<pss::SGD> server(pss::SGD(1.0));
-                pss::TcpTransport transport(one_ps(), options);
+                pss::TcpTransport transport(one_ps(), plaintext(options));
                 serve_ps(transport, server);
                 const std::uint16_t port = transport.bound_port({"ps", 0});
                 if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(4);
@@ -795,7 +806,7 @@ public:
     /// A client transport whose ps task is this process.
     [[nodiscard]] std::unique_ptr<pss::TcpTransport> client() const {
         return std::make_unique<pss::TcpTransport>(
-            pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(port_)}}});
+            pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(port_)}}}, plaintext());
     }
 
 private:
@@ -1035,5 +1046,259 @@ TEST_SUITE("net") {
         CHECK(old.message == "pss: TcpTransport: request id 1 reached /job:ps/replica:0/task:0 again on this "
                              "connection (ids must increase: 5 came already); it was not applied again");
         CHECK(exchange(shard_request(pss::Op::read), 6).payload.get<float>() == xt::xarray<float>{12, 22});
+    }
+}
+
+// ---- TLS and roles ------------------------------------------------------------------------------------
+
+namespace {
+
+pss::TcpOptions tls_as(const pss::TlsAuthority& authority, const pss::TaskId& task) {
+    pss::TcpOptions options;
+    options.tls = authority.issue(task);
+    options.connect_timeout = std::chrono::milliseconds(3000);
+    return options;
+}
+
+/// A ps over TLS (certificates of `authority`), serving a ParameterServer<SGD> whose variable 1/0 holds
+/// 0, 1, ..., 7, created by a chief of the same CA.
+struct TlsPs {
+    explicit TlsPs(const pss::TlsAuthority& authority, pss::SyncOptions sync = {})
+        : server(pss::SGD(1.0), sync), transport(one_ps(), pss::TaskId{"ps", 0}, tls_as(authority, {"ps", 0})) {
+        serve_ps(transport, server);
+        auto chief = client(authority, {"chief", 0});
+        create_variable(*chief, 8);
+    }
+    [[nodiscard]] std::uint16_t port() const { return transport.bound_port({"ps", 0}); }
+    [[nodiscard]] pss::ClusterSpec spec() const {
+        return pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(port())}}};
+    }
+    [[nodiscard]] std::unique_ptr<pss::TcpTransport> client(const pss::TlsAuthority& ca, const pss::TaskId& as) const {
+        return std::make_unique<pss::TcpTransport>(spec(), tls_as(ca, as));
+    }
+    pss::ParameterServer<pss::SGD> server;
+    pss::TcpTransport transport;
+};
+
+}  // namespace
+
+TEST_SUITE("net") {
+    TEST_CASE("TcpTransport: links are TLS by default; without credentials a transport refuses to start unless "
+              "plaintext is asked for" *
+              doctest::timeout(30)) {
+        CHECK(pss::TcpTransport(one_ps()).secure());  // the suite's PSS_TLS_DIR, as pss-launch sets it
+        CHECK(!pss::TcpTransport(one_ps(), plaintext()).secure());
+        const std::string dir = std::getenv("PSS_TLS_DIR");
+        ::unsetenv("PSS_TLS_DIR");
+        CHECK_THROWS_WITH_AS(pss::TcpTransport(one_ps(), pss::TaskId{"ps", 0}),
+                             "pss: TcpTransport: no TLS credentials for /job:ps/replica:0/task:0: set PSS_TLS_DIR (a "
+                             "directory holding ca.crt and each task's <job>-<index>.crt and .key; pss-launch makes "
+                             "one for every run), or PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY, or give "
+                             "TcpOptions::tls. Plaintext, for trusted networks only, must be asked for: PSS_TLS=off "
+                             "or TcpOptions::plaintext",
+                             pss::FailedPreconditionError);
+        ::setenv("PSS_TLS", "off", 1);
+        CHECK(!pss::TcpTransport(one_ps(), pss::TaskId{"ps", 0}).secure());
+        ::setenv("PSS_TLS", "maybe", 1);
+        CHECK_THROWS_WITH_AS(pss::TcpTransport{one_ps()}, "pss: PSS_TLS is \"maybe\"; give \"on\" or \"off\"",
+                             pss::InvalidArgumentError);
+        ::unsetenv("PSS_TLS");
+        ::setenv("PSS_TLS_DIR", "/nonexistent", 1);
+        CHECK_THROWS_WITH_AS(pss::TcpTransport(one_ps(), pss::TaskId{"ps", 0}),
+                             "pss: TLS: cannot read the CA certificate \"/nonexistent/ca.crt\" (from PSS_TLS_DIR)",
+                             pss::NotFoundError);
+        ::setenv("PSS_TLS_DIR", dir.c_str(), 1);
+        // Credentials that do not fit: another task's certificate, a key of another certificate.
+        const pss::TlsAuthority ca;
+        CHECK_THROWS_WITH_AS(pss::TcpTransport(one_ps(), pss::TaskId{"ps", 0}, tls_as(ca, {"worker", 1})),
+                             "pss: TcpTransport: the TLS certificate given to /job:ps/replica:0/task:0 names "
+                             "/job:worker/replica:0/task:1",
+                             pss::InvalidArgumentError);
+        pss::TcpOptions mixed = tls_as(ca, {"ps", 0});
+        mixed.tls->private_key = ca.issue({"ps", 0}).private_key;
+        CHECK_THROWS_WITH_AS(pss::TcpTransport(one_ps(), mixed),
+                             "pss: TLS: the private key was refused: use_private_key: key values mismatch (x509 "
+                             "certificate routines)",
+                             pss::InvalidArgumentError);
+        pss::TcpTransport worker(one_ps(), tls_as(ca, {"worker", 0}));
+        CHECK_THROWS_WITH_AS(worker.serve({"ps", 0}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; })),
+                             "pss: TcpTransport: cannot serve /job:ps/replica:0/task:0 with the TLS certificate of "
+                             "/job:worker/replica:0/task:0",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("TcpTransport over TLS: a stranger without a certificate, one whose certificate another CA signed, and "
+              "a task posing as another get nothing; the ps serves on, unchanged" *
+              doctest::timeout(60)) {
+        const pss::TlsAuthority ca, other_ca;
+        TlsPs ps(ca);
+        auto chief = ps.client(ca, {"chief", 0});
+        const pss::Request assign = shard_request(pss::Op::assign, xt::xarray<float>(xt::zeros<float>({8})));
+
+        // Plaintext frames to a TLS port: the handshake fails, the connection closes, no byte comes back.
+        {
+            RawClient raw(ps.port());
+            std::error_code ec;
+            asio::write(raw.socket, asio::buffer(frame_bytes(pss::OutgoingFrame::request(assign, 1, 0, false))), ec);
+            const Bytes answer = raw.read_to_close();
+            CHECK(answer.size() < 64);  // at most a TLS alert, never a reply frame
+        }
+        // TLS without a certificate (the stranger trusts anyone): the ps ends the link before any request.
+        {
+            asio::io_context io;
+            asio::ssl::context context(asio::ssl::context::tls_client);
+            context.set_verify_mode(asio::ssl::verify_none);
+            asio::ssl::stream<asio::ip::tcp::socket> tls(io, context);
+            tls.lowest_layer().connect({asio::ip::address_v4::loopback(), ps.port()});
+            std::error_code ec;
+            tls.handshake(asio::ssl::stream_base::client, ec);  // TLS 1.3: the client may finish first
+            const Bytes frame = frame_bytes(pss::OutgoingFrame::request(assign, 1, 0, false));
+            asio::write(tls, asio::buffer(frame), ec);
+            std::array<std::byte, 80> reply{};
+            const std::size_t n = asio::read(tls, asio::buffer(reply), ec);
+            CHECK(n == 0);
+            CHECK(ec);
+        }
+        // A certificate of another CA: the chief's own check of the ps fails first, and says so.
+        {
+            auto stranger = ps.client(other_ca, {"chief", 0});
+            const pss::Reply reply = stranger->send({"ps", 0}, assign).get();
+            CHECK(reply.code == pss::ErrorCode::unavailable);
+            const std::string expected = "pss: TcpTransport: the TLS handshake with /job:ps/replica:0/task:0 at 127.0.0.1:" +
+                                         std::to_string(ps.port()) +
+                                         " failed (certificate signature failure): its certificate is not signed by "
+                                         "this task's CA, or it refused this task's";
+            CHECK(reply.message == expected);
+        }
+        // A client of another CA that skips its own check: the ps refuses its certificate.
+        {
+            asio::io_context io;
+            asio::ssl::context context(asio::ssl::context::tls_client);
+            context.set_verify_mode(asio::ssl::verify_none);
+            const auto credentials = other_ca.issue({"chief", 0});
+            context.use_certificate_chain(asio::buffer(credentials.certificate));
+            context.use_private_key(asio::buffer(credentials.private_key), asio::ssl::context::pem);
+            asio::ssl::stream<asio::ip::tcp::socket> tls(io, context);
+            tls.lowest_layer().connect({asio::ip::address_v4::loopback(), ps.port()});
+            std::error_code ec;
+            tls.handshake(asio::ssl::stream_base::client, ec);
+            asio::write(tls, asio::buffer(frame_bytes(pss::OutgoingFrame::request(assign, 1, 0, false))), ec);
+            std::array<std::byte, 80> reply{};
+            CHECK(asio::read(tls, asio::buffer(reply), ec) == 0);
+            CHECK(ec);
+        }
+        // A ps whose certificate names another task: the client refuses to talk to it.
+        {
+            const pss::ClusterSpec two{{"ps", {"127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}};
+            pss::TcpTransport impostor(two, tls_as(ca, {"worker", 0}));
+            impostor.serve({"worker", 0}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));
+            const std::string address = "127.0.0.1:" + std::to_string(impostor.bound_port({"worker", 0}));
+            pss::TcpTransport chief_to_impostor(pss::ClusterSpec{{"ps", {address}}}, tls_as(ca, {"chief", 0}));
+            const pss::Reply reply = chief_to_impostor.send({"ps", 0}, assign).get();
+            CHECK(reply.code == pss::ErrorCode::unavailable);
+            CHECK(reply.message == "pss: TcpTransport: the task at " + address +
+                                       " presented a certificate for /job:worker/replica:0/task:0, not for "
+                                       "/job:ps/replica:0/task:0; the cluster spec and the certificates disagree");
+        }
+        CHECK(serves_unchanged(*chief, 8));
+    }
+
+    TEST_CASE("TcpTransport over TLS: each role may make only its requests; a refused one is answered "
+              "permission_denied, logged, its connection closed, and nothing changes" *
+              doctest::timeout(60)) {
+        const pss::TlsAuthority ca;
+        TlsPs ps(ca);
+        auto chief = ps.client(ca, {"chief", 0});
+        auto worker = ps.client(ca, {"worker", 1});
+        auto evaluator = ps.client(ca, {"evaluator", 0});
+        const auto gradient = xt::xarray<float>(xt::zeros<float>({8}));
+        // What a worker does in training: reads, looks up, pushes gradients (of zero: nothing changes).
+        CHECK(serves_unchanged(*worker, 8));
+        CHECK(worker->send({"ps", 0}, shard_request(pss::Op::gather, {}, Ids{2, 5})).get().payload.get<float>() ==
+              xt::xarray<float>{2, 5});
+        CHECK(worker->send({"ps", 0}, shard_request(pss::Op::apply_dense, gradient)).get().ok());
+        // What a scheduled function may do to a variable (adding zeros, writing what is there).
+        CHECK(worker->send({"ps", 0}, shard_request(pss::Op::assign_add, gradient)).get().ok());
+        CHECK(worker->send({"ps", 0}, shard_request(pss::Op::scatter_update, xt::xarray<float>{3}, Ids{3})).get().ok());
+        CHECK(evaluator->send({"ps", 0}, shard_request(pss::Op::gather, {}, Ids{7})).get().payload.get<float>() ==
+              xt::xarray<float>{7});
+        const std::string rule =
+            ": only the chief creates, destroys, saves and restores variables, calls functions and shuts tasks "
+            "down; a worker reads and writes variables, an evaluator reads them. The request was refused and the "
+            "connection closed";
+        // Each refusal on a connection of its own: the ps closes the connection after its answer.
+        auto refused = [&](const pss::TaskId& as, pss::Request request, const std::string& who, const std::string& what) {
+            const pss::Reply reply = ps.client(ca, as)->send({"ps", 0}, std::move(request)).get();
+            CHECK(reply.code == pss::ErrorCode::permission_denied);
+            CHECK(reply.message == "pss: TcpTransport: " + who + " may not " + what + rule);
+        };
+        refused({"worker", 1}, shard_request(pss::Op::create, xt::xarray<float>(xt::ones<float>({8}))),
+                "/job:worker/replica:0/task:1", "create");
+        refused({"worker", 1}, shard_request(pss::Op::destroy), "/job:worker/replica:0/task:1", "destroy");
+        pss::Request save = shard_request(pss::Op::save_shard);
+        save.name = "/tmp/stolen";
+        refused({"worker", 1}, save, "/job:worker/replica:0/task:1", "save_shard");
+        pss::Request shutdown;
+        shutdown.kind = pss::RequestKind::shutdown;
+        refused({"worker", 1}, shutdown, "/job:worker/replica:0/task:1", "shutdown");
+        pss::Request call;
+        call.kind = pss::RequestKind::call;
+        call.name = "train_step";
+        refused({"worker", 1}, call, "/job:worker/replica:0/task:1", "call \"train_step\"");
+        refused({"evaluator", 0}, shard_request(pss::Op::apply_dense, gradient), "/job:evaluator/replica:0/task:0",
+                "apply_gradient");
+        // The refused worker connects again, and may still do what workers do.
+        CHECK(serves_unchanged(*worker, 8));
+        CHECK(serves_unchanged(*chief, 8));
+        CHECK(chief->send({"ps", 0}, shard_request(pss::Op::assign, xt::xarray<float>(xt::ones<float>({8})))).get().ok());
+        CHECK(worker->send({"ps", 0}, shard_request(pss::Op::read)).get().payload.get<float>() ==
+              xt::xarray<float>(xt::ones<float>({8})));
+    }
+
+    TEST_CASE("TcpTransport: plaintext, asked for, listens only on the address the task's host name resolves to; "
+              "TLS listens on every interface" *
+              doctest::timeout(30)) {
+        const std::string host = asio::ip::host_name();
+        asio::io_context io;
+        asio::ip::tcp::resolver resolver(io);
+        std::error_code ec;
+        const auto results = resolver.resolve(host, "0", ec);
+        if (ec || results.empty()) {
+            MESSAGE("skipped: the host name " << host << " does not resolve");
+            return;
+        }
+        const pss::ClusterSpec spec{{"ps", {host + ":0"}}};
+        pss::TcpTransport plain(spec, plaintext());
+        plain.serve({"ps", 0}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));
+        CHECK(plain.endpoint({"ps", 0}).address() == results.begin()->endpoint().address());
+        CHECK(!plain.endpoint({"ps", 0}).address().is_unspecified());
+        pss::TcpTransport secure(spec);
+        secure.serve({"ps", 0}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));
+        CHECK(secure.endpoint({"ps", 0}).address().is_unspecified());
+    }
+
+    TEST_CASE("TcpTransport over TLS: in synchronous training a worker's second push to a step is refused; only "
+              "every worker's push completes the step" *
+              doctest::timeout(60)) {
+        const pss::TlsAuthority ca;
+        TlsPs ps(ca, pss::SyncOptions{true, 2, 0});
+        auto chief = ps.client(ca, {"chief", 0});
+        auto worker0 = ps.client(ca, {"worker", 0});
+        auto worker1 = ps.client(ca, {"worker", 1});
+        auto push = [](pss::TcpTransport& worker, float g) {
+            pss::Request r = shard_request(pss::Op::apply_dense, xt::xarray<float>(xt::ones<float>({8}) * g));
+            r.step = 1;
+            return worker.send({"ps", 0}, std::move(r)).get();
+        };
+        CHECK(push(*worker1, 2).ok());
+        const pss::Reply again = push(*worker1, 2);
+        CHECK(again.code == pss::ErrorCode::failed_precondition);
+        CHECK(again.message == "pss: apply_gradient on variable 'w': /job:worker/replica:0/task:1 pushed to step 1 "
+                               "already; a worker contributes one push per variable and step");
+        CHECK(serves_unchanged(*chief, 8));  // one worker alone does not complete the step
+        CHECK(push(*worker0, 4).ok());
+        // 0, 1, ..., 7 minus the learning rate 1 times the mean gradient 3.
+        CHECK(chief->send({"ps", 0}, shard_request(pss::Op::read)).get().payload.get<float>() ==
+              xt::xarray<float>(xt::arange<float>(8.0f) - 3.0f));
     }
 }

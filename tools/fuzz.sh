@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/fuzz.sh: fuzz what a process decodes from the network or reads from a checkpoint: the wire's frames
-# (tests/fuzz/fuzz_frame.cpp), a call's encoded arguments (tests/fuzz/fuzz_call.cpp), and a checkpoint's index
-# and .npy files (tests/fuzz/fuzz_checkpoint.cpp). Builds each with clang's libFuzzer, AddressSanitizer and
-# UndefinedBehaviorSanitizer into build-fuzz/, then runs each for a bounded time on a working copy of its
+# (tests/fuzz/fuzz_frame.cpp), a call's encoded arguments (tests/fuzz/fuzz_call.cpp), a checkpoint's index
+# and .npy files (tests/fuzz/fuzz_checkpoint.cpp), and what reaches a ps over TLS: a stranger's handshake
+# and frames in TLS records, whole or tampered with (tests/fuzz/fuzz_tls.cpp, seeds in corpus_tls/).
+# Builds each with clang's libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer into build-fuzz/, then runs each for a bounded time on a working copy of its
 # seed corpus, tests/fuzz/corpus/, corpus_call/ and corpus_checkpoint/ (new inputs it finds stay in
 # build-fuzz/).
 #
@@ -39,10 +40,10 @@ fi
 
 seconds=${1:-60}
 read -r -a extra <<<"${PSS_FUZZ_ARGS:-}"
-for target in frame:corpus call:corpus_call checkpoint:corpus_checkpoint; do
+for target in frame:corpus call:corpus_call checkpoint:corpus_checkpoint tls:corpus_tls; do
     name=${target%%:*} corpus=${target##*:}
     "$CXX" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-        "tests/fuzz/fuzz_$name.cpp" -o "$build/fuzz_$name"
+        "tests/fuzz/fuzz_$name.cpp" -o "$build/fuzz_$name" -lssl -lcrypto
     mkdir -p "$build/$corpus"
     cp -n "tests/fuzz/$corpus"/* "$build/$corpus/" 2>/dev/null || true
     (cd "$build" && "./fuzz_$name" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \

@@ -2,7 +2,7 @@
 # Shared helpers only; no side effect beyond the package check when sourced.
 
 PSS_DEBIAN_PACKAGES=(g++ cmake ninja-build pkg-config python3 meson libxtensor-dev xtl-dev libxsimd-dev
-                     libasio-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
+                     libasio-dev libssl-dev openssl doctest-dev nlohmann-json3-dev libbenchmark-dev)
 
 # pss_ensure_packages [extra packages...]: the packages above, and any named.
 pss_ensure_packages() {

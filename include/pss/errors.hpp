@@ -22,6 +22,7 @@ enum class ErrorCode : int {
     cancelled = 7,         ///< work cancelled before it ran
     internal = 8,          ///< a broken invariant inside pss: a bug, please report it
     not_ready = 9,         ///< a synchronous pull asked for a step not applied yet: the caller retries
+    permission_denied = 10,  ///< a request its sender's role may not make (a worker assigning a variable)
 };
 
 /// @brief The base of every exception pss throws. Messages start with "pss: " and name the input.
@@ -47,6 +48,7 @@ PSS_DEFINE_ERROR(OutOfRangeError, out_of_range)
 PSS_DEFINE_ERROR(FailedPreconditionError, failed_precondition)
 PSS_DEFINE_ERROR(UnavailableError, unavailable)
 PSS_DEFINE_ERROR(CancelledError, cancelled)
+PSS_DEFINE_ERROR(PermissionDeniedError, permission_denied)
 PSS_DEFINE_ERROR(InternalError, internal)
 
 #undef PSS_DEFINE_ERROR
@@ -61,6 +63,7 @@ PSS_DEFINE_ERROR(InternalError, internal)
         case ErrorCode::failed_precondition: throw FailedPreconditionError(message);
         case ErrorCode::unavailable: throw UnavailableError(message);
         case ErrorCode::cancelled: throw CancelledError(message);
+        case ErrorCode::permission_denied: throw PermissionDeniedError(message);
         case ErrorCode::ok:
         case ErrorCode::not_ready:
         case ErrorCode::internal: break;

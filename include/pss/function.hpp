@@ -445,8 +445,8 @@ R decode_result(Values&& answer, const std::string& name) {
         const nlohmann::json& code = reader.next("an error code");
         std::string message = Codec<std::string>::decode(reader, reader.next("an error message"));
         const auto c = code.is_number_integer() ? code.get<std::int64_t>() : 0;
-        throw_error(c > 0 && c <= static_cast<std::int64_t>(ErrorCode::internal) ? static_cast<ErrorCode>(c)
-                                                                                 : ErrorCode::internal,
+        throw_error(c > 0 && c <= static_cast<std::int64_t>(ErrorCode::permission_denied) ? static_cast<ErrorCode>(c)
+                                                                                          : ErrorCode::internal,
                     message);
     }
     if (status != call_succeeded) reader.fail("the status " + status.dump() + " is neither 0 (ok) nor 1 (error)");

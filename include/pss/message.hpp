@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
 #include <pss/tensor.hpp>
@@ -99,6 +101,9 @@ struct Request {
     /// 0 outside synchronous training.
     std::uint64_t step = 0;
     Values values;  ///< a call's arguments (kind `call` only)
+    /// The task that sent it, when its link proved which (TcpTransport over TLS sets it from the peer's
+    /// certificate); never sent on the wire. A synchronous ps takes one push per sender and step.
+    std::optional<TaskId> sender;
 };
 
 /// @brief A task's answer: `code` is ok, or the error the task raised with its message.
@@ -128,6 +133,10 @@ struct Reply {
 };
 
 namespace detail {
+
+/// The call with which a chief or worker checks, as it starts, that every ps runs its configuration
+/// (strategy.hpp); the one call a worker or evaluator may make.
+inline constexpr std::string_view handshake_call = "pss.handshake";
 
 /// Where a Responder delivers its one Reply (a promise, a connection's write queue).
 class ReplySink {

@@ -187,6 +187,7 @@ private:
         struct Pending {
             std::uint64_t pushes = 0;
             bool pushes_dense = false;
+            std::vector<TaskId> senders;         // the proven senders of its pushes
             xt::xarray<T> dense;                 // the sum of the dense gradients of the step
             struct Rows {
                 std::vector<std::int64_t> ids;
@@ -401,6 +402,13 @@ private:
                                        std::to_string(sync_.staleness) + " no worker can push beyond step " +
                                        std::to_string(state.applied + 2 + sync_.staleness));
         auto& pending = state.pending[step];
+        if (request.sender) {  // a proven sender: one push per step, so that no one task completes a step alone
+            if (std::find(pending.senders.begin(), pending.senders.end(), *request.sender) != pending.senders.end())
+                throw FailedPreconditionError("pss: " + what + ": " + request.sender->to_string() +
+                                              " pushed to step " + std::to_string(step) +
+                                              " already; a worker contributes one push per variable and step");
+            pending.senders.push_back(*request.sender);
+        }
         auto& grad = request.payload.template get<T>();
         if (request.op == Op::apply_dense) {
             if (!pending.pushes_dense)

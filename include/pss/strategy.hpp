@@ -102,8 +102,21 @@ private:
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
 };
 
-/// The call with which a chief or worker checks, as it starts, that every ps runs its configuration.
-inline constexpr std::string_view handshake_call = "pss.handshake";
+/// A transport of task `self`: told its task when it can be (TcpTransport finds its TLS credentials so).
+template <class TransportPolicy>
+TransportPolicy make_transport(const ClusterSpec& spec, const TaskId& self) {
+    if constexpr (std::constructible_from<TransportPolicy, const ClusterSpec&, const TaskId&>)
+        return TransportPolicy(spec, self);
+    else
+        return TransportPolicy(spec);
+}
+template <class TransportPolicy>
+std::unique_ptr<TransportPolicy> new_transport(const ClusterSpec& spec, const TaskId& self) {
+    if constexpr (std::constructible_from<TransportPolicy, const ClusterSpec&, const TaskId&>)
+        return std::make_unique<TransportPolicy>(spec, self);
+    else
+        return std::make_unique<TransportPolicy>(spec);
+}
 
 /// What every task of a cluster must agree on: the optimizer a ps applies, the consistency a ps counts
 /// pushes by and a worker numbers steps by, the cluster's shape, and the library's version. The
@@ -156,7 +169,7 @@ public:
           optimizer_(optimizer),
           sync_(sync),
           fingerprint_(cluster_fingerprint(optimizer_, sync_, spec_)),
-          client_(spec) {}
+          client_(make_transport<TransportPolicy>(spec, self_)) {}
     ~ClusterTaskChannel() override { shutdown(); }
 
     /// Serves this task's address when it is a ps or a worker (after construction: the handler needs
@@ -165,7 +178,7 @@ public:
         if (self_.type == "ps") {
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_,
                                                                      ServerOptions::from_environment());
-            server_ = std::make_unique<TransportPolicy>(spec_);
+            server_ = new_transport<TransportPolicy>(spec_, self_);
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
                 if (r.kind == RequestKind::call && r.name == handshake_call)
@@ -173,7 +186,7 @@ public:
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
-            server_ = std::make_unique<TransportPolicy>(spec_);
+            server_ = new_transport<TransportPolicy>(spec_, self_);
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
             server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
                 if (r.kind == RequestKind::shutdown) return stop_requested();

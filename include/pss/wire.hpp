@@ -38,7 +38,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | 4 | 2 | version | `wire_version` (2) |
 /// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 18), `frame_kind_call` (13), `frame_kind_shutdown` (14), or `frame_kind_reply` (128) |
 /// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
-/// | 8 | 4 | error code | an `ErrorCode` (0 to 9); 0 in requests |
+/// | 8 | 4 | error code | an `ErrorCode` (0 to 10); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
 /// | 20 | 4 | task | request: the index of the task addressed; reply: the index of the answering task |
 /// | 24 | 8 | variable id | `ShardKey::variable` |
@@ -432,8 +432,8 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
              " is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, a reply is 128");
     if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
         fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");
-    if (code > static_cast<std::uint32_t>(ErrorCode::not_ready))
-        fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 9 (not ready)");
+    if (code > static_cast<std::uint32_t>(ErrorCode::permission_denied))
+        fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 10 (permission denied)");
     h.code = static_cast<ErrorCode>(code);
     if (!h.is_reply() && h.code != ErrorCode::ok)
         fail("error code " + std::to_string(code) + " is set on a request; only a reply carries an error");

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -34,11 +36,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pss/transport/tcp/tls.hpp>
+
 extern char** environ;
 
 namespace {
 
-constexpr std::string_view usage_text = R"(usage: pss-launch [--ps N] [--workers M] [--base-port P] [--grace-period S] [--report-memory] [--] PROGRAM [ARGS...]
+constexpr std::string_view usage_text = R"(usage: pss-launch [--ps N] [--workers M] [--base-port P] [--grace-period S] [--report-memory] [--plaintext] [--] PROGRAM [ARGS...]
+       pss-launch [--ps N] [--workers M] --write-certificates DIR
 
 Runs PROGRAM as a parameter-server cluster on this machine: one chief, N ps tasks and M worker tasks,
 each a separate process, as TensorFlow's ParameterServerStrategy expects them. Each task finds its
@@ -54,11 +59,20 @@ Options:
   --grace-period S   seconds a task has to exit after SIGTERM before it gets SIGKILL (default 5)
   --report-memory    when every task has ended, print each task's peak resident memory (ru_maxrss) to
                      stderr: "pss-launch: peak RSS: chief 21.3 MiB, ps:0 80.1 MiB, ..."
+  --plaintext        links without TLS (PSS_TLS=off in every task): for trusted networks only
+  --write-certificates DIR
+                     write a new cluster CA and each task's certificate and key into DIR (ca.crt,
+                     chief-0.crt, chief-0.key, ps-0.crt, ...: what PSS_TLS_DIR names) and exit; for
+                     clusters started by Slurm or by hand
   --help, -h         this text
 
 Output: each line a task writes to stdout or stderr is written to the launcher's stdout or stderr with
 the task's name in front: "[chief] ", "[ps:0] ", "[worker:1] ". The launcher's own messages start
 with "pss-launch: " and go to stderr.
+
+TLS: every run gets a throwaway cluster CA and a certificate per task, written to a new private
+directory that PSS_TLS_DIR names in each task and that is removed when the launcher ends. When
+PSS_TLS_DIR or PSS_TLS_CERT is set already, the tasks use those certificates instead.
 
 Ending: every task runs in its own process group. When the chief exits, when any other task fails
 (exits with a non-zero status or is killed by a signal), or when the launcher gets SIGINT, SIGTERM or
@@ -85,6 +99,8 @@ struct Options {
     std::optional<int> base_port;
     double grace_seconds = 5.0;
     bool report_memory = false;
+    bool plaintext = false;
+    std::optional<std::string> write_certificates;
     std::vector<std::string> command;
 };
 
@@ -137,6 +153,11 @@ Options parse_options(int argc, char** argv) {
             options.num_workers = parse_count("--workers", take_value(), 1, 1000, "the number of worker tasks");
         } else if (arg == "--base-port") {
             options.base_port = parse_count("--base-port", take_value(), 1, 65535, "the port of the chief");
+        } else if (arg == "--plaintext") {
+            if (has_value) usage_error("--plaintext takes no value");
+            options.plaintext = true;
+        } else if (arg == "--write-certificates") {
+            options.write_certificates = take_value();
         } else if (arg == "--report-memory") {
             if (has_value) usage_error("--report-memory takes no value");
             options.report_memory = true;
@@ -154,6 +175,10 @@ Options parse_options(int argc, char** argv) {
         }
     }
     for (; i < argc; ++i) options.command.emplace_back(argv[i]);
+    if (options.write_certificates) {
+        if (!options.command.empty()) usage_error("--write-certificates writes certificates and runs no PROGRAM");
+        return options;
+    }
     if (options.command.empty()) usage_error("no PROGRAM given; write it after the options, e.g. pss-launch --ps 1 --workers 2 -- ./train");
     const int total = 1 + options.num_ps + options.num_workers;
     if (options.base_port && *options.base_port + total - 1 > 65535) {
@@ -280,10 +305,41 @@ int exit_code_of(int status) {
     return 1;
 }
 
+/// Writes ca.crt and each task's <job>-<index>.crt and .key (mode 0600) into `dir`; false on failure.
+bool write_certificates(const std::filesystem::path& dir, const std::vector<Task>& tasks) {
+#if PSS_HAS_TLS
+    try {
+        const pss::TlsAuthority authority("pss-launch cluster CA");
+        auto write = [&](const std::string& name, const std::string& text) {
+            const auto path = dir / name;
+            std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+            std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+        };
+        write("ca.crt", authority.certificate());
+        for (const auto& task : tasks) {
+            const auto credentials = authority.issue(pss::TaskId{task.type, task.index});
+            const std::string base = task.type + "-" + std::to_string(task.index);
+            write(base + ".crt", credentials.certificate);
+            write(base + ".key", credentials.private_key);
+        }
+        return true;
+    } catch (const std::exception& e) {
+        std::cerr << "pss-launch: cannot make the certificates: " << e.what() << "\n";
+        return false;
+    }
+#else
+    (void)dir;
+    (void)tasks;
+    std::cerr << "pss-launch: built without TLS (PSS_NO_TLS): no certificates; the tasks run plaintext\n";
+    return true;
+#endif
+}
+
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-/// Starts `task` running `command` with TF_CONFIG set; false when fork or pipe fails.
-bool start(Task& task, const std::vector<std::string>& command, const std::string& tf_config) {
+/// Starts `task` running `command` with TF_CONFIG and `extra` (NAME=value) set; false when fork or pipe fails.
+bool start(Task& task, const std::vector<std::string>& command, const std::string& tf_config,
+           const std::vector<std::string>& extra) {
     int out_pipe[2];
     int err_pipe[2];
     if (::pipe2(out_pipe, O_CLOEXEC) != 0) return false;
@@ -298,6 +354,7 @@ bool start(Task& task, const std::vector<std::string>& command, const std::strin
         if (std::strncmp(*entry, "TF_CONFIG=", 10) != 0) environment_strings.emplace_back(*entry);
     }
     environment_strings.push_back("TF_CONFIG=" + tf_config);
+    environment_strings.insert(environment_strings.end(), extra.begin(), extra.end());
     std::vector<char*> child_environment;
     for (auto& entry : environment_strings) child_environment.push_back(entry.data());
     child_environment.push_back(nullptr);
@@ -381,6 +438,18 @@ int main(int argc, char** argv) {
     add_task("chief", 0);
     for (int i = 0; i < options.num_ps; ++i) add_task("ps", i);
     for (int i = 0; i < options.num_workers; ++i) add_task("worker", i);
+    if (options.write_certificates) {
+        std::error_code ec;
+        std::filesystem::create_directories(*options.write_certificates, ec);
+        if (!ec) std::filesystem::permissions(*options.write_certificates, std::filesystem::perms::owner_all, ec);
+        if (ec || !write_certificates(*options.write_certificates, tasks)) {
+            std::cerr << "pss-launch: cannot write the certificates into " << *options.write_certificates << "\n";
+            return 1;
+        }
+        std::cout << "pss-launch: wrote ca.crt and the certificates and keys of " << tasks.size() << " tasks to "
+                  << *options.write_certificates << "\n";
+        return 0;
+    }
     std::vector<int> ports;
     if (options.base_port) {
         for (std::size_t i = 0; i < tasks.size(); ++i) ports.push_back(*options.base_port + static_cast<int>(i));
@@ -392,6 +461,29 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < tasks.size(); ++i) {
         cluster[tasks[i].type].push_back("127.0.0.1:" + std::to_string(ports[i]));
     }
+
+    // Their TLS identities: a new CA and a certificate per task, unless the user gave their own.
+    std::vector<std::string> task_environment;
+    std::optional<std::filesystem::path> tls_dir;
+    if (options.plaintext) {
+        task_environment.push_back("PSS_TLS=off");
+    } else if (std::getenv("PSS_TLS_DIR") == nullptr && std::getenv("PSS_TLS_CERT") == nullptr) {
+        std::string pattern = (std::filesystem::temp_directory_path() / "pss-launch-tls-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) {  // mode 0700: the keys are this user's only
+            std::cerr << "pss-launch: cannot make a directory for the certificates: " << std::strerror(errno) << "\n";
+            return 1;
+        }
+        tls_dir = pattern;
+        if (!write_certificates(*tls_dir, tasks)) return 1;
+        task_environment.push_back("PSS_TLS_DIR=" + pattern);
+    }
+    struct RemoveDirectory {
+        std::optional<std::filesystem::path>& path;
+        ~RemoveDirectory() {
+            std::error_code ignored;
+            if (path) std::filesystem::remove_all(*path, ignored);
+        }
+    } remove_tls_dir{tls_dir};
 
     // Start them all, the ps tasks and workers first so the chief finds them starting.
     bool stopping = false;
@@ -410,7 +502,7 @@ int main(int argc, char** argv) {
     std::rotate(tasks.begin(), tasks.begin() + 1, tasks.end());  // chief last
     for (auto& task : tasks) {
         const nlohmann::json tf_config = {{"cluster", cluster}, {"task", {{"type", task.type}, {"index", task.index}}}};
-        if (!start(task, options.command, tf_config.dump())) {
+        if (!start(task, options.command, tf_config.dump(), task_environment)) {
             stop(1, "cannot start task " + task.name + ": " + std::strerror(errno));
             break;
         }

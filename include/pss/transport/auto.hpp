@@ -30,6 +30,11 @@ public:
         if (embedded(spec)) link_ = std::make_unique<InProcessTransport>(spec);
         else link_ = std::make_unique<TcpTransport>(spec);
     }
+    /// @brief The transport of task `self` (a TcpTransport finds its TLS credentials in PSS_TLS_DIR so).
+    AutoTransport(const ClusterSpec& spec, const TaskId& self) {
+        if (embedded(spec)) link_ = std::make_unique<InProcessTransport>(spec);
+        else link_ = std::make_unique<TcpTransport>(spec, self);
+    }
 
     void serve(const TaskId& task, RequestHandler handler) {
         std::visit([&](auto& link) { link->serve(task, std::move(handler)); }, link_);

@@ -2,7 +2,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <future>
 #include <map>
 #include <memory>
@@ -21,8 +25,78 @@
 #include <pss/transport/tcp/client.hpp>
 #include <pss/transport/tcp/options.hpp>
 #include <pss/transport/tcp/server.hpp>
+#include <pss/transport/tcp/tls.hpp>
 
 PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// Says once per process that links are plaintext, and why.
+inline void warn_plaintext(const std::string& why) {
+    static std::atomic<bool> said{false};
+    if (said.exchange(true)) return;
+    std::fprintf(stderr,
+                 "pss: warning: TcpTransport links are plaintext (%s): no peer is authenticated, anyone who reaches "
+                 "a port may read and command this task. Use it on a trusted network only\n",
+                 why.c_str());
+}
+
+/// The TLS context of `task` from the directory `dir` (PSS_TLS_DIR): ca.crt, <job>-<index>.crt and .key.
+inline TlsContext tls_dir_context([[maybe_unused]] const std::string& dir, [[maybe_unused]] const TaskId& task) {
+#if PSS_HAS_TLS
+    const std::string base = dir + "/" + task.type + "-" + std::to_string(task.index);
+    return make_tls_context(TlsCredentials::from_files(dir + "/ca.crt", base + ".crt", base + ".key", "PSS_TLS_DIR"));
+#else
+    return nullptr;
+#endif
+}
+
+/// The TLS context of a transport for `self` (when known) under `options`, or null for plaintext: the
+/// options' credentials, else the environment's (PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY; or
+/// PSS_TLS_DIR, a directory holding ca.crt, <job>-<index>.crt and <job>-<index>.key: `self`'s, or the
+/// chief's for a transport of no one task); plaintext only when asked for (TcpOptions::plaintext, PSS_TLS=off).
+/// @throws FailedPreconditionError when there are no credentials and plaintext was not asked for
+inline TlsContext tcp_security(const TcpOptions& options, [[maybe_unused]] const std::optional<TaskId>& self) {
+    const char* tls_env = std::getenv("PSS_TLS");
+    const std::string tls_mode = tls_env ? tls_env : "";
+    if (!tls_mode.empty() && tls_mode != "on" && tls_mode != "off")
+        throw InvalidArgumentError("pss: PSS_TLS is \"" + tls_mode + "\"; give \"on\" or \"off\"");
+    if (options.plaintext) {
+        warn_plaintext("TcpOptions::plaintext");
+        return nullptr;
+    }
+#if !PSS_HAS_TLS
+    warn_plaintext("pss was built with PSS_NO_TLS");
+    return nullptr;
+#else
+    if (options.tls) return make_tls_context(*options.tls);
+    if (tls_mode == "off") {
+        warn_plaintext("PSS_TLS=off");
+        return nullptr;
+    }
+    auto variable = [](const char* name) -> std::string {
+        const char* value = std::getenv(name);
+        return value ? value : "";
+    };
+    const std::string ca = variable("PSS_TLS_CA"), cert = variable("PSS_TLS_CERT"), key = variable("PSS_TLS_KEY");
+    if (!ca.empty() || !cert.empty() || !key.empty()) {
+        if (ca.empty() || cert.empty() || key.empty())
+            throw InvalidArgumentError("pss: TLS: PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY are set together; " +
+                                       std::string(ca.empty() ? "PSS_TLS_CA" : cert.empty() ? "PSS_TLS_CERT" : "PSS_TLS_KEY") +
+                                       " is missing");
+        return make_tls_context(TlsCredentials::from_files(ca, cert, key, "PSS_TLS_CA, PSS_TLS_CERT, PSS_TLS_KEY"));
+    }
+    const std::string dir = variable("PSS_TLS_DIR");
+    if (!dir.empty()) return tls_dir_context(dir, self ? *self : TaskId{"chief", 0});
+    throw FailedPreconditionError(
+        "pss: TcpTransport: no TLS credentials" + (self ? " for " + self->to_string() : std::string()) +
+        ": set PSS_TLS_DIR (a directory holding ca.crt and each task's <job>-<index>.crt and .key; pss-launch "
+        "makes one for every run), or PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY, or give TcpOptions::tls. "
+        "Plaintext, for trusted networks only, must be asked for: PSS_TLS=off or TcpOptions::plaintext");
+#endif
+}
+
+}  // namespace detail
 
 /// @brief The network transport: every task a process, requests and replies wire frames over TCP.
 ///
@@ -45,9 +119,15 @@ PSS_NAMESPACE_BEGIN
 /// The parts: tcp/client.hpp (the connection to a task), tcp/server.hpp (a served task and its
 /// connections), tcp/read_ahead.hpp and tcp/buffers.hpp (reading and writing frames), tcp/options.hpp.
 ///
-/// A listening host that is an IP address is bound as it is; "localhost" binds 127.0.0.1; any other name
-/// binds every interface (0.0.0.0), as TensorFlow's server does, since a name may resolve to an address
-/// others do not reach (Debian maps the host name to 127.0.1.1).
+/// Links are mutual TLS (1.3) unless plaintext is asked for: each task presents a certificate signed by
+/// the cluster's CA that names it (subjectAltName URI `pss:/job:ps/replica:0/task:1`), and checks its
+/// peer's; a client checks that the task it reached is the one it meant. A served task refuses a
+/// request the peer's role may not make (see `role_refusal`), logs it and closes the connection.
+///
+/// A listening host that is an IP address is bound as it is; "localhost" binds 127.0.0.1. Over TLS, any
+/// other name binds every interface (0.0.0.0), as TensorFlow's server does, since a name may resolve to
+/// an address others do not reach (Debian maps the host name to 127.0.1.1); over plaintext, only the
+/// address the name resolves to.
 ///
 /// Models the Transport concept.
 class TcpTransport {
@@ -55,12 +135,17 @@ public:
     /// @brief Its tasks can be other processes: a strategy over it serves only its own task.
     static constexpr bool crosses_processes = true;
 
-    /// @brief A transport for the tasks of `spec`. Starts `options.io_threads` threads.
+    /// @brief A transport for the tasks of `spec`, its TLS identity from `options.tls` or the environment's
+    /// PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY. Starts `options.io_threads` threads.
+    /// @throws FailedPreconditionError when there are no credentials and plaintext was not asked for
+    /// @throws InvalidArgumentError when the credentials are not PEM, do not match, or name no task
     explicit TcpTransport(const ClusterSpec& spec, TcpOptions options = {})
-        : spec_(spec), options_(options), work_(asio::make_work_guard(io_)) {
-        const int n = std::max(1, options_.io_threads);
-        for (int i = 0; i < n; ++i) threads_.emplace_back([this] { io_.run(); });
-    }
+        : TcpTransport(spec, std::nullopt, std::move(options)) {}
+
+    /// @brief A transport of task `self`, which also finds its credentials in PSS_TLS_DIR (a strategy
+    /// builds its transports so).
+    TcpTransport(const ClusterSpec& spec, const TaskId& self, TcpOptions options = {})
+        : TcpTransport(spec, std::optional<TaskId>(self), std::move(options)) {}
     TcpTransport(const TcpTransport&) = delete;
     TcpTransport& operator=(const TcpTransport&) = delete;
     ~TcpTransport() { shutdown(); }
@@ -80,12 +165,32 @@ public:
                                           ") was called after shutdown()");
         if (served_.contains(task))
             throw InvalidArgumentError("pss: TcpTransport: task " + task.to_string() + " is served twice");
+        auto context = tls_;
+#if PSS_HAS_TLS
+        if (tls_ && !tls_dir_.empty() && task != identity_) {
+            context = detail::tls_dir_context(tls_dir_, task);  // a transport of the whole cluster
+        } else if (tls_ && task != identity_) {
+            throw InvalidArgumentError("pss: TcpTransport: cannot serve " + task.to_string() +
+                                       " with the TLS certificate of " + identity_.to_string());
+        }
+#endif
         auto served = std::make_shared<detail::TcpServedTask>(io_, task, std::move(handler), options_.limits,
-                                                             options_.serve);
+                                                             options_.serve, std::move(context));
         std::error_code ec;
         asio::ip::address address = asio::ip::make_address(where.host, ec);
-        if (where.host == "localhost") address = asio::ip::address_v4::loopback();
-        else if (ec) address = asio::ip::address_v4::any();
+        if (where.host == "localhost") {
+            address = asio::ip::address_v4::loopback();
+        } else if (ec && tls_) {
+            address = asio::ip::address_v4::any();
+        } else if (ec) {  // plaintext listens where the name resolves only
+            asio::ip::tcp::resolver resolver(io_);
+            const auto results = resolver.resolve(where.host, std::to_string(where.port), ec);
+            if (ec || results.empty())
+                throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
+                                       task.to_string() + ": the name \"" + where.host + "\" does not resolve (" +
+                                       ec.message() + ")");
+            address = results.begin()->endpoint().address();
+        }
         const asio::ip::tcp::endpoint endpoint(address, where.port);
         auto& acceptor = served->acceptor;
         auto check = [&](const char* step) {
@@ -124,7 +229,7 @@ public:
             auto& slot = clients_[task];
             if (!slot || slot->closed()) {
                 slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_);
+                    io_, task, [this, task] { return connect_address(task); }, options_, tls_);
                 slot->start();
             }
             connection = slot;
@@ -171,8 +276,29 @@ public:
 
     [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return spec_; }
     [[nodiscard]] const TcpOptions& options() const noexcept { return options_; }
+    /// @brief True when links are TLS (false when plaintext was asked for, or in a PSS_NO_TLS build).
+    [[nodiscard]] bool secure() const noexcept { return tls_ != nullptr; }
 
 private:
+    TcpTransport(const ClusterSpec& spec, std::optional<TaskId> self, TcpOptions options)
+        : spec_(spec), options_(std::move(options)), tls_(detail::tcp_security(options_, self)), work_(asio::make_work_guard(io_)) {
+#if PSS_HAS_TLS
+        if (tls_) {
+            identity_ = detail::context_task(*tls_);
+            if (self && *self != identity_)
+                throw InvalidArgumentError("pss: TcpTransport: the TLS certificate given to " + self->to_string() +
+                                           " names " + identity_.to_string());
+            // A transport of no one task, its credentials from a directory, serves each task with that
+            // task's certificate (the whole cluster in one process) and connects as the chief.
+            const char* dir = std::getenv("PSS_TLS_DIR");
+            if (!self && !options_.tls && !std::getenv("PSS_TLS_CERT") && dir != nullptr) tls_dir_ = dir;
+        }
+#endif
+        options_.tls.reset();  // the key lives in the TLS context only
+        const int n = std::max(1, options_.io_threads);
+        for (int i = 0; i < n; ++i) threads_.emplace_back([this] { io_.run(); });
+    }
+
     void check_task(const TaskId& task) const {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             throw InvalidArgumentError("pss: TcpTransport: task " + task.to_string() + " is not in the cluster spec");
@@ -194,6 +320,9 @@ private:
 
     ClusterSpec spec_;
     TcpOptions options_;
+    detail::TlsContext tls_;  // null: plaintext
+    TaskId identity_;         // the task this transport's certificate names (TLS only)
+    std::string tls_dir_;     // PSS_TLS_DIR, for a transport of no one task
     asio::io_context io_;  // before everything holding sockets: destroyed last
     asio::executor_work_guard<asio::io_context::executor_type> work_;
     std::vector<std::thread> threads_;

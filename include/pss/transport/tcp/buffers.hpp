@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
+#include <optional>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -10,6 +12,7 @@
 
 #include <pss/config.hpp>
 #include <pss/tensor.hpp>
+#include <pss/transport/tcp/tls.hpp>
 #include <pss/wire.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -24,6 +27,65 @@ struct TransferAll {
     std::size_t operator()(const std::error_code& ec, std::size_t) const noexcept {
         return ec ? 0 : std::size_t{1} << 30;
     }
+};
+
+/// A connection's byte stream: a TCP socket, and TLS over it once `secure` was called. Reads and writes
+/// through TLS are asynchronous only: a synchronous TLS write on a non-blocking socket can lose what the
+/// TLS engine had produced when the socket would block.
+class TcpStream {
+public:
+    explicit TcpStream(asio::ip::tcp::socket socket) : socket_(std::move(socket)) {}
+    template <class Executor>
+    explicit TcpStream(const Executor& executor) : socket_(executor) {}
+
+    [[nodiscard]] asio::ip::tcp::socket& socket() noexcept { return socket_; }
+    [[nodiscard]] auto get_executor() { return socket_.get_executor(); }
+
+#if PSS_HAS_TLS
+    using Tls = asio::ssl::stream<asio::ip::tcp::socket&>;
+    /// Puts TLS over the socket (connected, nothing exchanged yet); the handshake comes next.
+    Tls& secure(asio::ssl::context& context) { return tls_.emplace(socket_, context); }
+    /// Drops TLS, for the next connection attempt of the socket.
+    void plain() { tls_.reset(); }
+    [[nodiscard]] Tls* tls() noexcept { return tls_ ? &*tls_ : nullptr; }
+#else
+    [[nodiscard]] static constexpr const void* tls() noexcept { return nullptr; }
+    void plain() noexcept {}
+#endif
+
+    template <class Buffers, class Handler>
+    void async_read_some(const Buffers& buffers, Handler&& handler) {
+#if PSS_HAS_TLS
+        if (tls_) return tls_->async_read_some(buffers, std::forward<Handler>(handler));
+#endif
+        socket_.async_read_some(buffers, std::forward<Handler>(handler));
+    }
+
+    /// Reads all of `buffers`, then `next(ec)`.
+    template <class Buffers, class Next>
+    void async_read(const Buffers& buffers, Next next) {
+        auto done = [next = std::move(next)](std::error_code ec, std::size_t) mutable { next(ec); };
+#if PSS_HAS_TLS
+        if (tls_) return asio::async_read(*tls_, buffers, TransferAll{}, std::move(done));
+#endif
+        asio::async_read(socket_, buffers, TransferAll{}, std::move(done));
+    }
+
+    /// Writes all of `buffers`, then `next(ec)`.
+    template <class Buffers, class Next>
+    void async_write(const Buffers& buffers, Next next) {
+        auto done = [next = std::move(next)](std::error_code ec, std::size_t) mutable { next(ec); };
+#if PSS_HAS_TLS
+        if (tls_) return asio::async_write(*tls_, buffers, TransferAll{}, std::move(done));
+#endif
+        asio::async_write(socket_, buffers, TransferAll{}, std::move(done));
+    }
+
+private:
+    asio::ip::tcp::socket socket_;
+#if PSS_HAS_TLS
+    std::optional<Tls> tls_;  // after socket_, which it refers to
+#endif
 };
 
 /// The buffers of the sequence `buffers` past its first `skip` bytes.
@@ -44,25 +106,26 @@ std::vector<Buffer> buffers_after(const Buffers& buffers, std::size_t skip) {
 
 /// Reads `buffers` at once when the bytes are there already (the socket is non-blocking), else finishes
 /// asynchronously; `next(ec)` runs either way. A small frame then costs one wake-up, not one per section.
-template <class Socket, class Buffers, class Next>
-void read_now_or_later(Socket& socket, const Buffers& buffers, Next next) {
+/// Through TLS, asynchronously always.
+template <class Buffers, class Next>
+void read_now_or_later(TcpStream& stream, const Buffers& buffers, Next next) {
+    if (stream.tls()) return stream.async_read(buffers, std::move(next));
     std::error_code ec;
-    const std::size_t n = asio::read(socket, buffers, TransferAll{}, ec);
+    const std::size_t n = asio::read(stream.socket(), buffers, TransferAll{}, ec);
     if (ec != asio::error::would_block && ec != asio::error::try_again) return next(ec);
-    asio::async_read(socket, buffers_after<asio::mutable_buffer>(buffers, n), TransferAll{},
-                     [next = std::move(next)](std::error_code ec2, std::size_t) { next(ec2); });
+    stream.async_read(buffers_after<asio::mutable_buffer>(buffers, n), std::move(next));
 }
 
 /// Writes `buffers` at once when the socket takes them (it is non-blocking), else finishes
 /// asynchronously; `next(ec)` runs either way. A reply or a request then goes out without waiting for
-/// the reactor to report a writable socket.
-template <class Socket, class Buffers, class Next>
-void write_now_or_later(Socket& socket, const Buffers& buffers, Next next) {
+/// the reactor to report a writable socket. Through TLS, asynchronously always.
+template <class Buffers, class Next>
+void write_now_or_later(TcpStream& stream, const Buffers& buffers, Next next) {
+    if (stream.tls()) return stream.async_write(buffers, std::move(next));
     std::error_code ec;
-    const std::size_t n = asio::write(socket, buffers, TransferAll{}, ec);
+    const std::size_t n = asio::write(stream.socket(), buffers, TransferAll{}, ec);
     if (ec != asio::error::would_block && ec != asio::error::try_again) return next(ec);
-    asio::async_write(socket, buffers_after<asio::const_buffer>(buffers, n), TransferAll{},
-                      [next = std::move(next)](std::error_code ec2, std::size_t) { next(ec2); });
+    stream.async_write(buffers_after<asio::const_buffer>(buffers, n), std::move(next));
 }
 
 /// The frames at the front of a write queue that go out in one gather write: several small ones, up to
@@ -93,12 +156,19 @@ public:
     /// Writes the batch, then `next(ec)`. Up to 64 KiB it is written at once when the socket takes it
     /// (a small request or reply goes out without a trip through the reactor: a 1 KB round trip of
     /// bench_tcp took 35 to 58 us so, 78 to 85 us without); a larger one through the reactor (written at
-    /// once, a 16 MB reply made a 16 MB pull take 17 to 20 ms instead of 11 to 13).
-    template <class Socket, class Next>
-    void write(Socket& socket, Next next) const {
-        if (bytes_ <= inline_max_bytes) return write_now_or_later(socket, buffers_, std::move(next));
-        asio::async_write(socket, buffers_, TransferAll{},
-                          [next = std::move(next)](std::error_code ec, std::size_t) { next(ec); });
+    /// once, a 16 MB reply made a 16 MB pull take 17 to 20 ms instead of 11 to 13). Through TLS, a small
+    /// batch is copied into one buffer first: TLS seals each buffer of a sequence as records of its own.
+    template <class Next>
+    void write(TcpStream& stream, Next next) {
+        if (bytes_ > inline_max_bytes) return stream.async_write(buffers_, std::move(next));
+        if (!stream.tls()) return write_now_or_later(stream, buffers_, std::move(next));
+        joined_.resize(bytes_);
+        std::size_t at = 0;
+        for (const auto& b : buffers_) {
+            if (b.size() != 0) std::memcpy(joined_.data() + at, b.data(), b.size());
+            at += b.size();
+        }
+        stream.async_write(asio::buffer(joined_), std::move(next));
     }
 
 private:
@@ -106,6 +176,7 @@ private:
     static constexpr std::size_t max_bytes = 256u << 10;
     static constexpr std::size_t inline_max_bytes = 64u << 10;
     std::vector<asio::const_buffer> buffers_;
+    std::vector<std::byte> joined_;  // a small batch, for TLS
     std::size_t frames_ = 0;
     std::size_t bytes_ = 0;
 };

@@ -29,6 +29,7 @@
 #include <pss/transport/tcp/buffers.hpp>
 #include <pss/transport/tcp/options.hpp>
 #include <pss/transport/tcp/read_ahead.hpp>
+#include <pss/transport/tcp/tls.hpp>
 #include <pss/wire.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -46,12 +47,13 @@ public:
     using Clock = std::chrono::steady_clock;
 
     TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
-                        const TcpOptions& options)
+                        const TcpOptions& options, TlsContext tls)
         : task_(std::move(task)),
           where_(std::move(where)),
           options_(options),
+          tls_(std::move(tls)),
           strand_(asio::make_strand(io)),
-          socket_(strand_),
+          stream_(strand_),
           backoff_timer_(strand_),
           deadline_timer_(strand_) {}
 
@@ -102,7 +104,7 @@ public:
         std::error_code ignored;
         deadline_timer_.cancel();
         backoff_timer_.cancel();
-        socket_.close(ignored);
+        stream_.socket().close(ignored);
         auto pending = std::move(pending_);
         pending_.clear();
         queue_.clear();
@@ -147,6 +149,12 @@ private:
     std::string address_text() const { return where_text_.empty() ? std::string("?") : where_text_; }
 
     std::string lost(std::error_code ec) const {
+#if PSS_HAS_TLS
+        if (ec.category() == asio::error::get_ssl_category())
+            return "pss: TcpTransport: " + task_.to_string() + " at " + address_text() +
+                   " ended the TLS link (" + ec.message() +
+                   "): it refused this task's certificate, which its CA did not sign, or the link was tampered with";
+#endif
         return "pss: TcpTransport: the connection to " + task_.to_string() + " at " + address_text() +
                " was lost (" + ec.message() + "); a request in flight may or may not have been applied";
     }
@@ -196,10 +204,11 @@ private:
             return fail(e.what());
         }
         where_text_ = where.host + ":" + std::to_string(where.port);
+        stream_.plain();  // the last attempt's TLS, if any, is over
         std::error_code ec;
         const auto address = asio::ip::make_address(where.host == "localhost" ? "127.0.0.1" : where.host, ec);
         if (!ec) {
-            socket_.async_connect(asio::ip::tcp::endpoint(address, where.port),
+            stream_.socket().async_connect(asio::ip::tcp::endpoint(address, where.port),
                                   [self = shared_from_this()](std::error_code ec2) { self->on_connect(ec2); });
             return;
         }
@@ -208,7 +217,7 @@ private:
             where.host, std::to_string(where.port),
             [self = shared_from_this()](std::error_code ec2, asio::ip::tcp::resolver::results_type results) {
                 if (ec2) return self->retry(ec2);
-                asio::async_connect(self->socket_, results,
+                asio::async_connect(self->stream_.socket(), results,
                                     [self](std::error_code ec3, const asio::ip::tcp::endpoint&) { self->on_connect(ec3); });
             });
     }
@@ -217,8 +226,55 @@ private:
         if (state_ == State::closed) return;
         if (ec) return retry(ec);
         std::error_code ignored;
-        socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
-        socket_.non_blocking(true, ignored);
+        stream_.socket().set_option(asio::ip::tcp::no_delay(true), ignored);
+        stream_.socket().non_blocking(true, ignored);
+#if PSS_HAS_TLS
+        if (tls_) {
+            // A peer that accepts and never answers must not hold the attempt: the handshake has the
+            // time the connect timeout leaves, at most 10 s, then the attempt is retried.
+            handshaking_ = true;
+            backoff_timer_.expires_after(std::min<Clock::duration>(std::chrono::seconds(10),
+                                                                   std::max<Clock::duration>(connect_deadline_ - Clock::now(),
+                                                                                             std::chrono::milliseconds(100))));
+            backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
+                if (ec2 || !self->handshaking_) return;
+                std::error_code ignored2;
+                self->stream_.socket().close(ignored2);  // the handshake ends with an error, and is retried
+            });
+            return stream_.secure(*tls_).async_handshake(
+                asio::ssl::stream_base::client, [self = shared_from_this()](std::error_code ec2) { self->on_handshake(ec2); });
+        }
+#endif
+        connected();
+    }
+
+#if PSS_HAS_TLS
+    /// The peer must prove it is the task this connection is for: a certificate of the cluster's CA
+    /// (checked by the handshake) that names that task.
+    void on_handshake(std::error_code ec) {
+        handshaking_ = false;
+        backoff_timer_.cancel();
+        if (state_ == State::closed) return;
+        if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) ec = asio::error::timed_out;
+        if (ec && ec.category() == asio::error::get_ssl_category()) {
+            // The verification's own reason says more than the first error OpenSSL queued.
+            const long verified = SSL_get_verify_result(stream_.tls()->native_handle());
+            return fail("pss: TcpTransport: the TLS handshake with " + task_.to_string() + " at " + address_text() +
+                        " failed (" +
+                        (verified != X509_V_OK ? X509_verify_cert_error_string(verified) : ec.message()) +
+                        "): its certificate is not signed by this task's CA, or it refused this task's");
+        }
+        if (ec) return retry(ec);
+        const auto peer = peer_task(stream_.tls()->native_handle());
+        if (peer != task_)
+            return fail("pss: TcpTransport: the task at " + address_text() + " presented a certificate for " +
+                        (peer ? peer->to_string() : std::string("no task")) + ", not for " + task_.to_string() +
+                        "; the cluster spec and the certificates disagree");
+        connected();
+    }
+#endif
+
+    void connected() {
         state_ = State::connected;
         const auto now = Clock::now();
         for (auto& [id, p] : pending_) start_clock(p, now);
@@ -230,7 +286,7 @@ private:
         if (state_ == State::closed) return;
         ++attempts_;
         std::error_code ignored;
-        socket_.close(ignored);
+        stream_.socket().close(ignored);
         const auto now = Clock::now();
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
@@ -293,7 +349,7 @@ private:
         }
         writing_ = true;
         batch_.gather(queue_, [](const std::shared_ptr<Outgoing>& out) -> const OutgoingFrame& { return out->frame; });
-        batch_.write(socket_, [self = shared_from_this()](std::error_code ec) { self->on_written(ec); });
+        batch_.write(stream_, [self = shared_from_this()](std::error_code ec) { self->on_written(ec); });
     }
 
     void on_written(std::error_code ec) {
@@ -316,7 +372,7 @@ private:
     // ---- reading ----
 
     void read_header() {
-        ahead_.read_header(socket_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
+        ahead_.read_header(stream_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
     }
 
     void on_header(std::error_code ec) {
@@ -330,7 +386,7 @@ private:
         } catch (const WireError& e) {
             return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
         }
-        ahead_.fill(socket_, body_buffers(header_, body_),
+        ahead_.fill(stream_, body_buffers(header_, body_),
                     [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
     }
 
@@ -348,7 +404,7 @@ private:
         if (header_.has_values()) {  // what a call answered
             incoming_values_ = value_tensors(header_, body_);
             if (header_.payload_length == 0) return on_payload({});
-            return ahead_.fill(socket_, tensor_buffers(incoming_values_),
+            return ahead_.fill(stream_, tensor_buffers(incoming_values_),
                                [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
         }
         if (!header_.has_payload() || header_.payload_elided()) return on_payload({});
@@ -368,7 +424,7 @@ private:
             incoming_ = payload_buffer(header_, body_);
         }
         if (header_.payload_length == 0) return on_payload({});
-        ahead_.fill(socket_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
+        ahead_.fill(stream_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
                     [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
     }
 
@@ -396,8 +452,9 @@ private:
     TaskId task_;
     std::function<TcpHostPort()> where_;
     TcpOptions options_;
+    TlsContext tls_;  // null: plaintext
     TcpStrand strand_;
-    asio::ip::tcp::socket socket_;
+    TcpStream stream_;
     std::unique_ptr<asio::ip::tcp::resolver> resolver_;
     asio::steady_timer backoff_timer_;
     asio::steady_timer deadline_timer_;
@@ -417,6 +474,7 @@ private:
     std::deque<std::shared_ptr<Outgoing>> queue_;  // taken, not yet written
     bool writing_ = false;
     bool timer_armed_ = false;
+    bool handshaking_ = false;  // the backoff timer bounds the TLS handshake meanwhile
     TcpWriteBatch batch_;
     std::string where_text_;
     Clock::time_point connect_deadline_;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
 #include <pss/message.hpp>
+#include <pss/transport/tcp/tls.hpp>
 #include <pss/wire.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -66,6 +68,13 @@ struct TcpOptions {
     WireLimits limits;
     /// What a served task spends on its peers.
     TcpServeLimits serve;
+    /// This task's TLS identity. Empty: from the environment (PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY, or
+    /// PSS_TLS_DIR for a transport that knows its task); with none there either, the transport refuses
+    /// to start unless plaintext was asked for.
+    std::optional<TlsCredentials> tls;
+    /// Plaintext links, asked for explicitly (as PSS_TLS=off does): no peer is authenticated and anyone
+    /// who reaches a port may command the task. For trusted networks only; a warning says so.
+    bool plaintext = false;
     /// Threads running the sockets and the served tasks' handlers (a handler runs on one of them, and
     /// holds it while it runs). One gives the lowest latency: with two, completions hop between threads.
     /// Raise it for a process serving several busy tasks, or whose handler may block: with one thread,

@@ -25,8 +25,8 @@ namespace detail {
 class TcpReadAhead {
 public:
     /// Calls `next(ec)` once `header` is filled, from the bytes read ahead or from the socket.
-    template <class Socket, class Next>
-    void read_header(Socket& socket, std::array<std::byte, frame_header_size>& header, Next next) {
+    template <class Next>
+    void read_header(TcpStream& socket, std::array<std::byte, frame_header_size>& header, Next next) {
         if (end_ - begin_ >= header.size()) {
             std::memcpy(header.data(), stage_.data() + begin_, header.size());
             begin_ += header.size();
@@ -51,8 +51,8 @@ public:
     }
 
     /// Fills `buffers` from the bytes read ahead, then from the socket; then `next(ec)`.
-    template <class Socket, class Buffers, class Next>
-    void fill(Socket& socket, const Buffers& buffers, Next next) {
+    template <class Buffers, class Next>
+    void fill(TcpStream& socket, const Buffers& buffers, Next next) {
         std::vector<asio::mutable_buffer> rest;
         for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it) {
             asio::mutable_buffer b = *it;

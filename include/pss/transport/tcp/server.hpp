@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -29,6 +30,7 @@
 #include <pss/transport/tcp/buffers.hpp>
 #include <pss/transport/tcp/options.hpp>
 #include <pss/transport/tcp/read_ahead.hpp>
+#include <pss/transport/tcp/tls.hpp>
 #include <pss/wire.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -82,12 +84,44 @@ inline std::size_t max_served_connections(const TcpServeLimits& limits) {
     return 4096;
 }
 
+/// Why `peer` may not make the request `header` (a call named `name`); empty when it may. The chief may
+/// make every request. A worker reads and writes the variables that exist (a function a coordinator
+/// schedules on it may update any of them, as TensorFlow's may); it does not create, destroy, save or
+/// restore them, call functions or shut tasks down. An evaluator only reads. Both may make the
+/// configuration handshake. A ps makes no request.
+inline std::string role_refusal(const TaskId& peer, const FrameHeader& header, std::string_view name) {
+    if (peer.type == "chief") return {};
+    const bool worker = peer.type == "worker", reader = worker || peer.type == "evaluator";
+    std::string what;
+    switch (header.request_kind()) {
+        case RequestKind::operation: {
+            const Op op = header.op();
+            if (reader && (op == Op::read || op == Op::gather)) return {};
+            const bool structure = op == Op::create || op == Op::destroy || op == Op::save_shard ||
+                                   op == Op::restore_shard || op == Op::commit_restore || op == Op::abort_restore;
+            if (worker && !structure) return {};
+            what = op_name(op);
+            break;
+        }
+        case RequestKind::call:
+            if (reader && name == handshake_call) return {};
+            what = "call \"" + std::string(name) + "\"";
+            break;
+        case RequestKind::shutdown: what = "shutdown"; break;
+    }
+    return "pss: TcpTransport: " + peer.to_string() + " may not " + what +
+           ": only the chief creates, destroys, saves and restores variables, calls functions and shuts tasks "
+           "down; a worker reads and writes variables, an evaluator reads them. The request was refused and the "
+           "connection closed";
+}
+
 class TcpServerConnection;
 
 /// One served task: its listening socket, its handler and the strand every one of its connections runs
 /// on, so that its requests are handled one at a time, in the order they arrive.
 struct TcpServedTask : std::enable_shared_from_this<TcpServedTask> {
-    TcpServedTask(asio::io_context& io, TaskId id, RequestHandler h, const WireLimits& l, const TcpServeLimits& s)
+    TcpServedTask(asio::io_context& io, TaskId id, RequestHandler h, const WireLimits& l, const TcpServeLimits& s,
+                  TlsContext t)
         : task(std::move(id)),
           handler(std::move(h)),
           limits(l),
@@ -96,7 +130,8 @@ struct TcpServedTask : std::enable_shared_from_this<TcpServedTask> {
           strand(asio::make_strand(io)),
           acceptor(strand),
           accept_timer(strand),
-          pool(s.max_pooled_bytes) {}
+          pool(s.max_pooled_bytes),
+          tls(std::move(t)) {}
 
     void accept();
     void on_accept_error(std::error_code ec);
@@ -117,6 +152,7 @@ struct TcpServedTask : std::enable_shared_from_this<TcpServedTask> {
     std::chrono::milliseconds accept_backoff{0};
     asio::ip::tcp::endpoint endpoint;  // the bound address, with the port the system chose for port 0
     TcpBufferPool pool;
+    TlsContext tls;  // null: plaintext
     std::vector<std::weak_ptr<TcpServerConnection>> connections;  // oldest first
     std::uint64_t receiving_bytes = 0;  // announced bytes of the frames being received
     std::deque<std::weak_ptr<TcpServerConnection>> waiting_to_receive;
@@ -133,12 +169,20 @@ struct TcpServedTask : std::enable_shared_from_this<TcpServedTask> {
 class TcpServerConnection : public std::enable_shared_from_this<TcpServerConnection> {
 public:
     TcpServerConnection(std::shared_ptr<TcpServedTask> task, asio::ip::tcp::socket socket)
-        : task_(std::move(task)), socket_(std::move(socket)), timer_(task_->strand) {}
+        : task_(std::move(task)), stream_(std::move(socket)), timer_(task_->strand) {}
 
+    /// Reads requests; over TLS, once the peer has proved which task it is (the first-frame timeout covers
+    /// the handshake).
     void start() {
         std::error_code ignored;
-        socket_.non_blocking(true, ignored);
+        stream_.socket().non_blocking(true, ignored);
         set_deadline(task_->serve.first_frame_timeout);
+#if PSS_HAS_TLS
+        if (task_->tls)
+            return stream_.secure(*task_->tls)
+                .async_handshake(asio::ssl::stream_base::server,
+                                 [self = shared_from_this()](std::error_code ec) { self->on_handshake(ec); });
+#endif
         read_header();
     }
 
@@ -147,8 +191,8 @@ public:
         closed_ = true;
         std::error_code ignored;
         timer_.cancel();
-        socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        socket_.close(ignored);
+        stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        stream_.socket().close(ignored);
         end_frame();
         task_->unread_reply_bytes -= unread_bytes_;
         unread_bytes_ = 0;
@@ -210,8 +254,18 @@ private:
         });
     }
 
+#if PSS_HAS_TLS
+    /// A peer without a certificate of the cluster's CA naming a task has failed the handshake already.
+    void on_handshake(std::error_code ec) {
+        if (ec || closed_) return close();
+        peer_ = peer_task(stream_.tls()->native_handle());
+        if (!peer_) return close();
+        read_header();
+    }
+#endif
+
     void read_header() {
-        ahead_.read_header(socket_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
+        ahead_.read_header(stream_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
     }
 
     void on_header(std::error_code ec) {
@@ -241,7 +295,7 @@ private:
     void read_sections() {
         const std::uint64_t sections = announced_bytes(header_) - header_.payload_length;
         if (sections <= growth_bytes)
-            return ahead_.fill(socket_, body_buffers(header_, body_),
+            return ahead_.fill(stream_, body_buffers(header_, body_),
                                [self = shared_from_this()](std::error_code ec) { self->on_body(ec); });
         body_.descriptor_bytes.clear();
         body_.name.clear();
@@ -259,7 +313,7 @@ private:
             !grow(body_.values, header_.values_length, more) &&
             !grow(body_.ids, static_cast<std::size_t>(header_.ids_count), more))
             return on_body({});
-        ahead_.fill(socket_, more, [self = shared_from_this()](std::error_code ec2) { self->grow_sections(ec2); });
+        ahead_.fill(stream_, more, [self = shared_from_this()](std::error_code ec2) { self->grow_sections(ec2); });
     }
 
     /// Lengthens `section` towards `size` elements by at most its length so far (at least 64 KiB); false
@@ -284,7 +338,7 @@ private:
         if (header_.has_values()) {  // a call's tensors
             incoming_values_ = value_tensors(header_, body_);
             if (header_.payload_length == 0) return on_payload({});
-            return ahead_.fill(socket_, tensor_buffers(incoming_values_),
+            return ahead_.fill(stream_, tensor_buffers(incoming_values_),
                                [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
         }
         Tensor reuse;
@@ -299,7 +353,7 @@ private:
         // Uninitialised: its pages are mapped as the bytes arrive, not at once.
         incoming_ = payload_buffer(header_, body_, std::move(reuse));
         if (header_.payload_length == 0) return on_payload({});
-        ahead_.fill(socket_, asio::buffer(incoming_.bytes(), static_cast<std::size_t>(header_.payload_length)),
+        ahead_.fill(stream_, asio::buffer(incoming_.bytes(), static_cast<std::size_t>(header_.payload_length)),
                     [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
     }
 
@@ -327,6 +381,11 @@ private:
                                 "pss: TcpTransport: a request for task index " + std::to_string(header_.task) +
                                     " reached another task (which one is not told); the sender's cluster spec "
                                     "gives this address to another task"));
+        } else if (std::string refusal = peer_ ? role_refusal(*peer_, header_, body_.name) : std::string();
+                   !refusal.empty()) {
+            std::fprintf(stderr, "pss: %s refused a request from %s: %s\n", task_->task.to_string().c_str(),
+                         peer_address().c_str(), refusal.c_str());
+            return refuse(id, ErrorCode::permission_denied, std::move(refusal));
         } else if (last_id_ && id <= *last_id_ && !rerun_repeat()) {
             answer_repeat(id);
         } else {
@@ -342,8 +401,9 @@ private:
                 });
             });
             try {
-                task_->handler(to_request(header_, body_, std::move(incoming_), std::move(incoming_values_)),
-                               std::move(respond));
+                Request request = to_request(header_, body_, std::move(incoming_), std::move(incoming_values_));
+                request.sender = peer_;
+                task_->handler(std::move(request), std::move(respond));
             } catch (...) {
                 // A handler must not throw; one that does has dropped its Responder, which answered
                 // unavailable. The connection and the task go on.
@@ -400,10 +460,22 @@ private:
     /// A bad frame: an error reply when its id can be trusted, then (or else at once) the connection closes.
     void refuse(const WireError& e) {
         if (!e.request_id()) return close();
+        refuse(*e.request_id(), ErrorCode::invalid_argument, e.what());
+    }
+    /// The error reply to request `id`, then the connection closes.
+    void refuse(std::uint64_t id, ErrorCode code, std::string message) {
         closing_ = true;
         clear_deadline();
         end_frame();
-        queue_reply(*e.request_id(), Reply::error(ErrorCode::invalid_argument, e.what()), false);
+        queue_reply(id, Reply::error(code, std::move(message)), false);
+    }
+
+    std::string peer_address() {
+        std::error_code ec;
+        const auto endpoint = stream_.socket().remote_endpoint(ec);
+        std::string where = ec ? std::string("an unknown address") : endpoint.address().to_string() + ":" +
+                                                                          std::to_string(endpoint.port());
+        return peer_ ? peer_->to_string() + " at " + where : where;
     }
 
     void queue_reply(std::uint64_t id, Reply reply, bool elide) {
@@ -423,7 +495,7 @@ private:
     void write_next() {
         writing_ = true;
         batch_.gather(writes_, [](const PendingWrite& w) -> const OutgoingFrame& { return w.frame; });
-        batch_.write(socket_, [self = shared_from_this()](std::error_code ec) { self->on_written(ec); });
+        batch_.write(stream_, [self = shared_from_this()](std::error_code ec) { self->on_written(ec); });
     }
 
     void on_written(std::error_code ec) {
@@ -456,10 +528,10 @@ private:
     /// error reply before the peer has read it.
     void linger() {
         std::error_code ignored;
-        socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+        stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
         if (discarded_ > (1u << 20)) return close();
         set_deadline(task_->serve.frame_timeout);
-        socket_.async_read_some(asio::buffer(header_bytes_), [self = shared_from_this()](std::error_code ec, std::size_t n) {
+        stream_.async_read_some(asio::buffer(header_bytes_), [self = shared_from_this()](std::error_code ec, std::size_t n) {
             self->discarded_ += n;
             if (ec) return self->close();
             self->linger();
@@ -469,7 +541,8 @@ private:
     static constexpr std::size_t growth_bytes = 64u << 10;
 
     std::shared_ptr<TcpServedTask> task_;
-    asio::ip::tcp::socket socket_;
+    TcpStream stream_;
+    std::optional<TaskId> peer_;  // the task the peer's certificate names (TLS only)
     asio::steady_timer timer_;  // closes the connection at deadline_ (see set_deadline)
     std::optional<asio::steady_timer::time_point> deadline_;  // first frame, frame, unread replies or linger
     bool timer_running_ = false;
