@@ -474,7 +474,9 @@ private:
     std::deque<std::shared_ptr<Outgoing>> queue_;  // taken, not yet written
     bool writing_ = false;
     bool timer_armed_ = false;
+#if PSS_HAS_TLS
     bool handshaking_ = false;  // the backoff timer bounds the TLS handshake meanwhile
+#endif
     TcpWriteBatch batch_;
     std::string where_text_;
     Clock::time_point connect_deadline_;
