@@ -60,13 +60,7 @@ struct ServerProcess {
         std::string pattern = (std::filesystem::temp_directory_path() / "pss_bench_tls_XXXXXX").string();
         if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("pss: bench_tcp: mkdtemp failed");
         tls_dir = pattern;
-        const pss::TlsAuthority authority;
-        std::ofstream(tls_dir / "ca.crt") << authority.certificate();
-        for (const pss::TaskId& task : {pss::TaskId{"ps", 0}, pss::TaskId{"chief", 0}}) {
-            const auto credentials = authority.issue(task);
-            std::ofstream(tls_dir / (task.type + "-0.crt")) << credentials.certificate;
-            std::ofstream(tls_dir / (task.type + "-0.key")) << credentials.private_key;
-        }
+        pss::TlsAuthority().write_directory(tls_dir, std::vector<pss::TaskId>{{"ps", 0}, {"chief", 0}});
         ::setenv("PSS_TLS_DIR", pattern.c_str(), 1);
         int in[2], out[2];
         if (::pipe(in) != 0 || ::pipe(out) != 0) throw std::runtime_error("pss: bench_tcp: pipe failed");

@@ -6,8 +6,8 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
+#include <vector>
 
 #include <pss/transport/tcp/tls.hpp>
 
@@ -23,24 +23,16 @@ struct TlsDirectory {
         std::string pattern = (std::filesystem::temp_directory_path() / "pss_tests_tls_XXXXXX").string();
         if (::mkdtemp(pattern.data()) == nullptr) return;
         path = pattern;
-        const pss::TlsAuthority authority("pss tests CA");
-        write("ca.crt", authority.certificate());
+        std::vector<pss::TaskId> tasks;
         for (const char* job : {"chief", "ps", "worker", "evaluator"})
-            for (int i = 0; i < 8; ++i) {
-                const auto credentials = authority.issue(pss::TaskId{job, i});
-                const std::string base = std::string(job) + "-" + std::to_string(i);
-                write(base + ".crt", credentials.certificate);
-                write(base + ".key", credentials.private_key);
-            }
+            for (int i = 0; i < 8; ++i) tasks.push_back(pss::TaskId{job, i});
+        pss::TlsAuthority("pss tests CA").write_directory(path, tasks);
         ::setenv("PSS_TLS_DIR", path.c_str(), 1);
 #endif
     }
     ~TlsDirectory() {
         std::error_code ignored;
         if (!path.empty()) std::filesystem::remove_all(path, ignored);
-    }
-    void write(const std::string& name, const std::string& text) const {
-        std::ofstream(path / name, std::ios::binary) << text;
     }
 };
 

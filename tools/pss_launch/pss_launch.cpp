@@ -309,19 +309,9 @@ int exit_code_of(int status) {
 bool write_certificates(const std::filesystem::path& dir, const std::vector<Task>& tasks) {
 #if PSS_HAS_TLS
     try {
-        const pss::TlsAuthority authority("pss-launch cluster CA");
-        auto write = [&](const std::string& name, const std::string& text) {
-            const auto path = dir / name;
-            std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-            std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-        };
-        write("ca.crt", authority.certificate());
-        for (const auto& task : tasks) {
-            const auto credentials = authority.issue(pss::TaskId{task.type, task.index});
-            const std::string base = task.type + "-" + std::to_string(task.index);
-            write(base + ".crt", credentials.certificate);
-            write(base + ".key", credentials.private_key);
-        }
+        std::vector<pss::TaskId> ids;
+        for (const auto& task : tasks) ids.push_back(pss::TaskId{task.type, task.index});
+        pss::TlsAuthority("pss-launch cluster CA").write_directory(dir, ids);
         return true;
     } catch (const std::exception& e) {
         std::cerr << "pss-launch: cannot make the certificates: " << e.what() << "\n";

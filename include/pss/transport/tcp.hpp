@@ -51,28 +51,35 @@ inline TlsContext tls_dir_context([[maybe_unused]] const std::string& dir, [[may
 #endif
 }
 
+/// A transport's TLS context (null: plaintext) and, when its credentials came from PSS_TLS_DIR, that
+/// directory.
+struct TcpSecurity {
+    TlsContext context;
+    std::string directory;
+};
+
 /// The TLS context of a transport for `self` (when known) under `options`, or null for plaintext: the
 /// options' credentials, else the environment's (PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY; or
 /// PSS_TLS_DIR, a directory holding ca.crt, <job>-<index>.crt and <job>-<index>.key: `self`'s, or the
 /// chief's for a transport of no one task); plaintext only when asked for (TcpOptions::plaintext, PSS_TLS=off).
 /// @throws FailedPreconditionError when there are no credentials and plaintext was not asked for
-inline TlsContext tcp_security(const TcpOptions& options, [[maybe_unused]] const std::optional<TaskId>& self) {
+inline TcpSecurity tcp_security(const TcpOptions& options, [[maybe_unused]] const std::optional<TaskId>& self) {
     const char* tls_env = std::getenv("PSS_TLS");
     const std::string tls_mode = tls_env ? tls_env : "";
     if (!tls_mode.empty() && tls_mode != "on" && tls_mode != "off")
         throw InvalidArgumentError("pss: PSS_TLS is \"" + tls_mode + "\"; give \"on\" or \"off\"");
     if (options.plaintext) {
         warn_plaintext("TcpOptions::plaintext");
-        return nullptr;
+        return {};
     }
 #if !PSS_HAS_TLS
     warn_plaintext("pss was built with PSS_NO_TLS");
-    return nullptr;
+    return {};
 #else
-    if (options.tls) return make_tls_context(*options.tls);
+    if (options.tls) return {make_tls_context(*options.tls), {}};
     if (tls_mode == "off") {
         warn_plaintext("PSS_TLS=off");
-        return nullptr;
+        return {};
     }
     auto variable = [](const char* name) -> std::string {
         const char* value = std::getenv(name);
@@ -84,10 +91,10 @@ inline TlsContext tcp_security(const TcpOptions& options, [[maybe_unused]] const
             throw InvalidArgumentError("pss: TLS: PSS_TLS_CA, PSS_TLS_CERT and PSS_TLS_KEY are set together; " +
                                        std::string(ca.empty() ? "PSS_TLS_CA" : cert.empty() ? "PSS_TLS_CERT" : "PSS_TLS_KEY") +
                                        " is missing");
-        return make_tls_context(TlsCredentials::from_files(ca, cert, key, "PSS_TLS_CA, PSS_TLS_CERT, PSS_TLS_KEY"));
+        return {make_tls_context(TlsCredentials::from_files(ca, cert, key, "PSS_TLS_CA, PSS_TLS_CERT, PSS_TLS_KEY")), {}};
     }
     const std::string dir = variable("PSS_TLS_DIR");
-    if (!dir.empty()) return tls_dir_context(dir, self ? *self : TaskId{"chief", 0});
+    if (!dir.empty()) return {tls_dir_context(dir, self ? *self : TaskId{"chief", 0}), dir};
     throw FailedPreconditionError(
         "pss: TcpTransport: no TLS credentials" + (self ? " for " + self->to_string() : std::string()) +
         ": set PSS_TLS_DIR (a directory holding ca.crt and each task's <job>-<index>.crt and .key; pss-launch "
@@ -281,7 +288,9 @@ public:
 
 private:
     TcpTransport(const ClusterSpec& spec, std::optional<TaskId> self, TcpOptions options)
-        : spec_(spec), options_(std::move(options)), tls_(detail::tcp_security(options_, self)), work_(asio::make_work_guard(io_)) {
+        : spec_(spec), options_(std::move(options)), work_(asio::make_work_guard(io_)) {
+        auto security = detail::tcp_security(options_, self);
+        tls_ = std::move(security.context);
 #if PSS_HAS_TLS
         if (tls_) {
             identity_ = detail::context_task(*tls_);
@@ -290,8 +299,7 @@ private:
                                            " names " + identity_.to_string());
             // A transport of no one task, its credentials from a directory, serves each task with that
             // task's certificate (the whole cluster in one process) and connects as the chief.
-            const char* dir = std::getenv("PSS_TLS_DIR");
-            if (!self && !options_.tls && !std::getenv("PSS_TLS_CERT") && dir != nullptr) tls_dir_ = dir;
+            if (!self) tls_dir_ = std::move(security.directory);
         }
 #endif
         options_.tls.reset();  // the key lives in the TLS context only

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -230,6 +231,29 @@ public:
         detail::openssl_check(PEM_write_bio_PrivateKey(bio.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) == 1,
                               "PEM_write_bio_PrivateKey");
         return {pem_, certificate_pem(certificate.get()), bio_text(bio.get())};
+    }
+
+    /// @brief Writes what PSS_TLS_DIR names into the existing directory `dir`: ca.crt, and each of `tasks`'
+    /// `<job>-<index>.crt` and `<job>-<index>.key`, every file readable by its owner only.
+    /// @throws UnavailableError `pss: TLS: cannot write "/tmp/certs/ps-0.key"`
+    template <class Tasks>
+    void write_directory(const std::filesystem::path& dir, const Tasks& tasks) const {
+        auto write = [&](const std::string& name, const std::string& text) {
+            const auto path = dir / name;
+            {
+                std::ofstream file(path, std::ios::binary | std::ios::trunc);
+                std::error_code ec;
+                std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write, ec);
+                if (!(file << text) || ec) throw UnavailableError("pss: TLS: cannot write \"" + path.string() + "\"");
+            }
+        };
+        write("ca.crt", pem_);
+        for (const TaskId& task : tasks) {
+            const auto credentials = issue(task);
+            const std::string base = task.type + "-" + std::to_string(task.index);
+            write(base + ".crt", credentials.certificate);
+            write(base + ".key", credentials.private_key);
+        }
     }
 
 private:
