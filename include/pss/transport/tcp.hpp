@@ -124,7 +124,8 @@ inline TcpSecurity tcp_security(const TcpOptions& options, [[maybe_unused]] cons
 /// its connection closed (or only closed, when even its id cannot be trusted); the handler never sees it.
 ///
 /// The parts: tcp/client.hpp (the connection to a task), tcp/server.hpp (a served task and its
-/// connections), tcp/read_ahead.hpp and tcp/buffers.hpp (reading and writing frames), tcp/options.hpp.
+/// connections), tcp/read_ahead.hpp and tcp/buffers.hpp (reading and writing frames), tcp/options.hpp,
+/// tcp/tls.hpp (credentials, the cluster CA) and tcp/tls_stream.hpp (the TLS records).
 ///
 /// Links are mutual TLS (1.3) unless plaintext is asked for: each task presents a certificate signed by
 /// the cluster's CA that names it (subjectAltName URI `pss:/job:ps/replica:0/task:1`), and checks its

@@ -13,6 +13,7 @@
 #include <pss/config.hpp>
 #include <pss/tensor.hpp>
 #include <pss/transport/tcp/tls.hpp>
+#include <pss/transport/tcp/tls_stream.hpp>
 #include <pss/wire.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -42,8 +43,8 @@ public:
     [[nodiscard]] auto get_executor() { return socket_.get_executor(); }
 
 #if PSS_HAS_TLS
-    using Tls = asio::ssl::stream<asio::ip::tcp::socket&>;
-    /// Puts TLS over the socket (connected, nothing exchanged yet); the handshake comes next.
+    using Tls = TlsStream;
+    /// Puts TLS over the socket (connected, non-blocking, nothing exchanged yet); the handshake comes next.
     Tls& secure(asio::ssl::context& context) { return tls_.emplace(socket_, context); }
     /// Drops TLS, for the next connection attempt of the socket.
     void plain() { tls_.reset(); }
@@ -64,21 +65,21 @@ public:
     /// Reads all of `buffers`, then `next(ec)`.
     template <class Buffers, class Next>
     void async_read(const Buffers& buffers, Next next) {
-        auto done = [next = std::move(next)](std::error_code ec, std::size_t) mutable { next(ec); };
 #if PSS_HAS_TLS
-        if (tls_) return asio::async_read(*tls_, buffers, TransferAll{}, std::move(done));
+        if (tls_) return tls_->async_read(buffers, std::move(next));
 #endif
-        asio::async_read(socket_, buffers, TransferAll{}, std::move(done));
+        asio::async_read(socket_, buffers, TransferAll{},
+                        [next = std::move(next)](std::error_code ec, std::size_t) mutable { next(ec); });
     }
 
     /// Writes all of `buffers`, then `next(ec)`.
     template <class Buffers, class Next>
     void async_write(const Buffers& buffers, Next next) {
-        auto done = [next = std::move(next)](std::error_code ec, std::size_t) mutable { next(ec); };
 #if PSS_HAS_TLS
-        if (tls_) return asio::async_write(*tls_, buffers, TransferAll{}, std::move(done));
+        if (tls_) return tls_->async_write(buffers, std::move(next));
 #endif
-        asio::async_write(socket_, buffers, TransferAll{}, std::move(done));
+        asio::async_write(socket_, buffers, TransferAll{},
+                        [next = std::move(next)](std::error_code ec, std::size_t) mutable { next(ec); });
     }
 
 private:
