@@ -12,6 +12,7 @@
 
 #include <pss/config.hpp>
 #include <pss/tensor.hpp>
+#include <pss/transport/tcp/buffer_sequence.hpp>
 #include <pss/transport/tcp/tls.hpp>
 #include <pss/transport/tcp/tls_stream.hpp>
 #include <pss/wire.hpp>
@@ -31,8 +32,8 @@ struct TransferAll {
 };
 
 /// A connection's byte stream: a TCP socket, and TLS over it once `secure` was called. Reads and writes
-/// through TLS are asynchronous only: a synchronous TLS write on a non-blocking socket can lose what the
-/// TLS engine had produced when the socket would block.
+/// through TLS are asynchronous only: OpenSSL's state must be entered from the connection's strand alone,
+/// where `TlsStream` runs every step, never from the thread that happens to write.
 class TcpStream {
 public:
     explicit TcpStream(asio::ip::tcp::socket socket) : socket_(std::move(socket)) {}
@@ -88,22 +89,6 @@ private:
     std::optional<Tls> tls_;  // after socket_, which it refers to
 #endif
 };
-
-/// The buffers of the sequence `buffers` past its first `skip` bytes.
-template <class Buffer, class Buffers>
-std::vector<Buffer> buffers_after(const Buffers& buffers, std::size_t skip) {
-    std::vector<Buffer> rest;
-    for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it) {
-        Buffer b = *it;
-        if (skip >= b.size()) {
-            skip -= b.size();
-            continue;
-        }
-        rest.push_back(b + skip);
-        skip = 0;
-    }
-    return rest;
-}
 
 /// Reads `buffers` at once when the bytes are there already (the socket is non-blocking), else finishes
 /// asynchronously; `next(ec)` runs either way. A small frame then costs one wake-up, not one per section.

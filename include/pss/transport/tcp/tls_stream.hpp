@@ -1,6 +1,7 @@
 // pss/transport/tcp/tls_stream.hpp: TLS over a non-blocking TCP socket, moving many records per system call.
 #pragma once
 
+#include <pss/transport/tcp/buffer_sequence.hpp>
 #include <pss/transport/tcp/tls.hpp>
 
 #if PSS_HAS_TLS
@@ -72,9 +73,7 @@ public:
     /// Writes all of `buffers`, then `next(ec)` (at once when the socket took them: as over plaintext).
     template <class Buffers, class Next>
     void async_write(const Buffers& buffers, Next next) {
-        WriteOp<Next> op{core_, {}, std::move(next)};
-        for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it)
-            if (asio::const_buffer b = *it; b.size() != 0) op.rest.push_back(b);
+        WriteOp<Next> op{core_, buffers_after<asio::const_buffer>(buffers, 0), std::move(next)};
         op();
     }
 
@@ -247,9 +246,7 @@ private:
 
     template <class Buffers, class Handler>
     void start_read(const Buffers& buffers, bool some, Handler handler) {
-        ReadOp<Handler> op{core_, {}, some, std::move(handler)};
-        for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it)
-            if (asio::mutable_buffer b = *it; b.size() != 0) op.rest.push_back(b);
+        ReadOp<Handler> op{core_, buffers_after<asio::mutable_buffer>(buffers, 0), some, std::move(handler)};
         op();  // the records already read ahead are used without a turn of the reactor
     }
 
