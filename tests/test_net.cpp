@@ -8,15 +8,19 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <csignal>
+#include <cstdio>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -257,7 +261,8 @@ TEST_SUITE("net") {
             }
         }
         SUBCASE("kind, flags, error code, tensor counts and descriptors out of their sets") {
-            const std::string kinds = "a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, a reply is 128";
+            const std::string kinds =
+                "a request is an operation 1 to 12 or 15 to 18, a call 13, a shutdown 14 or a heartbeat 127, a reply is 128";
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) == "pss: wire: frame kind 99 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) == "pss: wire: frame kind 0 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{9}; })) ==
@@ -274,6 +279,8 @@ TEST_SUITE("net") {
                   "pss: wire: frame of kind 4 carries values; only a call and its reply do");
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{14}; })) ==
                   "pss: wire: frame of a shutdown carries tensors, ids or a name; it carries nothing");
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{127}; })) ==
+                  "pss: wire: frame of a heartbeat carries tensors, ids or a name; it carries nothing");
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{128}; })) ==
                   "pss: wire: frame of a reply carries ids or a name; a reply carries neither");
             CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{2}; })) ==
@@ -536,8 +543,8 @@ TEST_SUITE("net") {
         }  // closed again: nothing listens there now
         const std::string address = "127.0.0.1:" + std::to_string(closed_port);
         pss::TcpOptions options;
-        options.connect_timeout = std::chrono::milliseconds(200);
-        options.request_timeout = std::chrono::milliseconds(100);
+        options.timeouts.startup = std::chrono::milliseconds(200);
+        options.timeouts.request = std::chrono::milliseconds(100);
         options.io_threads = 2;  // the slow handler below holds one thread; the timeout needs the other
         pss::TcpTransport transport(pss::ClusterSpec{{"ps", {address, "127.0.0.1:0"}}}, options);
         const auto start = std::chrono::steady_clock::now();
@@ -545,7 +552,7 @@ TEST_SUITE("net") {
         const auto waited = std::chrono::steady_clock::now() - start;
         CHECK(reply.code == pss::ErrorCode::unavailable);
         CHECK(reply.message.starts_with("pss: TcpTransport: could not connect to /job:ps/replica:0/task:0 at " + address +
-                                        " within 0.2 s ("));
+                                        " within the start-up timeout of 0.2 s ("));
         CHECK(waited >= std::chrono::milliseconds(200));
         CHECK(waited < std::chrono::seconds(5));
 
@@ -603,8 +610,8 @@ TEST_SUITE("net") {
             {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
              "does not match the computed"},
             {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
-             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, "
-             "a reply is 128"},
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13, a shutdown 14 "
+             "or a heartbeat 127, a reply is 128"},
             {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
              "pss: wire: frame payload length 12 does not match the tensors' 8 bytes (float32 (2,))"},
             {"a reply sent to a server", modified([](Bytes& b) { b[6] = std::byte{128}; }),
@@ -780,6 +787,7 @@ public:
     }
 
     [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+    [[nodiscard]] pid_t pid() const noexcept { return pid_; }
 
     /// Resident memory in MiB (VmRSS).
     [[nodiscard]] double rss_mib() const {
@@ -1056,7 +1064,7 @@ namespace {
 pss::TcpOptions tls_as(const pss::TlsAuthority& authority, const pss::TaskId& task) {
     pss::TcpOptions options;
     options.tls = authority.issue(task);
-    options.connect_timeout = std::chrono::milliseconds(3000);
+    options.timeouts.startup = std::chrono::milliseconds(3000);
     return options;
 }
 
@@ -1300,5 +1308,180 @@ TEST_SUITE("net") {
         // 0, 1, ..., 7 minus the learning rate 1 times the mean gradient 3.
         CHECK(chief->send({"ps", 0}, shard_request(pss::Op::read)).get().payload.get<float>() ==
               xt::xarray<float>(xt::arange<float>(8.0f) - 3.0f));
+    }
+}
+
+// ---- failures: no silent waits ------------------------------------------------------------------------
+
+namespace {
+
+/// What this process writes to stderr while it lives (file descriptor 2 goes to a file meanwhile).
+class StderrCapture {
+public:
+    StderrCapture() : file_(std::tmpfile()) {
+        REQUIRE(file_ != nullptr);
+        std::fflush(stderr);
+        saved_ = ::dup(2);
+        REQUIRE(::dup2(::fileno(file_), 2) == 2);
+    }
+    StderrCapture(const StderrCapture&) = delete;
+    StderrCapture& operator=(const StderrCapture&) = delete;
+    ~StderrCapture() {
+        std::fflush(stderr);
+        ::dup2(saved_, 2);
+        ::close(saved_);
+        std::fclose(file_);
+    }
+    [[nodiscard]] std::string text() const {
+        std::fflush(stderr);
+        std::string out;
+        std::rewind(file_);
+        for (int c; (c = std::fgetc(file_)) != EOF;) out.push_back(static_cast<char>(c));
+        return out;
+    }
+
+private:
+    std::FILE* file_;
+    int saved_ = -1;
+};
+
+pss::TcpOptions heartbeats(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
+    pss::TcpOptions options = plaintext();
+    options.timeouts.heartbeat_interval = interval;
+    options.timeouts.heartbeat_timeout = timeout;
+    options.timeouts.startup = std::chrono::milliseconds(3000);
+    options.announce_peers = true;
+    return options;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_SUITE("net") {
+    TEST_CASE("Timeouts: TensorFlow's defaults, changed by PSS_STARTUP_TIMEOUT, PSS_HEARTBEAT_INTERVAL, "
+              "PSS_HEARTBEAT_TIMEOUT and PSS_REQUEST_TIMEOUT in seconds; a bad value is named") {
+        using std::chrono::milliseconds;
+        auto from = [](std::map<std::string, std::string> env) {
+            return pss::Timeouts::from_environment([env](std::string_view name) -> std::optional<std::string> {
+                auto it = env.find(std::string(name));
+                if (it == env.end()) return std::nullopt;
+                return it->second;
+            });
+        };
+        const pss::Timeouts defaults = from({});
+        CHECK(defaults.startup == milliseconds(60'000));
+        CHECK(defaults.heartbeat_interval == milliseconds(1'000));
+        CHECK(defaults.heartbeat_timeout == milliseconds(10'000));
+        CHECK(defaults.request == milliseconds(0));
+        const pss::Timeouts set = from({{"PSS_STARTUP_TIMEOUT", "2.5"},
+                                        {"PSS_HEARTBEAT_INTERVAL", "0.25"},
+                                        {"PSS_HEARTBEAT_TIMEOUT", "3"},
+                                        {"PSS_REQUEST_TIMEOUT", "90"}});
+        CHECK(set.startup == milliseconds(2'500));
+        CHECK(set.heartbeat_interval == milliseconds(250));
+        CHECK(set.heartbeat_timeout == milliseconds(3'000));
+        CHECK(set.request == milliseconds(90'000));
+        CHECK_FALSE(from({{"PSS_HEARTBEAT_TIMEOUT", "0"}}).heartbeats());
+        CHECK_THROWS_WITH_AS(from({{"PSS_HEARTBEAT_TIMEOUT", "ten"}}),
+                             "pss: PSS_HEARTBEAT_TIMEOUT is \"ten\"; give seconds as a number from 0 to 86400, such "
+                             "as \"10\" or \"2.5\"",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(from({{"PSS_STARTUP_TIMEOUT", "-1"}}),
+                             "pss: PSS_STARTUP_TIMEOUT is \"-1\"; give seconds as a number from 0 to 86400, such as "
+                             "\"10\" or \"2.5\"",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(from({{"PSS_HEARTBEAT_INTERVAL", "10"}}),
+                             "pss: Timeouts: the heartbeat interval (10000 ms) must be above 0 and below the heartbeat "
+                             "timeout (10000 ms)",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("TcpTransport: waiting for a task that is not up prints whom and where every 5 s, and the start-up "
+              "timeout's error names it" *
+              doctest::timeout(30)) {
+        std::uint16_t closed_port = 0;
+        {
+            asio::io_context io;
+            asio::ip::tcp::acceptor probe(io, {asio::ip::address_v4::loopback(), 0});
+            closed_port = probe.local_endpoint().port();
+        }
+        const std::string address = "127.0.0.1:" + std::to_string(closed_port);
+        pss::TcpOptions options = plaintext();
+        options.timeouts.startup = std::chrono::milliseconds(5'600);
+        StderrCapture captured;
+        pss::TcpTransport transport(pss::ClusterSpec{{"ps", {address}}}, options);
+        const auto start = std::chrono::steady_clock::now();
+        const pss::Reply reply = transport.send({"ps", 0}, pss::Request{}).get();
+        const double waited = seconds_since(start);
+        CHECK(reply.code == pss::ErrorCode::unavailable);
+        CHECK(reply.message.starts_with("pss: TcpTransport: could not connect to /job:ps/replica:0/task:0 at " + address +
+                                        " within the start-up timeout of 5.6 s ("));
+        CHECK(reply.message.ends_with("). Is the task running, at that address? PSS_STARTUP_TIMEOUT sets the wait"));
+        CHECK(waited >= 5.6);
+        CHECK(waited < 10);
+        const std::string text = captured.text();
+        const std::string line = "pss: waiting for /job:ps/replica:0/task:0 at " + address + " (attempt ";
+        REQUIRE(text.find(line) != std::string::npos);
+        CHECK(text.find(line, text.find(line) + 1) == std::string::npos);  // one line in 5.6 s
+        CHECK(text.find(", 5 s)\n") != std::string::npos);
+    }
+
+    TEST_CASE("TcpTransport heartbeats: a frozen ps (SIGSTOP) is lost within the heartbeat timeout, its waiting "
+              "request answered unavailable and one line printed; once it runs again it is back" *
+              doctest::timeout(60)) {
+        ForkedPs ps(plaintext());
+        const std::string address = "127.0.0.1:" + std::to_string(ps.port());
+        StderrCapture captured;
+        pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}},
+                                 heartbeats(std::chrono::milliseconds(100), std::chrono::milliseconds(600)));
+        create_variable(client, 8);
+        REQUIRE(serves_unchanged(client, 8));
+        REQUIRE(::kill(ps.pid(), SIGSTOP) == 0);
+        const auto start = std::chrono::steady_clock::now();
+        const pss::Reply reply = client.send({"ps", 0}, shard_request(pss::Op::read)).get();
+        const double waited = seconds_since(start);
+        REQUIRE(::kill(ps.pid(), SIGCONT) == 0);
+        CHECK(reply.code == pss::ErrorCode::unavailable);
+        CHECK(reply.message == "pss: TcpTransport: /job:ps/replica:0/task:0 at " + address +
+                                   " answered no heartbeat for 0.6 s: it is dead, frozen or cut off "
+                                   "(PSS_HEARTBEAT_TIMEOUT sets the wait); a request in flight may or may not have "
+                                   "been applied");
+        CHECK(waited >= 0.5);  // the last heartbeat may have gone out up to one interval before the stop
+        CHECK(waited < 0.6 + 2);
+        MESSAGE("a frozen ps was found after " << waited << " s (heartbeat timeout 0.6 s, interval 0.1 s)");
+        CHECK(serves_unchanged(client, 8));  // a new connection: the ps runs again
+        const std::string text = captured.text();
+        CHECK(text.find("pss: lost /job:ps/replica:0/task:0 at " + address +
+                        " (no heartbeat answered for 0.6 s)\n") != std::string::npos);
+        CHECK(text.find("pss: /job:ps/replica:0/task:0 at " + address + " is back\n") != std::string::npos);
+    }
+
+    TEST_CASE("TcpTransport heartbeats: a request a handler answers only after 5 heartbeat timeouts completes; "
+              "the busy task is not lost" *
+              doctest::timeout(30)) {
+        pss::TcpTransport server(one_ps(), plaintext());
+        std::vector<std::thread> answering;
+        std::mutex mutex;
+        server.serve({"ps", 0}, [&](pss::Request&&, pss::Responder respond) {
+            std::lock_guard lock(mutex);
+            answering.emplace_back([respond = std::move(respond)]() mutable {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+                respond(pss::Reply{});
+            });
+        });
+        StderrCapture captured;
+        {
+            pss::TcpTransport client(
+                pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(server.bound_port({"ps", 0}))}}},
+                heartbeats(std::chrono::milliseconds(50), std::chrono::milliseconds(300)));
+            const auto start = std::chrono::steady_clock::now();
+            CHECK(client.send({"ps", 0}, pss::Request{}).get().ok());
+            CHECK(seconds_since(start) >= 1.5);
+        }
+        for (auto& t : answering) t.join();
+        CHECK(captured.text().find("pss: lost") == std::string::npos);
     }
 }

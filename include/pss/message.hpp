@@ -41,11 +41,12 @@ enum class Op : std::uint8_t {
 };
 
 /// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
-/// worker, or the end of the cluster.
+/// worker, the end of the cluster, or a sign of life.
 enum class RequestKind : std::uint8_t {
     operation = 0,  ///< `op` on the shard `key` of a parameter server
     call = 1,       ///< a worker runs the registered function `name` on the arguments `values`
     shutdown = 2,   ///< the coordinator ends the cluster: the task stops serving once it has answered
+    heartbeat = 3,  ///< is the task alive? Its transport answers at once; the handler never sees it
 };
 
 /// @brief True when a successful reply to `op` carries a value (not the spent request payload).

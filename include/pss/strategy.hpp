@@ -11,6 +11,9 @@
 #include <memory>
 #include <mutex>
 #include <condition_variable>
+#include <deque>
+#include <exception>
+#include <thread>
 #include <concepts>
 #include <span>
 #include <string>
@@ -35,6 +38,7 @@
 #include <pss/partitioner/no_partition.hpp>
 #include <pss/partitioner/shard_rows.hpp>
 #include <pss/server.hpp>
+#include <pss/timeouts.hpp>
 #include <pss/transport/in_process.hpp>
 #include <pss/variable.hpp>
 #include <pss/version.hpp>
@@ -102,21 +106,69 @@ private:
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
 };
 
-/// A transport of task `self`: told its task when it can be (TcpTransport finds its TLS credentials so).
+/// A transport of task `self`: told its task (TcpTransport finds its TLS credentials so), the timeouts
+/// and whether to announce lost peers, as far as it takes them.
 template <class TransportPolicy>
-TransportPolicy make_transport(const ClusterSpec& spec, const TaskId& self) {
-    if constexpr (std::constructible_from<TransportPolicy, const ClusterSpec&, const TaskId&>)
-        return TransportPolicy(spec, self);
-    else
-        return TransportPolicy(spec);
-}
-template <class TransportPolicy>
-std::unique_ptr<TransportPolicy> new_transport(const ClusterSpec& spec, const TaskId& self) {
-    if constexpr (std::constructible_from<TransportPolicy, const ClusterSpec&, const TaskId&>)
+std::unique_ptr<TransportPolicy> new_transport(const ClusterSpec& spec, const TaskId& self, const Timeouts& timeouts,
+                                               bool announce_peers) {
+    if constexpr (std::constructible_from<TransportPolicy, const ClusterSpec&, const TaskId&, const Timeouts&, bool>)
+        return std::make_unique<TransportPolicy>(spec, self, timeouts, announce_peers);
+    else if constexpr (std::constructible_from<TransportPolicy, const ClusterSpec&, const TaskId&>)
         return std::make_unique<TransportPolicy>(spec, self);
     else
         return std::make_unique<TransportPolicy>(spec);
 }
+
+/// One thread that runs a worker task's calls in order, so that the transport's threads stay free: a
+/// call may run a step for an hour while the task still answers heartbeats.
+class CallThread {
+public:
+    CallThread() : thread_([this] { run(); }) {}
+    CallThread(const CallThread&) = delete;
+    CallThread& operator=(const CallThread&) = delete;
+    ~CallThread() { stop(); }
+
+    void post(std::function<void()> call) {
+        {
+            std::lock_guard lock(mutex_);
+            if (stopped_) return;  // dropped: its Responder answers unavailable
+            calls_.push_back(std::move(call));
+        }
+        ready_.notify_one();
+    }
+
+    /// Finishes the call running, drops the others, joins the thread. Idempotent.
+    void stop() {
+        {
+            std::lock_guard lock(mutex_);
+            stopped_ = true;
+        }
+        ready_.notify_one();
+        if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+        std::lock_guard lock(mutex_);
+        calls_.clear();
+    }
+
+private:
+    void run() {
+        std::unique_lock lock(mutex_);
+        for (;;) {
+            ready_.wait(lock, [&] { return stopped_ || !calls_.empty(); });
+            if (stopped_) return;
+            auto call = std::move(calls_.front());
+            calls_.pop_front();
+            lock.unlock();
+            call();
+            lock.lock();
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable ready_;
+    std::deque<std::function<void()>> calls_;
+    bool stopped_ = false;
+    std::thread thread_;  // last: started after the rest
+};
 
 /// What every task of a cluster must agree on: the optimizer a ps applies, the consistency a ps counts
 /// pushes by and a worker numbers steps by, the cluster's shape, and the library's version. The
@@ -163,13 +215,15 @@ class ClusterTaskChannel final : public StrategyChannel,
                                  public RemoteWorkers,
                                  public std::enable_shared_from_this<ClusterTaskChannel<TransportPolicy, OptimizerPolicy>> {
 public:
-    ClusterTaskChannel(const ClusterSpec& spec, TaskId self, const OptimizerPolicy& optimizer, SyncOptions sync)
+    ClusterTaskChannel(const ClusterSpec& spec, TaskId self, const OptimizerPolicy& optimizer, SyncOptions sync,
+                       const Timeouts& timeouts)
         : spec_(spec),
           self_(std::move(self)),
           optimizer_(optimizer),
           sync_(sync),
+          timeouts_(timeouts),
           fingerprint_(cluster_fingerprint(optimizer_, sync_, spec_)),
-          client_(make_transport<TransportPolicy>(spec, self_)) {}
+          client_(new_transport<TransportPolicy>(spec, self_, timeouts_, self_.type == "chief")) {}
     ~ClusterTaskChannel() override { shutdown(); }
 
     /// Serves this task's address when it is a ps or a worker (after construction: the handler needs
@@ -178,7 +232,7 @@ public:
         if (self_.type == "ps") {
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_,
                                                                      ServerOptions::from_environment());
-            server_ = new_transport<TransportPolicy>(spec_, self_);
+            server_ = new_transport<TransportPolicy>(spec_, self_, timeouts_, false);
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
                 if (r.kind == RequestKind::call && r.name == handshake_call)
@@ -186,20 +240,30 @@ public:
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
-            server_ = new_transport<TransportPolicy>(spec_, self_);
+            server_ = new_transport<TransportPolicy>(spec_, self_, timeouts_, false);
+            calls_ = std::make_unique<CallThread>();
             std::weak_ptr<ClusterTaskChannel> weak = this->shared_from_this();
-            server_->serve(self_, answer_at_once([this, weak](Request&& r) -> Reply {
-                if (r.kind == RequestKind::shutdown) return stop_requested();
+            server_->serve(self_, [this, weak](Request&& r, Responder respond) {
+                if (r.kind == RequestKind::shutdown) return respond(stop_requested());
                 if (r.kind != RequestKind::call)
-                    return Reply::error(ErrorCode::invalid_argument,
-                                        "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
-                                            self_.to_string() + ", which runs calls only (variables live on ps tasks)");
-                const ClosureContext context{self_.index};
-                const ClosureContext::Guard current(context);
-                Reply reply;
-                reply.values = run_call(r.name, std::move(r.values), CallContext{weak.lock(), self_.index});
-                return reply;
-            }));
+                    return respond(Reply::error(ErrorCode::invalid_argument,
+                                                "pss: a " + std::string(op_name(r.op)) + " request reached worker task " +
+                                                    self_.to_string() +
+                                                    ", which runs calls only (variables live on ps tasks)"));
+                // On the call thread: the transport's thread goes on answering heartbeats meanwhile.
+                calls_->post([this, weak, r = std::make_shared<Request>(std::move(r)),
+                              respond = std::make_shared<Responder>(std::move(respond))] {
+                    const ClosureContext context{self_.index};
+                    const ClosureContext::Guard current(context);
+                    try {
+                        Reply reply;
+                        reply.values = run_call(r->name, std::move(r->values), CallContext{weak.lock(), self_.index});
+                        (*respond)(std::move(reply));
+                    } catch (const std::exception& e) {  // run_call answers a function's errors itself
+                        (*respond)(Reply::error(ErrorCode::internal, std::string("pss: worker call: ") + e.what()));
+                    }
+                });
+            });
         }
     }
 
@@ -214,7 +278,7 @@ public:
             request.kind = RequestKind::call;
             request.name = std::string(handshake_call);
             request.values.cbor = hello;
-            replies.push_back(client_.send(TaskId{"ps", i}, std::move(request)));
+            replies.push_back(client_->send(TaskId{"ps", i}, std::move(request)));
         }
         for (auto& reply : replies) {
             Reply r = reply.get();
@@ -223,13 +287,13 @@ public:
     }
 
     std::future<Reply> send(int task, Request request) override {
-        return client_.send(TaskId{"ps", task}, std::move(request));
+        return client_->send(TaskId{"ps", task}, std::move(request));
     }
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
     std::future<Reply> call(int worker, Request request) override {
-        return client_.send(TaskId{"worker", worker}, std::move(request));
+        return client_->send(TaskId{"worker", worker}, std::move(request));
     }
     RemoteWorkers* remote_workers() noexcept override { return self_.type == "chief" ? this : nullptr; }
 
@@ -249,7 +313,8 @@ public:
         std::lock_guard lock(shutdown_mutex_);
         if (server_) server_->shutdown();
         if (ps_) ps_->release_held();  // a pull waiting for a step gets unavailable
-        client_.shutdown();
+        client_->shutdown();
+        if (calls_) calls_->stop();  // after the client: a call waiting for a ps is answered first
     }
 
 private:
@@ -268,7 +333,7 @@ private:
             for (int i = 0; i < spec_.num_tasks(job); ++i) {
                 Request request;
                 request.kind = RequestKind::shutdown;
-                replies.push_back(client_.send(TaskId{job, i}, std::move(request)));
+                replies.push_back(client_->send(TaskId{job, i}, std::move(request)));
             }
             // A task already gone has ended anyway: a lost worker is not waited for (its address would
             // be retried for the whole connect timeout), the transport's shutdown answers its request.
@@ -280,9 +345,11 @@ private:
     TaskId self_;
     OptimizerPolicy optimizer_;
     SyncOptions sync_;
+    Timeouts timeouts_;
     nlohmann::json fingerprint_;
-    TransportPolicy client_;
+    std::unique_ptr<TransportPolicy> client_;
     std::unique_ptr<ParameterServer<OptimizerPolicy>> ps_;
+    std::unique_ptr<CallThread> calls_;        // a worker's: stopped by shutdown, after the client
     std::unique_ptr<TransportPolicy> server_;  // after ps_: its threads stop before ps_ goes
     std::mutex mutex_, shutdown_mutex_;
     std::condition_variable stopped_;
@@ -334,10 +401,16 @@ public:
     /// serving its shards, a worker starts serving calls, and the chief coordinates; ps and worker
     /// processes then call join(). Otherwise (rpc_layer "inproc", as LocalClusterResolver says, or no
     /// task named) the whole cluster runs in this process, through the Transport it was given.
+    ///
+    /// `timeouts` bound every wait for another process (Timeouts: start-up, heartbeats, request deadline);
+    /// by default the environment's (`PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`,
+    /// `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT`), else TensorFlow's.
     /// @throws InvalidArgumentError when the cluster has no ps or no worker task, more than one chief, or a
-    /// job other than chief, worker, ps and evaluator (TensorFlow's rules).
+    /// job other than chief, worker, ps and evaluator (TensorFlow's rules), or a PSS_*_TIMEOUT is not seconds.
+    /// @throws UnavailableError naming the task when a ps task does not come up within the start-up timeout
     explicit ParameterServerStrategy(ClusterResolverPolicy cluster_resolver = {},
-                                     PartitionerPolicy variable_partitioner = {}, OptimizerPolicy optimizer = {})
+                                     PartitionerPolicy variable_partitioner = {}, OptimizerPolicy optimizer = {},
+                                     [[maybe_unused]] Timeouts timeouts = Timeouts::from_environment())
         : resolver_(std::move(cluster_resolver)),
           partitioner_(std::move(variable_partitioner)),
           optimizer_(std::move(optimizer)),
@@ -351,8 +424,9 @@ public:
         const bool whole_cluster_here = std::string(resolver_.rpc_layer()) == "inproc" || task_.type.empty();
         if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
             if (!whole_cluster_here) {
+                timeouts.validate();
                 auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
-                    spec_, task_, optimizer_, sync);
+                    spec_, task_, optimizer_, sync, timeouts);
                 channel->start();
                 channel->handshake();
                 channel_ = std::move(channel);

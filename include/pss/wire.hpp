@@ -36,7 +36,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | --- | --- | --- | --- |
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
 /// | 4 | 2 | version | `wire_version` (2) |
-/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 18), `frame_kind_call` (13), `frame_kind_shutdown` (14), or `frame_kind_reply` (128) |
+/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 18), `frame_kind_call` (13), `frame_kind_shutdown` (14), `frame_kind_heartbeat` (127), or `frame_kind_reply` (128) |
 /// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 10); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
@@ -80,6 +80,8 @@ inline constexpr std::size_t frame_header_size = 80;
 inline constexpr std::size_t max_wire_rank = 8;
 inline constexpr std::uint8_t frame_kind_call = 13;
 inline constexpr std::uint8_t frame_kind_shutdown = 14;
+/// A connection asks whether its peer is alive; the peer's transport answers at once (see Timeouts).
+inline constexpr std::uint8_t frame_kind_heartbeat = 127;
 inline constexpr std::uint8_t frame_kind_reply = 128;
 inline constexpr std::uint8_t frame_flag_payload_elided = 2;
 inline constexpr std::uint8_t frame_flag_values = 4;
@@ -128,8 +130,9 @@ struct FrameHeader {
     /// @brief What a request frame asks (not meaningful for a reply).
     [[nodiscard]] RequestKind request_kind() const noexcept {
         return kind == frame_kind_call ? RequestKind::call
-               : kind == frame_kind_shutdown ? RequestKind::shutdown
-                                             : RequestKind::operation;
+               : kind == frame_kind_shutdown  ? RequestKind::shutdown
+               : kind == frame_kind_heartbeat ? RequestKind::heartbeat
+                                              : RequestKind::operation;
     }
     [[nodiscard]] Op op() const noexcept { return static_cast<Op>(kind); }
     /// @brief True when the frame describes one tensor that is a shard operation's payload (or its reply's).
@@ -427,9 +430,11 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
     const bool shard_operation = (h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::destroy)) ||
                                  (h.kind >= static_cast<std::uint8_t>(Op::save_shard) &&
                                   h.kind <= static_cast<std::uint8_t>(Op::abort_restore));
-    if (!(shard_operation || h.kind == frame_kind_call || h.kind == frame_kind_shutdown || h.is_reply()))
+    const bool bare = h.kind == frame_kind_shutdown || h.kind == frame_kind_heartbeat;  // carry nothing
+    if (!(shard_operation || h.kind == frame_kind_call || bare || h.is_reply()))
         fail("kind " + std::to_string(h.kind) +
-             " is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, a reply is 128");
+             " is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13, a shutdown 14 or a heartbeat "
+             "127, a reply is 128");
     if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
         fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");
     if (code > static_cast<std::uint32_t>(ErrorCode::permission_denied))
@@ -441,8 +446,9 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
     if (call && !h.has_values()) fail("of a call carries no values; a call's arguments are its values");
     if (h.has_values() && !call && !h.is_reply())
         fail("of kind " + std::to_string(h.kind) + " carries values; only a call and its reply do");
-    if (h.kind == frame_kind_shutdown && (h.tensors != 0 || h.ids_count != 0 || h.name_length != 0))
-        fail("of a shutdown carries tensors, ids or a name; it carries nothing");
+    if (bare && (h.tensors != 0 || h.ids_count != 0 || h.name_length != 0))
+        fail(std::string("of a ") + (h.kind == frame_kind_shutdown ? "shutdown" : "heartbeat") +
+             " carries tensors, ids or a name; it carries nothing");
     if (h.is_reply() && (h.ids_count != 0 || h.name_length != 0))
         fail("of a reply carries ids or a name; a reply carries neither");
     if (h.has_values())
@@ -657,6 +663,7 @@ inline OutgoingFrame OutgoingFrame::request(const Request& request, std::uint64_
         case RequestKind::operation: frame.header_.kind = static_cast<std::uint8_t>(request.op); break;
         case RequestKind::call: frame.header_.kind = frame_kind_call; break;
         case RequestKind::shutdown: frame.header_.kind = frame_kind_shutdown; break;
+        case RequestKind::heartbeat: frame.header_.kind = frame_kind_heartbeat; break;
     }
     frame.header_.request_id = id;
     frame.header_.task = task;

@@ -2,7 +2,7 @@
 # 2 ps and 2 workers as separate processes (MODE=launched), and compares the chief's stdout (its lines
 # without the "[chief] " prefix) with EXPECTED, byte for byte. The launched run must exit 0.
 #   -DLAUNCH=<pss-launch> -DPROGRAM=<program> -DEXPECTED=<golden file> -DWORK_DIR=<scratch dir> -DMODE=<mode>
-#   [-DARGS=<program arguments, ;-separated>]
+#   [-DARGS=<program arguments, ;-separated>] [-DEXPECT_LOST_WORKER=ON: the chief announces one lost worker]
 cmake_minimum_required(VERSION 3.21)
 include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
 
@@ -25,6 +25,14 @@ if(NOT rc EQUAL 0)
 endif()
 if(MODE STREQUAL "launched" AND NOT err MATCHES "pss-launch: peak RSS: ps:0 [0-9]+\\.[0-9] MiB, ps:1 [0-9]+\\.[0-9] MiB, worker:0 [0-9]+\\.[0-9] MiB, worker:1 [0-9]+\\.[0-9] MiB, chief [0-9]+\\.[0-9] MiB\n")
   message(FATAL_ERROR "launched run: no peak RSS report (--report-memory) on stderr:\n${err}")
+endif()
+# A worker the program loses on purpose (the process ends in a call) is announced on the chief, once; no ps is.
+if(MODE STREQUAL "launched" AND EXPECT_LOST_WORKER)
+  string(REGEX MATCHALL "\\[chief\\] pss: lost [^\n]*" lost_lines "${err}")
+  list(LENGTH lost_lines lost_count)
+  if(NOT lost_count EQUAL 1 OR NOT lost_lines MATCHES "^\\[chief\\] pss: lost /job:worker/replica:0/task:[01] at 127\\.0\\.0\\.1:[0-9]+ \\(")
+    message(FATAL_ERROR "launched run: the chief should print one \"pss: lost /job:worker/...\" line; it printed:\n${lost_lines}\nstderr:\n${err}")
+  endif()
 endif()
 file(READ "${EXPECTED}" expected)
 if(NOT chief STREQUAL expected)

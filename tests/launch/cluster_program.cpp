@@ -2,11 +2,13 @@
 // TF_CONFIG) the chief creates variables on the ps processes and schedules registered functions on the
 // worker processes; alone, it runs the same steps on the embedded cluster. Its stdout is the chief's and
 // is the same both ways (golden file cluster_program.expected).
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <utility>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <pss/pss.hpp>
@@ -33,6 +35,14 @@ double fails(int code) {
     return 0;
 }
 const auto fail = pss::register_function("cluster_program.fails", &fails);
+
+/// A step longer than the heartbeat timeout the launched test sets (PSS_HEARTBEAT_TIMEOUT=1): the worker
+/// runs it on its call thread and goes on answering heartbeats, so it is not lost.
+int long_step(double seconds) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    return 1;
+}
+const auto slow = pss::register_function("cluster_program.long_step", &long_step);
 
 // Is each task its own process? Known before main: a worker serves calls as soon as its strategy exists.
 const bool distributed = std::getenv("TF_CONFIG") != nullptr;
@@ -79,6 +89,8 @@ int main() {
 
     auto values = coordinator.schedule(scale, xt::xarray<double>{1.5, -2.0}, 2.0, std::string("abc")).fetch();
     std::cout << "scaled: " << values[0] << " " << values[1] << "\n";
+
+    std::cout << "a step of 2.5 s: " << coordinator.schedule(slow, 2.5).fetch() << "\n";
 
     auto failed = coordinator.schedule(fail, 1);
     try {

@@ -9,6 +9,7 @@
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
 #include <pss/message.hpp>
+#include <pss/timeouts.hpp>
 #include <pss/transport/in_process.hpp>
 #include <pss/transport/tcp.hpp>
 
@@ -34,6 +35,13 @@ public:
     AutoTransport(const ClusterSpec& spec, const TaskId& self) {
         if (embedded(spec)) link_ = std::make_unique<InProcessTransport>(spec);
         else link_ = std::make_unique<TcpTransport>(spec, self);
+    }
+
+    /// @brief The transport of task `self`, with `timeouts` (a TcpTransport's; the embedded cluster waits
+    /// for no one), announcing lost and returning peers when `announce_peers`.
+    AutoTransport(const ClusterSpec& spec, const TaskId& self, const Timeouts& timeouts, bool announce_peers) {
+        if (embedded(spec)) link_ = std::make_unique<InProcessTransport>(spec);
+        else link_ = std::make_unique<TcpTransport>(spec, self, timeouts, announce_peers);
     }
 
     void serve(const TaskId& task, RequestHandler handler) {

@@ -22,6 +22,7 @@
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
 #include <pss/message.hpp>
+#include <pss/timeouts.hpp>
 #include <pss/transport/tcp/client.hpp>
 #include <pss/transport/tcp/options.hpp>
 #include <pss/transport/tcp/server.hpp>
@@ -154,6 +155,10 @@ public:
     /// builds its transports so).
     TcpTransport(const ClusterSpec& spec, const TaskId& self, TcpOptions options = {})
         : TcpTransport(spec, std::optional<TaskId>(self), std::move(options)) {}
+    /// @brief A transport of task `self` with the default options but `timeouts`, announcing lost and
+    /// returning peers when `announce_peers` (what a strategy builds).
+    TcpTransport(const ClusterSpec& spec, const TaskId& self, const Timeouts& timeouts, bool announce_peers)
+        : TcpTransport(spec, std::optional<TaskId>(self), with(timeouts, announce_peers)) {}
     TcpTransport(const TcpTransport&) = delete;
     TcpTransport& operator=(const TcpTransport&) = delete;
     ~TcpTransport() { shutdown(); }
@@ -236,8 +241,9 @@ public:
                                                                                      " after shutdown()"));
             auto& slot = clients_[task];
             if (!slot || slot->closed()) {
+                const bool after_loss = slot && slot->lost_task();
                 slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_, tls_);
+                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, after_loss);
                 slot->start();
             }
             connection = slot;
@@ -306,6 +312,13 @@ private:
         options_.tls.reset();  // the key lives in the TLS context only
         const int n = std::max(1, options_.io_threads);
         for (int i = 0; i < n; ++i) threads_.emplace_back([this] { io_.run(); });
+    }
+
+    static TcpOptions with(const Timeouts& timeouts, bool announce_peers) {
+        TcpOptions options;
+        options.timeouts = timeouts;
+        options.announce_peers = announce_peers;
+        return options;
     }
 
     void check_task(const TaskId& task) const {

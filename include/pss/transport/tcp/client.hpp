@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <future>
@@ -46,8 +47,9 @@ class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnect
 public:
     using Clock = std::chrono::steady_clock;
 
+    /// `after_loss`: the connection before this one lost the task (announced when it is back).
     TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
-                        const TcpOptions& options, TlsContext tls)
+                        const TcpOptions& options, TlsContext tls, bool after_loss = false)
         : task_(std::move(task)),
           where_(std::move(where)),
           options_(options),
@@ -55,16 +57,24 @@ public:
           strand_(asio::make_strand(io)),
           stream_(strand_),
           backoff_timer_(strand_),
-          deadline_timer_(strand_) {}
+          deadline_timer_(strand_),
+          heartbeat_timer_(strand_),
+          after_loss_(after_loss) {}
 
     /// Starts connecting (on the strand).
     void start() {
-        connect_deadline_ = Clock::now() + options_.connect_timeout;
+        connect_started_ = Clock::now();
+        connect_deadline_ = options_.timeouts.startup.count() > 0 ? connect_started_ + options_.timeouts.startup
+                                                                  : Clock::time_point::max();
+        next_wait_report_ = connect_started_ + wait_report_interval;
         backoff_ = options_.connect_backoff_initial;
         asio::post(strand_, [self = shared_from_this()] { self->attempt(); });
     }
 
     [[nodiscard]] bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+    /// True once the connection ended because the task was lost (its link broke, or it answered no
+    /// heartbeat), not because the transport shut down or the cluster ended.
+    [[nodiscard]] bool lost_task() const noexcept { return lost_task_.load(std::memory_order_acquire); }
 
     /// Hands `request` to the strand, which writes it once the connection is up.
     std::future<Reply> send(Request request) {
@@ -104,6 +114,7 @@ public:
         std::error_code ignored;
         deadline_timer_.cancel();
         backoff_timer_.cancel();
+        heartbeat_timer_.cancel();
         stream_.socket().close(ignored);
         auto pending = std::move(pending_);
         pending_.clear();
@@ -111,6 +122,9 @@ public:
         for (auto& [id, p] : pending) p.out->answer(Reply::error(ErrorCode::unavailable, reason));
         for (auto& out : inbox) out->answer(Reply::error(ErrorCode::unavailable, reason));
     }
+
+    /// While connecting, one line every this long says whom this process waits for.
+    static constexpr std::chrono::seconds wait_report_interval{5};
 
 private:
     enum class State { connecting, connected, closed };
@@ -148,6 +162,20 @@ private:
 
     std::string address_text() const { return where_text_.empty() ? std::string("?") : where_text_; }
 
+    /// Ends the connection because the task is gone (not because this side shut down): every waiting
+    /// request is answered unavailable with `reason`, and the chief's transport says why in one line.
+    void lose(const std::string& reason, const std::string& cause) {
+        if (state_ == State::closed) return;
+        if (state_ == State::connected && !ending_cluster_) {
+            lost_task_.store(true, std::memory_order_release);
+            if (options_.announce_peers)
+                std::fprintf(stderr, "pss: lost %s at %s (%s)\n", task_.to_string().c_str(), address_text().c_str(),
+                             cause.c_str());
+        }
+        fail(reason);
+    }
+    void lose(std::error_code ec) { lose(lost(ec), "its connection ended: " + ec.message()); }
+
     std::string lost(std::error_code ec) const {
 #if PSS_HAS_TLS
         if (ec.category() == asio::error::get_ssl_category())
@@ -175,6 +203,7 @@ private:
                 continue;
             }
             out->id = next_id_++;
+            if (out->request.kind == RequestKind::shutdown) ending_cluster_ = true;  // its end is no loss
             // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
             const bool elide = out->request.kind == RequestKind::operation && out->request.op == Op::read &&
                                out->request.payload.has_value();
@@ -277,9 +306,47 @@ private:
     void connected() {
         state_ = State::connected;
         const auto now = Clock::now();
+        if (after_loss_ && options_.announce_peers)
+            std::fprintf(stderr, "pss: %s at %s is back\n", task_.to_string().c_str(), address_text().c_str());
         for (auto& [id, p] : pending_) start_clock(p, now);
+        last_heard_ = now;
+        arm_heartbeat();
         write_queued();
         read_header();
+    }
+
+    // ---- heartbeats ----
+
+    void arm_heartbeat() {
+        if (!options_.timeouts.heartbeats()) return;
+        heartbeat_timer_.expires_after(options_.timeouts.heartbeat_interval);
+        heartbeat_timer_.async_wait([self = shared_from_this()](std::error_code ec) { self->on_heartbeat_timer(ec); });
+    }
+
+    /// Every interval: a peer asked and silent since for the heartbeat timeout is lost; else, unless a
+    /// heartbeat is unanswered, it is asked again. Any frame from it counts as an answer.
+    void on_heartbeat_timer(std::error_code ec) {
+        if (ec || state_ != State::connected) return;
+        const auto now = Clock::now();
+        if (heartbeat_id_) {
+            if (now - std::max(heartbeat_sent_, last_heard_) >= options_.timeouts.heartbeat_timeout)
+                return lose("pss: TcpTransport: " + task_.to_string() + " at " + address_text() +
+                                " answered no heartbeat for " + format_seconds(options_.timeouts.heartbeat_timeout) +
+                                ": it is dead, frozen or cut off (PSS_HEARTBEAT_TIMEOUT sets the wait); a request "
+                                "in flight may or may not have been applied",
+                            "no heartbeat answered for " + format_seconds(options_.timeouts.heartbeat_timeout));
+        } else {
+            auto out = std::make_shared<Outgoing>();
+            out->request.kind = RequestKind::heartbeat;
+            out->id = next_id_++;
+            out->frame = OutgoingFrame::request(out->request, out->id, static_cast<std::uint32_t>(task_.index), false);
+            pending_[out->id].out = out;  // no deadline: the heartbeat timeout is its own
+            queue_.push_back(std::move(out));
+            heartbeat_id_ = next_id_ - 1;
+            heartbeat_sent_ = now;
+            if (!writing_) write_queued();
+        }
+        arm_heartbeat();
     }
 
     void retry(std::error_code ec) {
@@ -290,8 +357,15 @@ private:
         const auto now = Clock::now();
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
-                        " within " + format_seconds(options_.connect_timeout) + " (" + std::to_string(attempts_) +
-                        " attempts): " + ec.message());
+                        " within the start-up timeout of " + format_seconds(options_.timeouts.startup) + " (" +
+                        std::to_string(attempts_) + " attempts; last: " + ec.message() +
+                        "). Is the task running, at that address? PSS_STARTUP_TIMEOUT sets the wait");
+        if (now >= next_wait_report_) {
+            next_wait_report_ = now + wait_report_interval;
+            const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - connect_started_);
+            std::fprintf(stderr, "pss: waiting for %s at %s (attempt %d, %lld s)\n", task_.to_string().c_str(),
+                         address_text().c_str(), attempts_, static_cast<long long>(waited.count()));
+        }
         const auto wait = std::min<Clock::duration>(backoff_, connect_deadline_ - now);
         backoff_ = std::min(options_.connect_backoff_max,
                             std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(
@@ -306,8 +380,8 @@ private:
     // ---- deadlines ----
 
     void start_clock(Pending& pending, Clock::time_point now) {
-        if (options_.request_timeout.count() <= 0) return;
-        pending.deadline = now + options_.request_timeout;
+        if (options_.timeouts.request.count() <= 0) return;
+        pending.deadline = now + options_.timeouts.request;
         if (timer_armed_) return;  // it fires at an earlier deadline, then re-arms for the next
         timer_armed_ = true;
         deadline_timer_.expires_at(*pending.deadline);
@@ -336,7 +410,7 @@ private:
         }
         for (auto& out : expired)
             out->answer(Reply::error(ErrorCode::unavailable, "pss: request to " + task_.to_string() + " timed out after " +
-                                                                 format_seconds(options_.request_timeout)));
+                                                                 format_seconds(options_.timeouts.request)));
     }
 
     // ---- writing ----
@@ -354,7 +428,7 @@ private:
 
     void on_written(std::error_code ec) {
         if (state_ == State::closed) return;
-        if (ec) return fail(lost(ec));
+        if (ec) return lose(ec);
         for (std::size_t n = batch_.frames(); n > 0 && !queue_.empty(); --n) {
             if (auto it = pending_.find(queue_.front()->id); it != pending_.end()) {
                 it->second.sent = true;
@@ -377,7 +451,8 @@ private:
 
     void on_header(std::error_code ec) {
         if (state_ == State::closed) return;
-        if (ec) return fail(lost(ec));
+        if (ec) return lose(ec);
+        last_heard_ = Clock::now();
         try {
             header_ = decode_header(header_bytes_, options_.limits);
             if (!header_.is_reply())
@@ -392,7 +467,7 @@ private:
 
     void on_body(std::error_code ec) {
         if (state_ == State::closed) return;
-        if (ec) return fail(lost(ec));
+        if (ec) return lose(ec);
         try {
             decode_body(header_bytes_, header_, body_, options_.limits);
         } catch (const WireError& e) {
@@ -430,11 +505,13 @@ private:
 
     void on_payload(std::error_code ec) {
         if (state_ == State::closed) return;
-        if (ec) return fail(lost(ec));
+        if (ec) return lose(ec);
         Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
         target_.reset();
         Reply reply = to_reply(header_, body_, std::move(payload), std::move(incoming_values_));
         incoming_values_.clear();
+        last_heard_ = Clock::now();
+        if (header_.request_id == heartbeat_id_) heartbeat_id_.reset();
         if (auto it = pending_.find(header_.request_id); it != pending_.end() && !it->second.early) {
             if (header_.payload_elided() && !it->second.sent) {
                 it->second.early = std::move(reply);  // answered by on_written
@@ -458,6 +535,9 @@ private:
     std::unique_ptr<asio::ip::tcp::resolver> resolver_;
     asio::steady_timer backoff_timer_;
     asio::steady_timer deadline_timer_;
+    asio::steady_timer heartbeat_timer_;
+    const bool after_loss_;
+    std::atomic<bool> lost_task_{false};
 
     // Shared with sending threads.
     std::mutex inbox_mutex_;
@@ -479,7 +559,10 @@ private:
 #endif
     TcpWriteBatch batch_;
     std::string where_text_;
-    Clock::time_point connect_deadline_;
+    Clock::time_point connect_started_, connect_deadline_, next_wait_report_;
+    bool ending_cluster_ = false;               // a shutdown request was taken: the link's end is expected
+    std::optional<std::uint64_t> heartbeat_id_;  // the heartbeat not answered yet
+    Clock::time_point heartbeat_sent_, last_heard_;
     std::chrono::milliseconds backoff_{1};
     int attempts_ = 0;
     std::array<std::byte, frame_header_size> header_bytes_{};

@@ -15,6 +15,7 @@
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
 #include <pss/message.hpp>
+#include <pss/timeouts.hpp>
 #include <pss/transport/tcp/tls.hpp>
 #include <pss/wire.hpp>
 
@@ -56,14 +57,14 @@ struct TcpOptions {
     std::chrono::milliseconds connect_backoff_max{10'000};
     /// Each failed attempt multiplies the wait by this.
     double connect_backoff_factor = 1.3;
-    /// After this long without a connection, the requests waiting for it are answered unavailable
-    /// (about TensorFlow's 3 minutes for a ps to come up).
-    std::chrono::milliseconds connect_timeout{180'000};
-    /// A request not answered this long after it was written is answered unavailable; 0 waits forever.
-    /// The clock starts once the connection is up (the connect timeout covers the wait before). A
-    /// synchronous pull is held at the ps until its step is applied, so it waits for the slowest worker's
-    /// step: keep this above the longest step.
-    std::chrono::milliseconds request_timeout{30'000};
+    /// The start-up timeout (connecting), the heartbeats that find a lost peer, and the request deadline
+    /// (none by default: a synchronous pull held at the ps waits for the slowest worker's step, and a
+    /// call for its whole step, while heartbeats tell a dead or frozen peer from a busy one). The
+    /// defaults, not the environment's: a strategy passes `Timeouts::from_environment()`.
+    Timeouts timeouts;
+    /// Print one line to stderr when a task this transport sends to is lost (its connection broke, or it
+    /// answered no heartbeat) and when it is back: a strategy's chief does.
+    bool announce_peers = false;
     /// What a peer may make this process allocate for one frame.
     WireLimits limits;
     /// What a served task spends on its peers.

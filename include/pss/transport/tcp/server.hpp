@@ -108,6 +108,7 @@ inline std::string role_refusal(const TaskId& peer, const FrameHeader& header, s
             what = "call \"" + std::string(name) + "\"";
             break;
         case RequestKind::shutdown: what = "shutdown"; break;
+        case RequestKind::heartbeat: return {};  // any task may ask whether another is alive
     }
     return "pss: TcpTransport: " + peer.to_string() + " may not " + what +
            ": only the chief creates, destroys, saves and restores variables, calls functions and shuts tasks "
@@ -386,6 +387,11 @@ private:
             std::fprintf(stderr, "pss: %s refused a request from %s: %s\n", task_->task.to_string().c_str(),
                          peer_address().c_str(), refusal.c_str());
             return refuse(id, ErrorCode::permission_denied, std::move(refusal));
+        } else if (header_.request_kind() == RequestKind::heartbeat) {
+            // Answered here, not by the handler: a task whose handler is busy (a worker running a long
+            // step on its call thread) still shows it is alive.
+            last_id_ = std::max(last_id_.value_or(id), id);
+            answer(id, false, false, Reply{});
         } else if (last_id_ && id <= *last_id_ && !rerun_repeat()) {
             answer_repeat(id);
         } else {

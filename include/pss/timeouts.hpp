@@ -1,0 +1,80 @@
+// pss/timeouts.hpp: how long a task waits for another, and how it tells a dead or frozen peer from a busy one.
+#pragma once
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <pss/config.hpp>
+#include <pss/detail/environment.hpp>
+#include <pss/errors.hpp>
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief The waits of a cluster whose tasks are other processes. No wait in pss is unbounded unless a
+/// bound is set to 0 here; liveness comes from heartbeats, not from request deadlines, so a step may run
+/// for an hour while a dead or frozen peer is still found within `heartbeat_timeout`.
+///
+/// | member | environment | default | what it bounds |
+/// |---|---|---|---|
+/// | `startup` | `PSS_STARTUP_TIMEOUT` | 60 s | connecting to a task that is not up (at start, or after it was lost); every 5 s of it prints `pss: waiting for <task> at <address> (attempt n, t s)` |
+/// | `heartbeat_interval` | `PSS_HEARTBEAT_INTERVAL` | 1 s | how often a connection asks its peer whether it is alive |
+/// | `heartbeat_timeout` | `PSS_HEARTBEAT_TIMEOUT` | 10 s (TensorFlow's coordination service) | a peer that sent nothing for this long since it was asked is lost: every request waiting for it is answered UnavailableError naming it; 0 turns heartbeats off |
+/// | `request` | `PSS_REQUEST_TIMEOUT` | 0 (none) | one request's answer, once the link is up |
+///
+/// The environment gives seconds as a decimal number (`"10"`, `"2.5"`, `"0"`).
+struct Timeouts {
+    std::chrono::milliseconds startup{60'000};
+    std::chrono::milliseconds heartbeat_interval{1'000};
+    std::chrono::milliseconds heartbeat_timeout{10'000};
+    std::chrono::milliseconds request{0};
+
+    /// @brief The defaults, changed by `PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`,
+    /// `PSS_HEARTBEAT_TIMEOUT` and `PSS_REQUEST_TIMEOUT` where they are set (what a strategy runs with).
+    /// @throws InvalidArgumentError `pss: PSS_HEARTBEAT_TIMEOUT is "ten"; give seconds as a number from 0 to 86400, such as "10" or "2.5"`
+    /// @throws InvalidArgumentError when heartbeats are on and the interval is 0 or not below the timeout
+    [[nodiscard]] static Timeouts from_environment(
+        const detail::EnvironmentLookup& lookup = detail::process_environment) {
+        Timeouts t;
+        read(lookup, "PSS_STARTUP_TIMEOUT", t.startup);
+        read(lookup, "PSS_HEARTBEAT_INTERVAL", t.heartbeat_interval);
+        read(lookup, "PSS_HEARTBEAT_TIMEOUT", t.heartbeat_timeout);
+        read(lookup, "PSS_REQUEST_TIMEOUT", t.request);
+        t.validate();
+        return t;
+    }
+
+    /// @brief True when connections ask their peers whether they are alive.
+    [[nodiscard]] bool heartbeats() const noexcept { return heartbeat_timeout.count() > 0; }
+
+    /// @throws InvalidArgumentError when heartbeats are on and the interval is 0 or not below the timeout,
+    /// or a bound is negative
+    void validate() const {
+        if (startup.count() < 0 || heartbeat_interval.count() < 0 || heartbeat_timeout.count() < 0 || request.count() < 0)
+            throw InvalidArgumentError("pss: Timeouts: a timeout is negative; give 0 (none) or more");
+        if (heartbeats() && (heartbeat_interval.count() == 0 || heartbeat_interval >= heartbeat_timeout))
+            throw InvalidArgumentError("pss: Timeouts: the heartbeat interval (" + std::to_string(heartbeat_interval.count()) +
+                                       " ms) must be above 0 and below the heartbeat timeout (" +
+                                       std::to_string(heartbeat_timeout.count()) + " ms)");
+    }
+
+private:
+    static void read(const detail::EnvironmentLookup& lookup, std::string_view name, std::chrono::milliseconds& out) {
+        const auto text = lookup(name);
+        if (!text) return;
+        double seconds = -1;
+        const char* first = text->data();
+        const char* last = first + text->size();
+        const auto [end, error] = std::from_chars(first, last, seconds);
+        if (text->empty() || error != std::errc{} || end != last || !std::isfinite(seconds) || seconds < 0 ||
+            seconds > 86'400)
+            throw InvalidArgumentError("pss: " + std::string(name) + " is \"" + *text +
+                                       "\"; give seconds as a number from 0 to 86400, such as \"10\" or \"2.5\"");
+        out = std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(std::llround(seconds * 1000)));
+    }
+};
+
+PSS_NAMESPACE_END
