@@ -482,6 +482,27 @@ TEST_SUITE("TFConfigClusterResolver") {
         check_cluster_resolver_rules(resolver);
     }
 
+    TEST_CASE("TFConfigClusterResolver: an evaluator's TF_CONFIG needs no ps or worker, as TensorFlow reads it") {
+        const pss::TFConfigClusterResolver alone(
+            R"({"cluster":{"evaluator":["e0:2222"]},"task":{"type":"evaluator","index":0}})");
+        CHECK(alone.task() == TaskId{"evaluator", 0});
+        CHECK(alone.cluster_spec() == ClusterSpec{{"evaluator", {"e0:2222"}}});
+        CHECK(tf_config_error(R"({"cluster":{"evaluator":["e0:2222"]},"task":{"type":"worker","index":0}})") ==
+              R"(pss: TF_CONFIG: "cluster" has no "ps" job; ParameterServerStrategy needs at least one ps task)");
+        CHECK(tf_config_error(R"({"cluster":{"chief":["c:1"],"worker":["w:1"]},"task":{"type":"chief","index":0}})") ==
+              R"(pss: TF_CONFIG: "cluster" has no "ps" job; ParameterServerStrategy needs at least one ps task)");
+    }
+
+    TEST_CASE("TFConfigClusterResolver: an address whose port is not a number from 1 to 65535 is an error, naming it") {
+        for (const std::string bad : {"p1:99999", "p1:0", "p1", "p1:", "p1:22x", ":2222"})
+            CHECK(tf_config_error(R"({"cluster":{"ps":["p0:1",")" + bad + R"("],"worker":["w0:1"]},"task":{"type":"ps","index":0}})") ==
+                  R"(pss: TF_CONFIG: "cluster.ps[1]" is ")" + bad + R"("; give it as "host:port" with a port from 1 to 65535)");
+        CHECK(pss::TFConfigClusterResolver(
+                  R"({"cluster":{"ps":["[::1]:65535"],"worker":["w0:1"]},"task":{"type":"ps","index":0}})")
+                  .cluster_spec()
+                  .task_address("ps", 0) == "[::1]:65535");
+    }
+
     TEST_CASE("TFConfigClusterResolver: from_json takes a parsed object") {
         const auto resolver = pss::TFConfigClusterResolver::from_json(nlohmann::json::parse(kubeflow_worker_1));
         CHECK(resolver.task() == TaskId{"worker", 1});

@@ -185,7 +185,7 @@ TEST_SUITE("ParameterServer") {
         bad.ids = {0, 3};
         bad.payload = xt::xarray<float>{10, 20};
         pss::Reply reply = server.handle(std::move(bad));
-        CHECK(reply.code == pss::ErrorCode::out_of_range);
+        CHECK(reply.code == pss::ErrorCode::invalid_argument);
         CHECK(reply.message ==
               "pss: scatter_add on variable 'w': id 3 is out of range for shape (3,); ids must be in [0, 3)");
 
@@ -610,9 +610,9 @@ TEST_SUITE("Variable") {
         CHECK_THROWS_WITH_AS(f.v.scatter_add(Ids{0, 5, 10}, xt::xarray<float>(xt::ones<float>({3, 2}))),
                              "pss: scatter_add on variable 'table:0': id 10 is out of range for shape (10, 2); ids "
                              "must be in [0, 10)",
-                             pss::OutOfRangeError);
-        CHECK_THROWS_AS(f.v.apply_sparse_gradient(Ids{-1}, xt::xarray<float>{{1, 1}}), pss::OutOfRangeError);
-        CHECK_THROWS_AS((void)f.v.sparse_read(Ids{3, 11}), pss::OutOfRangeError);
+                             pss::InvalidArgumentError);  // TensorFlow's type for an index out of range
+        CHECK_THROWS_AS(f.v.apply_sparse_gradient(Ids{-1}, xt::xarray<float>{{1, 1}}), pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)f.v.sparse_read(Ids{3, 11}), pss::InvalidArgumentError);
         CHECK(f.v.read<float>() == xt::reshape_view(xt::arange<float>(20), {10, 2}));
     }
     TEST_CASE("Variable: a gradient to an integer variable is FailedPreconditionError") {

@@ -567,6 +567,15 @@ TEST_SUITE("AutoClusterResolver") {
         CHECK(resolver.rpc_layer() == "inproc");
     }
 
+    TEST_CASE("AutoClusterResolver: a TF_CONFIG without \"task\" is an error at start-up, not a process waiting for "
+              "tasks that never come") {
+        CHECK(error_of<pss::InvalidArgumentError>([] {
+                  (void)pss::AutoClusterResolver(environment({{"TF_CONFIG", R"({"cluster":{"ps":["p0:2222"],"worker":["w0:2222"]}})"}}));
+              }) == R"(pss: TF_CONFIG has no "task": every process of a cluster must say which task it is, as in )"
+                     R"({"cluster": {...}, "task": {"type": "worker", "index": 0}}; a program that runs the whole )"
+                     "cluster in one process needs no TF_CONFIG");
+    }
+
     TEST_CASE("AutoClusterResolver: the chosen resolver's errors are thrown as they are, not hidden by a fallback") {
         CHECK(error_of<pss::InvalidArgumentError>(
                   [] { (void)pss::AutoClusterResolver(environment({{"TF_CONFIG", "{"}})); })

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <future>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -696,5 +697,66 @@ TEST_SUITE("Consistency") {
         CHECK(got(1, 0) == 0.0f);
         CHECK(got(2, 0) == 0.0f);
         CHECK(got(3, 0) == -2.0f);  // 4 / 2 workers
+    }
+}
+
+// ---- TensorFlow's coordinator semantics --------------------------------------------------------------
+
+namespace {
+
+/// A strategy whose 2 workers are "other processes": each call is answered at once with `answer`.
+struct RemoteWorkersStub final : pss::Strategy, pss::detail::RemoteWorkers {
+    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
+    [[nodiscard]] int num_workers() const { return 2; }
+    pss::Variable create_variable(pss::Tensor, std::string) override {
+        throw pss::FailedPreconditionError("pss: RemoteWorkersStub holds no variables");
+    }
+    [[nodiscard]] pss::detail::RemoteWorkers* remote_workers() noexcept override { return this; }
+    std::future<pss::Reply> call(int, pss::Request request) override {
+        std::lock_guard lock(mutex);
+        ++calls;
+        names.push_back(request.name);
+        std::promise<pss::Reply> reply;
+        reply.set_value(pss::Reply::error(pss::ErrorCode::unavailable, "pss: stub: no worker process"));
+        return reply.get_future();
+    }
+    std::mutex mutex;
+    int calls = 0;
+    std::vector<std::string> names;
+};
+
+int plus_one(int x) { return x + 1; }
+
+}  // namespace
+
+TEST_SUITE("ClusterCoordinator") {
+    TEST_CASE("ClusterCoordinator: a RemoteValue as an argument is an InvalidArgumentError from that schedule; "
+              "the coordinator goes on") {
+        pss::ParameterServerStrategy<> strategy;
+        pss::ClusterCoordinator coordinator(strategy);
+        auto first = coordinator.schedule([] { return 4; });
+        CHECK_THROWS_WITH_AS(coordinator.schedule([](const pss::RemoteValue<int>&) { return 0; }, first),
+                             "pss: ClusterCoordinator::schedule: an argument is a RemoteValue; a closure takes "
+                             "values, not the results of other closures: fetch() it first",
+                             pss::InvalidArgumentError);
+        CHECK(coordinator.schedule([](int x) { return x * 2; }, first.fetch()).fetch() == 8);
+        coordinator.join();
+        CHECK(coordinator.done());
+    }
+
+    TEST_CASE("ClusterCoordinator: a lambda on a cluster whose workers are other processes is refused by that "
+              "schedule call, before anything is sent") {
+        RemoteWorkersStub strategy;
+        pss::ClusterCoordinator coordinator(strategy);
+        CHECK_THROWS_WITH_AS(coordinator.schedule([] { return 1; }), std::string(pss::detail::lambda_to_process).c_str(),
+                             pss::InvalidArgumentError);
+        CHECK(coordinator.done());  // nothing was queued, no error waits for the next call
+        CHECK(strategy.calls == 0);
+        static const auto registered = pss::register_function("test_training.plus_one", &plus_one);
+        (void)coordinator.schedule(registered, 1);  // a registered function is sent
+        CHECK_THROWS_AS(coordinator.join(), pss::UnavailableError);  // every stub worker is "lost"
+        std::lock_guard lock(strategy.mutex);
+        CHECK(strategy.calls == 2);  // once to each worker, each then lost
+        CHECK(strategy.names.front() == "test_training.plus_one");
     }
 }

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -95,6 +96,18 @@ template <class R>
     for (const auto& v : values) out.push_back(v.fetch());
     return out;
 }
+
+namespace detail {
+template <class T>
+inline constexpr bool is_remote_value_v = false;
+template <class R>
+inline constexpr bool is_remote_value_v<RemoteValue<R>> = true;
+
+inline constexpr std::string_view lambda_to_process =
+    "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a lambda or "
+    "function object cannot be sent to them; register the function with pss::register_function(name, "
+    "&function) in every process and schedule what it returns";
+}  // namespace detail
 
 /// @brief One value per worker (tf PerWorkerValues): a closure given one as an argument receives the
 /// value of the worker that runs it.
@@ -180,6 +193,9 @@ public:
     /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
     /// with arguments that can cross a wire; any callable works on the embedded cluster.
     /// @throws the first error of an earlier closure (see the class description).
+    /// @throws InvalidArgumentError, from this call, for a RemoteValue argument (fetch it first, as
+    /// TensorFlow requires), or a function that is not a RegisteredFunction when the workers are other
+    /// processes
     template <class F, class... Args>
     auto schedule(F&& fn, Args&&... args) {
         using R = std::invoke_result_t<std::decay_t<F>&, decltype(resolve(std::declval<std::decay_t<Args>&>(), 0))...>;
@@ -187,6 +203,11 @@ public:
             static_assert((Transferable<std::decay_t<Args>> && ...),
                           "pss: schedule: every argument of a registered function must be Transferable (a number, "
                           "string, Tensor, xt::xarray, PerWorkerValues, or a std::vector of these)");
+        if constexpr ((detail::is_remote_value_v<std::decay_t<Args>> || ...))
+            throw InvalidArgumentError("pss: ClusterCoordinator::schedule: an argument is a RemoteValue; a closure "
+                                       "takes values, not the results of other closures: fetch() it first");
+        if constexpr (!detail::is_registered_function_v<std::decay_t<F>>)
+            if (remote_ != nullptr) throw InvalidArgumentError(std::string(detail::lambda_to_process));
         // One allocation per closure: its function, its arguments and its result's state together.
         auto task = std::make_shared<Task<R, std::decay_t<F>, std::tuple<std::decay_t<Args>...>>>(
             std::forward<F>(fn), std::make_tuple(std::forward<Args>(args)...));
@@ -266,10 +287,7 @@ private:
                     throw WorkerLostError("pss: worker " + std::to_string(worker) + " was lost: " + reply.message);
                 finish([&] { return detail::decode_result<R>(reply.take_values(), fn->name()); });
             } else {
-                throw InvalidArgumentError(
-                    "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a "
-                    "lambda or function object cannot be sent to them; register the function with "
-                    "pss::register_function(name, &function) in every process and schedule what it returns");
+                throw InvalidArgumentError(std::string(detail::lambda_to_process));  // schedule refused it already
             }
         }
         template <class Compute>

@@ -72,6 +72,31 @@ public:
 
 namespace detail {
 
+/// This process's device, as TensorFlow names where a variable created outside any scope lives:
+/// "/job:localhost/replica:0/task:0/device:CPU:0", or this task's once a strategy made this process one
+/// task of a multi-process cluster ("/job:chief/replica:0/task:0/device:CPU:0").
+class LocalDevice {
+public:
+    static std::string get() {
+        std::lock_guard lock(mutex());
+        return name();
+    }
+    static void set(std::string device) {
+        std::lock_guard lock(mutex());
+        name() = std::move(device);
+    }
+
+private:
+    static std::mutex& mutex() {
+        static std::mutex m;
+        return m;
+    }
+    static std::string& name() {
+        static std::string n = "/job:localhost/replica:0/task:0/device:CPU:0";
+        return n;
+    }
+};
+
 /// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
 class LocalChannel final : public Channel {
 public:
@@ -83,7 +108,7 @@ public:
         }
         return p.get_future();
     }
-    [[nodiscard]] std::string device(int) const override { return "/job:localhost/replica:0/task:0/device:CPU:0"; }
+    [[nodiscard]] std::string device(int) const override { return LocalDevice::get(); }
 
 private:
     std::mutex mutex_;

@@ -16,7 +16,7 @@ enum class ErrorCode : int {
     invalid_argument = 1,  ///< a wrong shape, dtype, id or configuration value
     not_found = 2,         ///< a variable or task that does not exist
     already_exists = 3,    ///< a variable name used twice on one task
-    out_of_range = 4,      ///< a row id outside the variable's first dimension
+    out_of_range = 4,      ///< a task index outside its job (a row id out of range is invalid_argument, as in TensorFlow)
     failed_precondition = 5,  ///< an operation that does not fit the variable (a gradient to an int variable)
     unavailable = 6,       ///< a task that has shut down or cannot be reached
     cancelled = 7,         ///< work cancelled before it ran

@@ -431,6 +431,7 @@ public:
                 channel->handshake();
                 channel_ = std::move(channel);
                 distributed_ = true;
+                detail::LocalDevice::set(task_.to_string() + "/device:CPU:0");  // variables outside any scope
                 return;
             }
         }

@@ -195,7 +195,7 @@ public:
 
     /// @brief Rows `ids` of the value, in the order asked for (tf.nn.embedding_lookup): one request per
     /// shard touched, issued in parallel.
-    /// @throws OutOfRangeError naming the id and the shape when an id is outside [0, shape[0]).
+    /// @throws InvalidArgumentError naming the id and the shape when an id is outside [0, shape[0]).
     [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids, std::uint64_t step = 0) const;
 
     /// @brief `<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>`

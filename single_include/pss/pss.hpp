@@ -130,7 +130,7 @@ enum class ErrorCode : int {
     invalid_argument = 1,  ///< a wrong shape, dtype, id or configuration value
     not_found = 2,         ///< a variable or task that does not exist
     already_exists = 3,    ///< a variable name used twice on one task
-    out_of_range = 4,      ///< a row id outside the variable's first dimension
+    out_of_range = 4,      ///< a task index outside its job (a row id out of range is invalid_argument, as in TensorFlow)
     failed_precondition = 5,  ///< an operation that does not fit the variable (a gradient to an int variable)
     unavailable = 6,       ///< a task that has shut down or cannot be reached
     cancelled = 7,         ///< work cancelled before it ran
@@ -449,7 +449,8 @@ namespace detail {
 ///   - `pss: TF_CONFIG: job "chief" has 2 tasks but there may be at most one chief`
 ///   - `pss: TF_CONFIG: "cluster" has no "ps" job; ParameterServerStrategy needs at least one ps task`
 ///   - `pss: TF_CONFIG: job "ps" has no tasks; ParameterServerStrategy needs at least one ps task`
-inline void check_parameter_server_cluster(const ClusterSpec& spec, std::string_view source, std::string_view cluster) {
+inline void check_parameter_server_cluster(const ClusterSpec& spec, std::string_view source, std::string_view cluster,
+                                           bool need_ps_and_worker = true) {
     const std::string where = "pss: " + std::string(source) + ": ";
     for (const auto& [job, addresses] : spec.as_dict()) {
         if (job != "chief" && job != "worker" && job != "ps" && job != "evaluator") {
@@ -460,6 +461,7 @@ inline void check_parameter_server_cluster(const ClusterSpec& spec, std::string_
                                        " tasks but there may be at most one " + job);
         }
     }
+    if (!need_ps_and_worker) return;
     for (const std::string_view job : {std::string_view("ps"), std::string_view("worker")}) {
         const std::string name(job);
         if (!spec.has_job(name)) {
@@ -2299,9 +2301,11 @@ PSS_NAMESPACE_BEGIN
 /// The constructor checks everything TensorFlow's ParameterServerStrategy checks
 /// (`multi_worker_util._validate_cluster_spec` and `_verify_args_and_config`), so a bad `TF_CONFIG`
 /// fails at start-up with a message that names the field: jobs only chief, worker, ps and evaluator;
-/// at least one ps and one worker task; at most one chief and one evaluator; `task.type` one of those
-/// four and a job of the cluster (except "evaluator", which may run outside the cluster, as in
-/// TensorFlow); `task.index` an integer, not negative and less than the job's task count.
+/// at least one ps and one worker task (not for an evaluator, which builds no strategy); at most one
+/// chief and one evaluator; `task.type` one of those four and a job of the cluster (except "evaluator",
+/// which may run outside the cluster, as in TensorFlow); `task.index` an integer, not negative and less
+/// than the job's task count; and beyond TensorFlow, every address "host:port" with a port from 1 to
+/// 65535 (a task at another could never be reached: `pss: TF_CONFIG: "cluster.ps[1]" is "p1:99999"; ...`).
 ///
 /// Unset or empty `TF_CONFIG`: TensorFlow reads it as `{}` (an empty cluster) and its
 /// ParameterServerStrategy then fails for want of ps tasks. pss throws `NotFoundError` at once instead,
@@ -2401,7 +2405,13 @@ private:
                 std::string(example));
         }
         cluster_spec_ = ClusterSpec::from_json(*cluster, "TF_CONFIG: \"cluster\"");
-        detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"");
+        // An evaluator reads the cluster to find what it evaluates: it needs no ps or worker (TensorFlow
+        // validates a ParameterServerStrategy's cluster, which an evaluator does not build).
+        const auto task = config.find("task");
+        const bool evaluator = task != config.end() && task->is_object() && task->contains("type") &&
+                               (*task)["type"] == "evaluator";
+        detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"", !evaluator);
+        check_ports();
 
         if (const auto rpc_layer = config.find("rpc_layer"); rpc_layer != config.end()) {
             if (!rpc_layer->is_string()) {
@@ -2418,14 +2428,32 @@ private:
             environment_ = environment->get<std::string>();
         }
 
-        const auto task = config.find("task");
-        if (task == config.end()) return;  // TensorFlow's None task: type "", id 0
-        if (!task->is_object()) {
-            throw InvalidArgumentError(where + "\"task\" must be an object such as {\"type\": \"worker\", \"index\": 0}, got " +
-                                       task->type_name());
+        if (task != config.end()) {  // else TensorFlow's None task: type "", id 0
+            if (!task->is_object()) {
+                throw InvalidArgumentError(where + "\"task\" must be an object such as {\"type\": \"worker\", \"index\": 0}, got " +
+                                           task->type_name());
+            }
+            load_task_type(*task);
+            load_task_index(*task);
         }
-        load_task_type(*task);
-        load_task_index(*task);
+    }
+
+    /// Every address is "host:port" with a port from 1 to 65535: a task cannot be reached at another.
+    void check_ports() const {
+        for (const auto& [job, addresses] : cluster_spec_.as_dict()) {
+            for (std::size_t i = 0; i < addresses.size(); ++i) {
+                const std::string& address = addresses[i];
+                const auto colon = address.rfind(':');
+                const std::string_view port =
+                    colon == std::string::npos ? std::string_view() : std::string_view(address).substr(colon + 1);
+                int value = 0;
+                const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);
+                if (colon == 0 || port.empty() || error != std::errc{} || end != port.data() + port.size() ||
+                    value < 1 || value > 65535)
+                    throw InvalidArgumentError("pss: TF_CONFIG: \"cluster." + job + "[" + std::to_string(i) + "]\" is \"" +
+                                               address + "\"; give it as \"host:port\" with a port from 1 to 65535");
+            }
+        }
     }
 
     void load_task_type(const nlohmann::json& task) {
@@ -2571,7 +2599,15 @@ public:
         }
         if (const auto tf_config = environment("TF_CONFIG");
             tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
-            take("tf_config", TFConfigClusterResolver(*tf_config));
+            const TFConfigClusterResolver resolver(*tf_config);
+            // Under TF_CONFIG each process is one task of a cluster of real addresses: without "task" it
+            // would not know which, and would wait for tasks that never come.
+            if (std::string_view(resolver.task_type()).empty())
+                throw InvalidArgumentError(
+                    "pss: TF_CONFIG has no \"task\": every process of a cluster must say which task it is, as in "
+                    "{\"cluster\": {...}, \"task\": {\"type\": \"worker\", \"index\": 0}}; a program that runs the "
+                    "whole cluster in one process needs no TF_CONFIG");
+            take("tf_config", resolver);
         } else if (environment("SLURM_PROCID")) {
             take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps)));
         } else if (MpiClusterResolver::launched_by_mpi(environment)) {
@@ -2807,7 +2843,7 @@ inline void check_dense(std::string_view optimizer, const xt::xarray<T>& value, 
 
 /// @brief Checks a sparse gradient against the shard and returns the elements per row. The caller
 /// has validated already; this guards the shard's memory against a caller that did not.
-/// @throws InvalidArgumentError for a shape mismatch, OutOfRangeError for a row id outside the shard.
+/// @throws InvalidArgumentError for a shape mismatch or a row id outside the shard.
 template <class T>
 inline std::size_t check_sparse(std::string_view optimizer, const xt::xarray<T>& value,
                                 std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows) {
@@ -2822,8 +2858,8 @@ inline std::size_t check_sparse(std::string_view optimizer, const xt::xarray<T>&
                                    " need shape " + format_shape(rows_shape(vs, rows.size())));
     for (std::int64_t r : rows)
         if (r < 0 || static_cast<std::size_t>(r) >= vs[0])
-            throw OutOfRangeError(who + "row id " + std::to_string(r) + " is outside the shard's " +
-                                  std::to_string(vs[0]) + " rows");
+            throw InvalidArgumentError(who + "row id " + std::to_string(r) + " is outside the shard's " +
+                                       std::to_string(vs[0]) + " rows");
     std::size_t row_elements = 1;
     for (std::size_t i = 1; i < vs.size(); ++i) row_elements *= vs[i];
     return row_elements;
@@ -8322,8 +8358,9 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
             throw InvalidArgumentError("pss: " + what + ": row operations need a variable of rank 1 or more, got a scalar");
         for (std::int64_t id : ids)
             if (id < 0 || static_cast<std::uint64_t>(id) >= shape[0])
-                throw OutOfRangeError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
-                                      format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) + ")");
+                throw InvalidArgumentError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
+                                           format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) +
+                                           ")");  // TensorFlow's type for an index out of range
         if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
     } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
         mismatch(shape);
@@ -8513,7 +8550,7 @@ public:
 
     /// @brief Rows `ids` of the value, in the order asked for (tf.nn.embedding_lookup): one request per
     /// shard touched, issued in parallel.
-    /// @throws OutOfRangeError naming the id and the shape when an id is outside [0, shape[0]).
+    /// @throws InvalidArgumentError naming the id and the shape when an id is outside [0, shape[0]).
     [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids, std::uint64_t step = 0) const;
 
     /// @brief `<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>`
@@ -10120,6 +10157,31 @@ public:
 
 namespace detail {
 
+/// This process's device, as TensorFlow names where a variable created outside any scope lives:
+/// "/job:localhost/replica:0/task:0/device:CPU:0", or this task's once a strategy made this process one
+/// task of a multi-process cluster ("/job:chief/replica:0/task:0/device:CPU:0").
+class LocalDevice {
+public:
+    static std::string get() {
+        std::lock_guard lock(mutex());
+        return name();
+    }
+    static void set(std::string device) {
+        std::lock_guard lock(mutex());
+        name() = std::move(device);
+    }
+
+private:
+    static std::mutex& mutex() {
+        static std::mutex m;
+        return m;
+    }
+    static std::string& name() {
+        static std::string n = "/job:localhost/replica:0/task:0/device:CPU:0";
+        return n;
+    }
+};
+
 /// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
 class LocalChannel final : public Channel {
 public:
@@ -10131,7 +10193,7 @@ public:
         }
         return p.get_future();
     }
-    [[nodiscard]] std::string device(int) const override { return "/job:localhost/replica:0/task:0/device:CPU:0"; }
+    [[nodiscard]] std::string device(int) const override { return LocalDevice::get(); }
 
 private:
     std::mutex mutex_;
@@ -11048,6 +11110,7 @@ public:
                 channel->handshake();
                 channel_ = std::move(channel);
                 distributed_ = true;
+                detail::LocalDevice::set(task_.to_string() + "/device:CPU:0");  // variables outside any scope
                 return;
             }
         }
@@ -11227,6 +11290,7 @@ PSS_NAMESPACE_END
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -11303,6 +11367,18 @@ template <class R>
     for (const auto& v : values) out.push_back(v.fetch());
     return out;
 }
+
+namespace detail {
+template <class T>
+inline constexpr bool is_remote_value_v = false;
+template <class R>
+inline constexpr bool is_remote_value_v<RemoteValue<R>> = true;
+
+inline constexpr std::string_view lambda_to_process =
+    "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a lambda or "
+    "function object cannot be sent to them; register the function with pss::register_function(name, "
+    "&function) in every process and schedule what it returns";
+}  // namespace detail
 
 /// @brief One value per worker (tf PerWorkerValues): a closure given one as an argument receives the
 /// value of the worker that runs it.
@@ -11388,6 +11464,9 @@ public:
     /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
     /// with arguments that can cross a wire; any callable works on the embedded cluster.
     /// @throws the first error of an earlier closure (see the class description).
+    /// @throws InvalidArgumentError, from this call, for a RemoteValue argument (fetch it first, as
+    /// TensorFlow requires), or a function that is not a RegisteredFunction when the workers are other
+    /// processes
     template <class F, class... Args>
     auto schedule(F&& fn, Args&&... args) {
         using R = std::invoke_result_t<std::decay_t<F>&, decltype(resolve(std::declval<std::decay_t<Args>&>(), 0))...>;
@@ -11395,6 +11474,11 @@ public:
             static_assert((Transferable<std::decay_t<Args>> && ...),
                           "pss: schedule: every argument of a registered function must be Transferable (a number, "
                           "string, Tensor, xt::xarray, PerWorkerValues, or a std::vector of these)");
+        if constexpr ((detail::is_remote_value_v<std::decay_t<Args>> || ...))
+            throw InvalidArgumentError("pss: ClusterCoordinator::schedule: an argument is a RemoteValue; a closure "
+                                       "takes values, not the results of other closures: fetch() it first");
+        if constexpr (!detail::is_registered_function_v<std::decay_t<F>>)
+            if (remote_ != nullptr) throw InvalidArgumentError(std::string(detail::lambda_to_process));
         // One allocation per closure: its function, its arguments and its result's state together.
         auto task = std::make_shared<Task<R, std::decay_t<F>, std::tuple<std::decay_t<Args>...>>>(
             std::forward<F>(fn), std::make_tuple(std::forward<Args>(args)...));
@@ -11474,10 +11558,7 @@ private:
                     throw WorkerLostError("pss: worker " + std::to_string(worker) + " was lost: " + reply.message);
                 finish([&] { return detail::decode_result<R>(reply.take_values(), fn->name()); });
             } else {
-                throw InvalidArgumentError(
-                    "pss: ClusterCoordinator::schedule: the workers of this cluster are other processes, and a "
-                    "lambda or function object cannot be sent to them; register the function with "
-                    "pss::register_function(name, &function) in every process and schedule what it returns");
+                throw InvalidArgumentError(std::string(detail::lambda_to_process));  // schedule refused it already
             }
         }
         template <class Compute>

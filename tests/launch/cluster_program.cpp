@@ -90,6 +90,14 @@ int main() {
     auto values = coordinator.schedule(scale, xt::xarray<double>{1.5, -2.0}, 2.0, std::string("abc")).fetch();
     std::cout << "scaled: " << values[0] << " " << values[1] << "\n";
 
+    // Outside any scope a variable lives in this process, on the chief's device when the cluster is processes.
+    const pss::Variable local(xt::xarray<float>{1}, "local");
+    std::cout << "a variable outside any scope is on "
+              << (local.device() == (distributed ? "/job:chief/replica:0/task:0/device:CPU:0"
+                                                 : "/job:localhost/replica:0/task:0/device:CPU:0")
+                      ? "this task's device"
+                      : local.device())
+              << "\n";
     std::cout << "a step of 2.5 s: " << coordinator.schedule(slow, 2.5).fetch() << "\n";
 
     auto failed = coordinator.schedule(fail, 1);

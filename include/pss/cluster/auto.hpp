@@ -68,7 +68,15 @@ public:
         }
         if (const auto tf_config = environment("TF_CONFIG");
             tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
-            take("tf_config", TFConfigClusterResolver(*tf_config));
+            const TFConfigClusterResolver resolver(*tf_config);
+            // Under TF_CONFIG each process is one task of a cluster of real addresses: without "task" it
+            // would not know which, and would wait for tasks that never come.
+            if (std::string_view(resolver.task_type()).empty())
+                throw InvalidArgumentError(
+                    "pss: TF_CONFIG has no \"task\": every process of a cluster must say which task it is, as in "
+                    "{\"cluster\": {...}, \"task\": {\"type\": \"worker\", \"index\": 0}}; a program that runs the "
+                    "whole cluster in one process needs no TF_CONFIG");
+            take("tf_config", resolver);
         } else if (environment("SLURM_PROCID")) {
             take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps)));
         } else if (MpiClusterResolver::launched_by_mpi(environment)) {

@@ -252,7 +252,8 @@ namespace detail {
 ///   - `pss: TF_CONFIG: job "chief" has 2 tasks but there may be at most one chief`
 ///   - `pss: TF_CONFIG: "cluster" has no "ps" job; ParameterServerStrategy needs at least one ps task`
 ///   - `pss: TF_CONFIG: job "ps" has no tasks; ParameterServerStrategy needs at least one ps task`
-inline void check_parameter_server_cluster(const ClusterSpec& spec, std::string_view source, std::string_view cluster) {
+inline void check_parameter_server_cluster(const ClusterSpec& spec, std::string_view source, std::string_view cluster,
+                                           bool need_ps_and_worker = true) {
     const std::string where = "pss: " + std::string(source) + ": ";
     for (const auto& [job, addresses] : spec.as_dict()) {
         if (job != "chief" && job != "worker" && job != "ps" && job != "evaluator") {
@@ -263,6 +264,7 @@ inline void check_parameter_server_cluster(const ClusterSpec& spec, std::string_
                                        " tasks but there may be at most one " + job);
         }
     }
+    if (!need_ps_and_worker) return;
     for (const std::string_view job : {std::string_view("ps"), std::string_view("worker")}) {
         const std::string name(job);
         if (!spec.has_job(name)) {

@@ -48,9 +48,11 @@ PSS_NAMESPACE_BEGIN
 /// The constructor checks everything TensorFlow's ParameterServerStrategy checks
 /// (`multi_worker_util._validate_cluster_spec` and `_verify_args_and_config`), so a bad `TF_CONFIG`
 /// fails at start-up with a message that names the field: jobs only chief, worker, ps and evaluator;
-/// at least one ps and one worker task; at most one chief and one evaluator; `task.type` one of those
-/// four and a job of the cluster (except "evaluator", which may run outside the cluster, as in
-/// TensorFlow); `task.index` an integer, not negative and less than the job's task count.
+/// at least one ps and one worker task (not for an evaluator, which builds no strategy); at most one
+/// chief and one evaluator; `task.type` one of those four and a job of the cluster (except "evaluator",
+/// which may run outside the cluster, as in TensorFlow); `task.index` an integer, not negative and less
+/// than the job's task count; and beyond TensorFlow, every address "host:port" with a port from 1 to
+/// 65535 (a task at another could never be reached: `pss: TF_CONFIG: "cluster.ps[1]" is "p1:99999"; ...`).
 ///
 /// Unset or empty `TF_CONFIG`: TensorFlow reads it as `{}` (an empty cluster) and its
 /// ParameterServerStrategy then fails for want of ps tasks. pss throws `NotFoundError` at once instead,
@@ -150,7 +152,13 @@ private:
                 std::string(example));
         }
         cluster_spec_ = ClusterSpec::from_json(*cluster, "TF_CONFIG: \"cluster\"");
-        detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"");
+        // An evaluator reads the cluster to find what it evaluates: it needs no ps or worker (TensorFlow
+        // validates a ParameterServerStrategy's cluster, which an evaluator does not build).
+        const auto task = config.find("task");
+        const bool evaluator = task != config.end() && task->is_object() && task->contains("type") &&
+                               (*task)["type"] == "evaluator";
+        detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"", !evaluator);
+        check_ports();
 
         if (const auto rpc_layer = config.find("rpc_layer"); rpc_layer != config.end()) {
             if (!rpc_layer->is_string()) {
@@ -167,14 +175,32 @@ private:
             environment_ = environment->get<std::string>();
         }
 
-        const auto task = config.find("task");
-        if (task == config.end()) return;  // TensorFlow's None task: type "", id 0
-        if (!task->is_object()) {
-            throw InvalidArgumentError(where + "\"task\" must be an object such as {\"type\": \"worker\", \"index\": 0}, got " +
-                                       task->type_name());
+        if (task != config.end()) {  // else TensorFlow's None task: type "", id 0
+            if (!task->is_object()) {
+                throw InvalidArgumentError(where + "\"task\" must be an object such as {\"type\": \"worker\", \"index\": 0}, got " +
+                                           task->type_name());
+            }
+            load_task_type(*task);
+            load_task_index(*task);
         }
-        load_task_type(*task);
-        load_task_index(*task);
+    }
+
+    /// Every address is "host:port" with a port from 1 to 65535: a task cannot be reached at another.
+    void check_ports() const {
+        for (const auto& [job, addresses] : cluster_spec_.as_dict()) {
+            for (std::size_t i = 0; i < addresses.size(); ++i) {
+                const std::string& address = addresses[i];
+                const auto colon = address.rfind(':');
+                const std::string_view port =
+                    colon == std::string::npos ? std::string_view() : std::string_view(address).substr(colon + 1);
+                int value = 0;
+                const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);
+                if (colon == 0 || port.empty() || error != std::errc{} || end != port.data() + port.size() ||
+                    value < 1 || value > 65535)
+                    throw InvalidArgumentError("pss: TF_CONFIG: \"cluster." + job + "[" + std::to_string(i) + "]\" is \"" +
+                                               address + "\"; give it as \"host:port\" with a port from 1 to 65535");
+            }
+        }
     }
 
     void load_task_type(const nlohmann::json& task) {

@@ -109,7 +109,7 @@ inline void check_dense(std::string_view optimizer, const xt::xarray<T>& value, 
 
 /// @brief Checks a sparse gradient against the shard and returns the elements per row. The caller
 /// has validated already; this guards the shard's memory against a caller that did not.
-/// @throws InvalidArgumentError for a shape mismatch, OutOfRangeError for a row id outside the shard.
+/// @throws InvalidArgumentError for a shape mismatch or a row id outside the shard.
 template <class T>
 inline std::size_t check_sparse(std::string_view optimizer, const xt::xarray<T>& value,
                                 std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows) {
@@ -124,8 +124,8 @@ inline std::size_t check_sparse(std::string_view optimizer, const xt::xarray<T>&
                                    " need shape " + format_shape(rows_shape(vs, rows.size())));
     for (std::int64_t r : rows)
         if (r < 0 || static_cast<std::size_t>(r) >= vs[0])
-            throw OutOfRangeError(who + "row id " + std::to_string(r) + " is outside the shard's " +
-                                  std::to_string(vs[0]) + " rows");
+            throw InvalidArgumentError(who + "row id " + std::to_string(r) + " is outside the shard's " +
+                                       std::to_string(vs[0]) + " rows");
     std::size_t row_elements = 1;
     for (std::size_t i = 1; i < vs.size(); ++i) row_elements *= vs[i];
     return row_elements;

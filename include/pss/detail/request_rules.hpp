@@ -45,8 +45,9 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
             throw InvalidArgumentError("pss: " + what + ": row operations need a variable of rank 1 or more, got a scalar");
         for (std::int64_t id : ids)
             if (id < 0 || static_cast<std::uint64_t>(id) >= shape[0])
-                throw OutOfRangeError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
-                                      format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) + ")");
+                throw InvalidArgumentError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
+                                           format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) +
+                                           ")");  // TensorFlow's type for an index out of range
         if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
     } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
         mismatch(shape);
