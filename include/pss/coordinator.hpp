@@ -331,7 +331,11 @@ private:
 
     void raise_pending_error(std::unique_lock<std::mutex>& lock) {
         if (!error_) return;
-        // Cancel what is queued, then raise the error once; scheduling works again afterwards.
+        // TensorFlow's order: the closures still running end first (their next variable operation raises
+        // CancelledError), so that no error of theirs comes after this one is raised and cleared; then
+        // what is queued is cancelled, and the error raised once. Scheduling works again afterwards.
+        idle_.wait(lock, [&] { return running_ == 0; });
+        if (!error_) return;  // another caller raised it meanwhile
         std::deque<Closure> cancelled;
         cancelled.swap(queue_);
         unfinished_ -= cancelled.size();
@@ -358,6 +362,7 @@ private:
             const bool was_full = queue_.size() >= max_queue_;
             Closure closure = std::move(queue_.front());
             queue_.pop_front();
+            ++running_;
             lock.unlock();
             if (was_full) space_.notify_one();
             context.failures_seen = failures_.load();
@@ -368,6 +373,7 @@ private:
                 lock.lock();
                 queue_.push_front(std::move(closure));  // at least once: another worker runs it
                 --alive_;
+                if (--running_ == 0) idle_.notify_all();
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
@@ -376,15 +382,19 @@ private:
                 auto e = std::current_exception();
                 closure->fail(e);
                 lock.lock();
+                // The first error is raised; the closures running meanwhile are cancelled cooperatively
+                // (their next variable operation raises CancelledError), and their errors are not raised.
                 if (!error_) error_ = e;
-                ++failures_;  // closures waiting for a synchronous step that will not complete give up
+                ++failures_;
                 --unfinished_;
+                if (--running_ == 0) idle_.notify_all();
                 finished_.notify_all();
                 space_.notify_all();
                 continue;
             }
             lock.lock();  // held into the next wait: one lock per closure
             if (--unfinished_ == 0) finished_.notify_all();
+            if (--running_ == 0 && error_) idle_.notify_all();
         }
     }
 
@@ -392,9 +402,10 @@ private:
     detail::RemoteWorkers* remote_ = nullptr;  // set when the workers are other processes
     Strategy* strategy_ = nullptr;             // whose scope the closures run under
     std::mutex mutex_;
-    std::condition_variable work_, space_, finished_;
+    std::condition_variable work_, space_, finished_, idle_;
     std::deque<Closure> queue_;
     std::size_t unfinished_ = 0;
+    std::size_t running_ = 0;  // closures a worker thread runs now
     std::size_t alive_;
     std::exception_ptr error_;
     std::atomic<std::uint64_t> failures_{0};

@@ -338,6 +338,12 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                       first_op == Op::apply_dense || first_op == Op::apply_sparse;
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
+    // A closure running when another failed is cancelled cooperatively, as TensorFlow's are: its next
+    // variable operation raises, before anything is sent.
+    if (const auto* running = detail::ClosureContext::current(); running != nullptr && running->cancelled())
+        throw CancelledError("pss: " + describe(first_op) +
+                             " was not sent: another closure failed, and the closures running meanwhile are "
+                             "cancelled (their RemoteValues give this error); reschedule it");
     std::vector<std::future<Reply>> futures(outgoing.size());
     std::vector<Request> again(outgoing.size());  // what to send if the reply is "not ready"
     std::vector<Tensor> out(outgoing.size());

@@ -8693,6 +8693,12 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
                       first_op == Op::apply_dense || first_op == Op::apply_sparse;
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
+    // A closure running when another failed is cancelled cooperatively, as TensorFlow's are: its next
+    // variable operation raises, before anything is sent.
+    if (const auto* running = detail::ClosureContext::current(); running != nullptr && running->cancelled())
+        throw CancelledError("pss: " + describe(first_op) +
+                             " was not sent: another closure failed, and the closures running meanwhile are "
+                             "cancelled (their RemoteValues give this error); reschedule it");
     std::vector<std::future<Reply>> futures(outgoing.size());
     std::vector<Request> again(outgoing.size());  // what to send if the reply is "not ready"
     std::vector<Tensor> out(outgoing.size());
@@ -11602,7 +11608,11 @@ private:
 
     void raise_pending_error(std::unique_lock<std::mutex>& lock) {
         if (!error_) return;
-        // Cancel what is queued, then raise the error once; scheduling works again afterwards.
+        // TensorFlow's order: the closures still running end first (their next variable operation raises
+        // CancelledError), so that no error of theirs comes after this one is raised and cleared; then
+        // what is queued is cancelled, and the error raised once. Scheduling works again afterwards.
+        idle_.wait(lock, [&] { return running_ == 0; });
+        if (!error_) return;  // another caller raised it meanwhile
         std::deque<Closure> cancelled;
         cancelled.swap(queue_);
         unfinished_ -= cancelled.size();
@@ -11629,6 +11639,7 @@ private:
             const bool was_full = queue_.size() >= max_queue_;
             Closure closure = std::move(queue_.front());
             queue_.pop_front();
+            ++running_;
             lock.unlock();
             if (was_full) space_.notify_one();
             context.failures_seen = failures_.load();
@@ -11639,6 +11650,7 @@ private:
                 lock.lock();
                 queue_.push_front(std::move(closure));  // at least once: another worker runs it
                 --alive_;
+                if (--running_ == 0) idle_.notify_all();
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
@@ -11647,15 +11659,19 @@ private:
                 auto e = std::current_exception();
                 closure->fail(e);
                 lock.lock();
+                // The first error is raised; the closures running meanwhile are cancelled cooperatively
+                // (their next variable operation raises CancelledError), and their errors are not raised.
                 if (!error_) error_ = e;
-                ++failures_;  // closures waiting for a synchronous step that will not complete give up
+                ++failures_;
                 --unfinished_;
+                if (--running_ == 0) idle_.notify_all();
                 finished_.notify_all();
                 space_.notify_all();
                 continue;
             }
             lock.lock();  // held into the next wait: one lock per closure
             if (--unfinished_ == 0) finished_.notify_all();
+            if (--running_ == 0 && error_) idle_.notify_all();
         }
     }
 
@@ -11663,9 +11679,10 @@ private:
     detail::RemoteWorkers* remote_ = nullptr;  // set when the workers are other processes
     Strategy* strategy_ = nullptr;             // whose scope the closures run under
     std::mutex mutex_;
-    std::condition_variable work_, space_, finished_;
+    std::condition_variable work_, space_, finished_, idle_;
     std::deque<Closure> queue_;
     std::size_t unfinished_ = 0;
+    std::size_t running_ = 0;  // closures a worker thread runs now
     std::size_t alive_;
     std::exception_ptr error_;
     std::atomic<std::uint64_t> failures_{0};
