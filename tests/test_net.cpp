@@ -790,6 +790,24 @@ public:
     [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
     [[nodiscard]] pid_t pid() const noexcept { return pid_; }
 
+    /// True once every thread of the process is stopped (state T in /proc), within 5 s.
+    [[nodiscard]] bool wait_until_stopped() const {
+        auto stopped = [](const std::filesystem::path& stat_file) {
+            std::ifstream stat(stat_file);
+            std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+            const auto paren = text.rfind(')');
+            return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T';
+        };
+        for (int i = 0; i < 500; ++i) {
+            bool all = true;
+            for (const auto& thread : std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task"))
+                all = all && stopped(thread.path() / "stat");
+            if (all) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return false;
+    }
+
     /// Resident memory in MiB (VmRSS).
     [[nodiscard]] double rss_mib() const {
         std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
@@ -1435,6 +1453,7 @@ TEST_SUITE("net") {
         create_variable(client, 8);
         REQUIRE(serves_unchanged(client, 8));
         REQUIRE(::kill(ps.pid(), SIGSTOP) == 0);
+        REQUIRE(ps.wait_until_stopped());  // a signal takes effect a little later
         const auto start = std::chrono::steady_clock::now();
         const pss::Reply reply = client.send({"ps", 0}, shard_request(pss::Op::read)).get();
         const double waited = seconds_since(start);
@@ -1454,7 +1473,7 @@ TEST_SUITE("net") {
         CHECK(text.find("pss: /job:ps/replica:0/task:0 at " + address + " is back\n") != std::string::npos);
     }
 
-    TEST_CASE("TcpTransport heartbeats: a request a handler answers only after 5 heartbeat timeouts completes; "
+    TEST_CASE("TcpTransport heartbeats: a request a handler answers only after 3 heartbeat timeouts completes; "
               "the busy task is not lost" *
               doctest::timeout(30)) {
         pss::TcpTransport server(one_ps(), plaintext());
@@ -1463,7 +1482,7 @@ TEST_SUITE("net") {
         server.serve({"ps", 0}, [&](pss::Request&&, pss::Responder respond) {
             std::lock_guard lock(mutex);
             answering.emplace_back([respond = std::move(respond)]() mutable {
-                std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+                std::this_thread::sleep_for(std::chrono::milliseconds(1'800));
                 respond(pss::Reply{});
             });
         });
@@ -1471,10 +1490,10 @@ TEST_SUITE("net") {
         {
             pss::TcpTransport client(
                 pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(server.bound_port({"ps", 0}))}}},
-                heartbeats(std::chrono::milliseconds(50), std::chrono::milliseconds(300)));
+                heartbeats(std::chrono::milliseconds(100), std::chrono::milliseconds(600)));
             const auto start = std::chrono::steady_clock::now();
             CHECK(client.send({"ps", 0}, pss::Request{}).get().ok());
-            CHECK(seconds_since(start) >= 1.5);
+            CHECK(seconds_since(start) >= 1.8);
         }
         for (auto& t : answering) t.join();
         CHECK(captured.text().find("pss: lost") == std::string::npos);
