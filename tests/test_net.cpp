@@ -1473,6 +1473,27 @@ TEST_SUITE("net") {
         CHECK(text.find("pss: /job:ps/replica:0/task:0 at " + address + " is back\n") != std::string::npos);
     }
 
+    TEST_CASE("TcpTransport: a request deadline holds while a heartbeat to a frozen ps waits unanswered before it" *
+              doctest::timeout(60)) {
+        ForkedPs ps(plaintext());
+        const std::string address = "127.0.0.1:" + std::to_string(ps.port());
+        pss::TcpOptions options = heartbeats(std::chrono::milliseconds(50), std::chrono::milliseconds(5'000));
+        options.timeouts.request = std::chrono::milliseconds(300);
+        pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}}, options);
+        create_variable(client, 8);
+        REQUIRE(::kill(ps.pid(), SIGSTOP) == 0);
+        REQUIRE(ps.wait_until_stopped());
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a heartbeat is waiting now
+        const auto start = std::chrono::steady_clock::now();
+        const pss::Reply reply = client.send({"ps", 0}, shard_request(pss::Op::read)).get();
+        const double waited = seconds_since(start);
+        REQUIRE(::kill(ps.pid(), SIGCONT) == 0);
+        CHECK(reply.code == pss::ErrorCode::unavailable);
+        CHECK(reply.message == "pss: request to /job:ps/replica:0/task:0 timed out after 0.3 s");
+        CHECK(waited >= 0.3);
+        CHECK(waited < 3);
+    }
+
     TEST_CASE("TcpTransport heartbeats: a request a handler answers only after 3 heartbeat timeouts completes; "
               "the busy task is not lost" *
               doctest::timeout(30)) {

@@ -334,7 +334,9 @@ private:
         // TensorFlow's order: the closures still running end first (their next variable operation raises
         // CancelledError), so that no error of theirs comes after this one is raised and cleared; then
         // what is queued is cancelled, and the error raised once. Scheduling works again afterwards.
-        idle_.wait(lock, [&] { return running_ == 0; });
+        // A call running in a worker process cannot be cancelled from here (it may wait for a synchronous
+        // step that will never complete): only the closures of this process's own threads are waited for.
+        if (remote_ == nullptr) idle_.wait(lock, [&] { return running_ == 0; });
         if (!error_) return;  // another caller raised it meanwhile
         std::deque<Closure> cancelled;
         cancelled.swap(queue_);

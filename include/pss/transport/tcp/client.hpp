@@ -394,18 +394,27 @@ private:
         if (state_ == State::closed) return;
         const auto now = Clock::now();
         // Ids grow with the strand's taking order, and so do deadlines: the overdue requests come first.
+        // A heartbeat has no deadline (the heartbeat timeout is its own) and is passed over.
         std::vector<std::shared_ptr<Outgoing>> expired;
+        std::optional<Clock::time_point> next;
         for (auto it = pending_.begin(); it != pending_.end();) {
-            if (!it->second.deadline || *it->second.deadline > now) break;
+            if (!it->second.deadline) {
+                ++it;
+                continue;
+            }
+            if (*it->second.deadline > now) {
+                next = *it->second.deadline;
+                break;
+            }
             if (it->second.early)  // answered, its write still not complete: the answer without the buffer
                 it->second.out->answer(std::move(*it->second.early));
             else
                 expired.push_back(it->second.out);
             it = pending_.erase(it);
         }
-        if (!pending_.empty() && pending_.begin()->second.deadline) {
+        if (next) {
             timer_armed_ = true;
-            deadline_timer_.expires_at(*pending_.begin()->second.deadline);
+            deadline_timer_.expires_at(*next);
             deadline_timer_.async_wait([self = shared_from_this()](std::error_code ec2) { self->on_deadline(ec2); });
         }
         for (auto& out : expired)
