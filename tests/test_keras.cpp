@@ -1077,7 +1077,10 @@ TEST_SUITE("keras/remote") {
                 remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
             });
             CHECK(got == expected);
-            CHECK(remote.workers.count("pss.keras.Sequential.build") == 4);  // once more to both workers
+            // Once more to both workers; twice when the second worker's failure came after the first
+            // recovery had started (the fit sends again at most 2 * workers + 2 times).
+            const int builds = remote.workers.count("pss.keras.Sequential.build");
+            CHECK((builds == 4 || builds == 6));
         }
         pss::detail::testing_forget_remote_models();
     }

@@ -152,6 +152,27 @@ TEST_SUITE("ClusterCoordinator") {
         CHECK(after.fetch() == 7);
         CHECK(coordinator.done());
     }
+    TEST_CASE("ClusterCoordinator: closures queued when another fails are cancelled then, not at the next join: "
+              "fetching one does not wait") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<1, 1>>
+            strategy;
+        pss::ClusterCoordinator coordinator(strategy);
+        std::latch release(1);
+        auto failing = coordinator.schedule([&]() -> int {
+            release.wait();
+            throw pss::InvalidArgumentError("pss: step failed");
+        });
+        auto queued = coordinator.schedule([] { return 1; });
+        release.count_down();
+        for (int i = 0; i < 1000 && !queued.ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        REQUIRE(queued.ready());
+        CHECK_THROWS_WITH_AS((void)queued.fetch(),
+                             "pss: this closure was cancelled because an earlier closure failed; reschedule it",
+                             pss::CancelledError);
+        CHECK_THROWS_WITH_AS(coordinator.join(), "pss: step failed", pss::InvalidArgumentError);
+        CHECK(coordinator.done());
+    }
     TEST_CASE("ClusterCoordinator: schedule blocks while the queue is full") {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
                                      pss::LocalClusterResolver<1, 1>>
@@ -196,6 +217,60 @@ TEST_SUITE("ClusterCoordinator") {
         auto where = coordinator.schedule([] { return pss::worker_index(); });
         coordinator.join();
         CHECK(workers_seen.count(where.fetch()) == 1);
+    }
+    TEST_CASE("ClusterCoordinator: schedule_on runs a closure on its worker only, in order, even while that "
+              "worker is busy and another is idle") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<1, 2>>
+            strategy;
+        pss::ClusterCoordinator coordinator(strategy);
+        std::latch release(1);
+        auto held = coordinator.schedule_on(1, [&] {
+            release.wait();
+            return pss::worker_index();
+        });
+        std::mutex mutex;
+        std::vector<int> order;  // worker 1's closures, in the order they ran
+        std::vector<pss::RemoteValue<int>> on_1, on_0;
+        for (int i = 0; i < 3; ++i)
+            on_1.push_back(coordinator.schedule_on(1, [&, i] {
+                std::lock_guard lock(mutex);
+                order.push_back(i);
+                return pss::worker_index();
+            }));
+        for (int i = 0; i < 3; ++i) on_0.push_back(coordinator.schedule_on(0, [] { return pss::worker_index(); }));
+        // Worker 0 is idle once its own are done, and still leaves worker 1's closures to worker 1.
+        CHECK(pss::fetch(on_0) == std::vector<int>{0, 0, 0});
+        CHECK(!on_1.front().ready());
+        release.count_down();
+        coordinator.join();
+        CHECK(held.fetch() == 1);
+        CHECK(pss::fetch(on_1) == std::vector<int>{1, 1, 1});
+        CHECK(order == std::vector<int>{0, 1, 2});
+        CHECK_THROWS_WITH_AS(coordinator.schedule_on(2, [] {}), "pss: ClusterCoordinator::schedule_on: worker 2 is not in [0, 2)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(coordinator.schedule_on(-1, [] {}),
+                             "pss: ClusterCoordinator::schedule_on: worker -1 is not in [0, 2)", pss::InvalidArgumentError);
+    }
+    TEST_CASE("ClusterCoordinator: the closures for a lost worker, queued and later, run on the worker left") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<1, 2>>
+            strategy;
+        pss::ClusterCoordinator coordinator(strategy);
+        std::latch release(1);
+        std::atomic<int> attempts{0};
+        auto lost = coordinator.schedule_on(0, [&] {
+            release.wait();
+            if (attempts.fetch_add(1) == 0) pss::ClusterCoordinator::testing_lose_current_worker();
+            return pss::worker_index();
+        });
+        auto queued = coordinator.schedule_on(0, [] { return pss::worker_index(); });
+        release.count_down();
+        CHECK(lost.fetch() == 1);
+        CHECK(queued.fetch() == 1);
+        CHECK(coordinator.schedule_on(0, [] { return pss::worker_index(); }).fetch() == 1);
+        coordinator.join();
+        CHECK(attempts.load() == 2);
     }
     TEST_CASE("ClusterCoordinator: when every worker is lost, join says so instead of waiting forever") {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,

@@ -11418,8 +11418,9 @@ public:
 
 /// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
 ///
-/// Workers take closures from one queue, so faster workers take more. `schedule` returns a RemoteValue
-/// at once, and blocks only while the queue holds `max_queue` closures. The first error a closure
+/// Workers take closures from one queue, so faster workers take more; `schedule_on` gives a closure to
+/// one worker instead (a synchronous step's closures, one per worker). `schedule` returns a RemoteValue
+/// at once, and blocks only while `max_queue` closures wait. The first error a closure
 /// raises is raised again by the next `schedule`, `join` or `done`; before that, the closures still
 /// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
 /// A closure whose worker is lost runs again on another worker: execution is at least once.
@@ -11444,7 +11445,9 @@ public:
             { s.num_workers() } -> std::convertible_to<int>;
         }
     explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
-        : max_queue_(max_queue), alive_(static_cast<std::size_t>(strategy.num_workers())) {
+        : max_queue_(max_queue),
+          alive_(static_cast<std::size_t>(strategy.num_workers())),
+          pinned_(static_cast<std::size_t>(strategy.num_workers())) {
         if constexpr (std::derived_from<StrategyType, Strategy>) {
             remote_ = strategy.remote_workers();
             strategy_ = &strategy;
@@ -11461,12 +11464,12 @@ public:
         {
             std::lock_guard lock(mutex_);
             stopping_ = true;
-            if (error_) cancelled.swap(queue_);  // an error nobody raised: what is queued never runs
+            if (error_) cancelled = take_queued();  // an error nobody raised: what is queued never runs
         }
         work_.notify_all();
         for (auto& w : workers_) w.join();
         for (auto& c : cancelled) c->fail(cancellation());
-        for (auto& c : queue_)  // left when every worker was lost
+        for (auto& c : take_queued())  // left when every worker was lost
             c->fail(std::make_exception_ptr(
                 UnavailableError("pss: this closure never ran: every worker was lost before the coordinator ended")));
     }
@@ -11484,6 +11487,34 @@ public:
     /// processes
     template <class F, class... Args>
     auto schedule(F&& fn, Args&&... args) {
+        return enqueue(any_worker, std::forward<F>(fn), std::forward<Args>(args)...);
+    }
+
+    /// @brief Queues `fn(args...)` to run on worker `worker` only, after the closures queued for it
+    /// before; as schedule() otherwise.
+    ///
+    /// Synchronous training schedules a step as one closure per worker this way: each worker
+    /// contributes one push to the step, which one queue for all would not ensure (a worker that ended
+    /// its closure early could take the step's next one too). A closure whose worker is lost runs on
+    /// another worker, as with schedule().
+    /// @throws InvalidArgumentError when `worker` is not in [0, num_workers()); the errors of schedule()
+    template <class F, class... Args>
+    auto schedule_on(int worker, F&& fn, Args&&... args) {
+        if (worker < 0 || worker >= num_workers())
+            throw InvalidArgumentError("pss: ClusterCoordinator::schedule_on: worker " + std::to_string(worker) +
+                                       " is not in [0, " + std::to_string(num_workers()) + ")");
+        return enqueue(worker, std::forward<F>(fn), std::forward<Args>(args)...);
+    }
+
+private:
+    struct TaskBase;
+    using Closure = std::shared_ptr<TaskBase>;
+
+    static constexpr int any_worker = -1;
+
+    /// Queues a closure for `worker`, or for any worker (the shared queue).
+    template <class F, class... Args>
+    auto enqueue(int worker, F&& fn, Args&&... args) {
         using R = std::invoke_result_t<std::decay_t<F>&, decltype(resolve(std::declval<std::decay_t<Args>&>(), 0))...>;
         if constexpr (detail::is_registered_function_v<std::decay_t<F>>)
             static_assert((Transferable<std::decay_t<Args>> && ...),
@@ -11499,23 +11530,29 @@ public:
             std::forward<F>(fn), std::make_tuple(std::forward<Args>(args)...));
         std::unique_lock lock(mutex_);
         raise_pending_error(lock);
-        space_.wait(lock, [&] { return queue_.size() < max_queue_ || error_; });
+        space_.wait(lock, [&] { return queued_ < max_queue_ || error_; });
         raise_pending_error(lock);
-        queue_.push_back(task);
+        // A lost worker's closures go to the others (at least once).
+        const bool pinned = worker != any_worker && !pinned_[static_cast<std::size_t>(worker)].lost;
+        (pinned ? pinned_[static_cast<std::size_t>(worker)].queue : queue_).push_back(task);
+        ++queued_;
         ++unfinished_;
         lock.unlock();
-        work_.notify_one();
+        // One waiting worker would do for the shared queue, but only the pinned worker can take its own.
+        if (pinned) work_.notify_all();
+        else work_.notify_one();
         return RemoteValue<R>(std::shared_ptr<detail::RemoteState<R>>(std::move(task)));
     }
 
+public:
     /// @brief Waits until every scheduled closure has run.
     /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
     void join() {
         std::unique_lock lock(mutex_);
-        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && !queue_.empty()); });
+        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && queued_ != 0); });
         raise_pending_error(lock);
         if (unfinished_ != 0)
-            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queue_.size()) +
+            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
                                    " closures are waiting; no worker is left to run them");
     }
 
@@ -11548,7 +11585,6 @@ private:
         virtual void run_remote(detail::RemoteWorkers& workers, int worker) = 0;
         virtual void fail(std::exception_ptr error) = 0;
     };
-    using Closure = std::shared_ptr<TaskBase>;
 
     /// A scheduled call and the state of its RemoteValue. The function and arguments are released as
     /// soon as it has run, so a RemoteValue kept for its result does not keep large arguments alive.
@@ -11624,8 +11660,7 @@ private:
         // step that will never complete): only the closures of this process's own threads are waited for.
         if (remote_ == nullptr) idle_.wait(lock, [&] { return running_ == 0; });
         if (!error_) return;  // another caller raised it meanwhile
-        std::deque<Closure> cancelled;
-        cancelled.swap(queue_);
+        std::deque<Closure> cancelled = take_queued();
         unfinished_ -= cancelled.size();
         auto error = std::exchange(error_, nullptr);
         lock.unlock();
@@ -11635,21 +11670,37 @@ private:
         std::rethrow_exception(error);
     }
 
+    /// Every queued closure, shared and pinned, taken out of the queues (under the lock).
+    std::deque<Closure> take_queued() {
+        std::deque<Closure> all;
+        all.swap(queue_);
+        for (auto& p : pinned_) {
+            all.insert(all.end(), std::make_move_iterator(p.queue.begin()), std::make_move_iterator(p.queue.end()));
+            p.queue.clear();
+        }
+        queued_ = 0;
+        return all;
+    }
+
     void run_worker(int index) {
         // Closures run under the strategy's scope, with the context their variable operations read.
         std::optional<Strategy::Scope> scope;
         if (strategy_ != nullptr) scope.emplace(*strategy_);
         detail::ClosureContext context{index, &failures_, 0};
         const detail::ClosureContext::Guard current(context);
+        auto& pinned = pinned_[static_cast<std::size_t>(index)];
+        auto& own = pinned.queue;
         std::unique_lock lock(mutex_);
         for (;;) {
             // After an error no new closure starts: the queued ones wait to be cancelled by the call
             // that raises the error (TensorFlow's semantics), and resume if it never comes to that.
-            work_.wait(lock, [&] { return (!queue_.empty() && !error_) || stopping_; });
-            if (queue_.empty() || error_) return;  // stopping
-            const bool was_full = queue_.size() >= max_queue_;
-            Closure closure = std::move(queue_.front());
-            queue_.pop_front();
+            work_.wait(lock, [&] { return ((!own.empty() || !queue_.empty()) && !error_) || stopping_; });
+            if ((own.empty() && queue_.empty()) || error_) return;  // stopping
+            const bool was_full = queued_ >= max_queue_;
+            auto& from = own.empty() ? queue_ : own;  // its own closures first, in the order they came
+            Closure closure = std::move(from.front());
+            from.pop_front();
+            --queued_;
             ++running_;
             lock.unlock();
             if (was_full) space_.notify_one();
@@ -11659,10 +11710,22 @@ private:
                 else closure->run(index);
             } catch (const WorkerLostError&) {
                 lock.lock();
-                queue_.push_front(std::move(closure));  // at least once: another worker runs it
+                // At least once: another worker runs it, and the closures that were this worker's; unless
+                // an error is pending, which cancels what has not run (as TensorFlow's put_back does).
+                const bool cancel = error_ != nullptr;
+                if (cancel) --unfinished_;
+                else {
+                    queue_.push_front(closure);
+                    ++queued_;
+                }
+                queue_.insert(queue_.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
+                queued_ += own.size();
+                own.clear();
+                pinned.lost = true;
                 --alive_;
                 if (--running_ == 0) idle_.notify_all();
                 lock.unlock();
+                if (cancel) closure->fail(cancellation());
                 work_.notify_all();
                 finished_.notify_all();
                 return;
@@ -11672,10 +11735,16 @@ private:
                 lock.lock();
                 // The first error is raised; the closures running meanwhile are cancelled cooperatively
                 // (their next variable operation raises CancelledError), and their errors are not raised.
+                // The queued ones are cancelled now, so that a fetch of one does not wait for the call
+                // that raises the error.
                 if (!error_) error_ = e;
                 ++failures_;
-                --unfinished_;
+                std::deque<Closure> cancelled = take_queued();
+                unfinished_ -= 1 + cancelled.size();
                 if (--running_ == 0) idle_.notify_all();
+                lock.unlock();
+                for (auto& c : cancelled) c->fail(cancellation());
+                lock.lock();
                 finished_.notify_all();
                 space_.notify_all();
                 continue;
@@ -11691,10 +11760,16 @@ private:
     Strategy* strategy_ = nullptr;             // whose scope the closures run under
     std::mutex mutex_;
     std::condition_variable work_, space_, finished_, idle_;
-    std::deque<Closure> queue_;
+    std::deque<Closure> queue_;                // for any worker
     std::size_t unfinished_ = 0;
     std::size_t running_ = 0;  // closures a worker thread runs now
     std::size_t alive_;
+    struct Pinned {
+        std::deque<Closure> queue;
+        bool lost = false;  // its worker is gone: closures for it go to queue_
+    };
+    std::vector<Pinned> pinned_;  // one per worker (schedule_on)
+    std::size_t queued_ = 0;      // in queue_ and pinned_
     std::exception_ptr error_;
     std::atomic<std::uint64_t> failures_{0};
     bool stopping_ = false;

@@ -412,7 +412,7 @@ inline std::string fnv1a_hex(std::string_view text) {
 /// rows of an embedding), runs forward and backward, and pushes the gradients; the ps tasks apply the
 /// strategy's optimizer to them.
 /// - Asynchronous strategy (TensorFlow's mode): one closure per batch, on whichever worker is free.
-/// - Synchronous strategy (Strategy::synchronous): step k schedules one closure per worker, each on its
+/// - Synchronous strategy (Strategy::synchronous): step k schedules one closure on each worker, each on its
 ///   contiguous slice of the batch (the first slices one example longer when the batch does not divide),
 ///   pulling and pushing with step k. Each worker pushes its slice's mean gradient scaled by
 ///   num_workers * slice / batch; as the ps averages over workers, the update is exactly the batch's
@@ -715,13 +715,18 @@ private:
         return x;
     }
 
-    /// Schedules one step on a worker: as a closure on the embedded cluster, as the registered step
-    /// with the model's id when the workers are other processes (which have the model: ensure_remote_model).
-    RemoteValue<double> schedule_step(Tensor xs, Tensor ys, std::uint64_t step, double scale) {
+    /// Schedules one step: as a closure on the embedded cluster, as the registered step with the model's
+    /// id when the workers are other processes (which have the model: ensure_remote_model). A synchronous
+    /// step (step > 0) goes to the given worker, so that each worker pushes once to it; an asynchronous
+    /// one to whichever worker is free.
+    RemoteValue<double> schedule_step(int worker, Tensor xs, Tensor ys, std::uint64_t step, double scale) {
+        auto on_worker = [&](auto&&... args) {
+            if (step > 0) return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
+            return coordinator_->schedule(std::forward<decltype(args)>(args)...);
+        };
         if (strategy_->remote_workers() != nullptr)
-            return coordinator_->schedule(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys),
-                                          step, scale);
-        return coordinator_->schedule(
+            return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), step, scale);
+        return on_worker(
             [this, step, scale](Replica& replica, Tensor& x, Tensor& y) {
                 return detail::keras_train_step(replica.layers, *loss_, std::move(x), std::move(y), step, scale);
             },
@@ -901,35 +906,48 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         // The closures scheduled and not yet counted, oldest first; batch b's loss is the sum of its
         // closures' losses, each weighted by its share of the batch.
         struct Closure {
+            int worker;  // a synchronous step's: each worker pushes once to its step
             std::size_t batch, begin, count;
             std::uint64_t step;
             double scale, weight;
             RemoteValue<double> value;
         };
         std::deque<Closure> window;
-        // A worker process that lost the model: once every closure has ended, send the model again and
-        // rerun the closures that failed for it or were cancelled after it (none of them pushed).
+        // A worker process that lost the model: send the model again and rerun, in the window's order,
+        // the closures that failed for it or were cancelled after it (none of them pushed). The error is
+        // cleared without waiting for the closures still running: a synchronous step's closure on
+        // another worker may wait for one that is rerun here.
         auto recover = [&] {
-            for (std::size_t i = 0; i <= window.size(); ++i) {
-                try {
-                    coordinator_->join();
-                    break;
-                } catch (const UnavailableError&) {
-                    throw;
-                } catch (const Error&) {  // each closure's own error is looked at below
+            for (bool again = true; again;) {
+                again = false;
+                for (;;) {
+                    try {
+                        (void)coordinator_->done();
+                        break;
+                    } catch (const UnavailableError&) {
+                        throw;
+                    } catch (const Error&) {  // each closure's own error is looked at below
+                    }
                 }
-            }
-            send_remote_model();
-            for (auto& c : window) {
-                try {
-                    (void)c.value.fetch();
-                    continue;
-                } catch (const CancelledError&) {
-                } catch (const NotFoundError& e) {
-                    if (!detail::is_remote_model_unknown(e)) throw;
+                send_remote_model();
+                for (auto& c : window) {
+                    try {
+                        (void)c.value.fetch();
+                        continue;
+                    } catch (const CancelledError&) {
+                    } catch (const NotFoundError& e) {
+                        if (!detail::is_remote_model_unknown(e)) throw;
+                    }
+                    try {
+                        c.value = schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
+                                                detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
+                    } catch (const Error&) {  // a closure failed meanwhile: its own value says how, next round
+                        if (rebuilds_left == 0) throw;
+                        --rebuilds_left;
+                        again = true;
+                        break;
+                    }
                 }
-                c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
-                                        detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
             }
         };
         // A failed closure's error may also surface from schedule (TensorFlow's coordinator raises it
@@ -942,7 +960,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         auto schedule_closure = [&](Closure c) {
             for (;;) {
                 try {
-                    c.value = schedule_step(detail::take_rows(x, order, c.begin, c.count),
+                    c.value = schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
                                             detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
                     break;
                 } catch (const NotFoundError& e) {
@@ -967,6 +985,10 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                     return;
                 } catch (const NotFoundError& e) {
                     recover_or_throw(e);
+                } catch (const CancelledError&) {  // cancelled by another closure's failure: maybe a lost model
+                    if (!remote || rebuilds_left == 0) throw;
+                    --rebuilds_left;
+                    recover();
                 }
             }
         };
@@ -980,11 +1002,11 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                         const std::size_t slice = count / workers + (w < count % workers ? 1 : 0);
                         const double weight = static_cast<double>(slice) / static_cast<double>(count);
                         const double scale = static_cast<double>(workers) * weight;
-                        schedule_closure({b, at, slice, step, scale, weight, {}});
+                        schedule_closure({static_cast<int>(w), b, at, slice, step, scale, weight, {}});
                         at += slice;
                     }
                 } else {
-                    schedule_closure({b, begin, count, 0, 1.0, 1.0, {}});
+                    schedule_closure({0, b, begin, count, 0, 1.0, 1.0, {}});
                 }
                 if (b + 1 - counted > max_batches_in_flight) count_batch();
                 // A backup within the epoch: every batch up to b applied, then saved (one at its end waits
