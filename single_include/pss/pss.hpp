@@ -11713,8 +11713,10 @@ private:
                 // At least once: another worker runs it, and the closures that were this worker's; unless
                 // an error is pending, which cancels what has not run (as TensorFlow's put_back does).
                 const bool cancel = error_ != nullptr;
-                if (cancel) --unfinished_;
-                else {
+                if (cancel) {
+                    closure->fail(cancellation());  // before it stops counting as running, as below
+                    --unfinished_;
+                } else {
                     queue_.push_front(closure);
                     ++queued_;
                 }
@@ -11725,26 +11727,29 @@ private:
                 --alive_;
                 if (--running_ == 0) idle_.notify_all();
                 lock.unlock();
-                if (cancel) closure->fail(cancellation());
                 work_.notify_all();
                 finished_.notify_all();
                 return;
             } catch (...) {
                 auto e = std::current_exception();
-                closure->fail(e);
                 lock.lock();
                 // The first error is raised; the closures running meanwhile are cancelled cooperatively
                 // (their next variable operation raises CancelledError), and their errors are not raised.
                 // The queued ones are cancelled now, so that a fetch of one does not wait for the call
-                // that raises the error.
+                // that raises the error. The count of failures moves before this closure's RemoteValue
+                // is set (once its fetch has raised, every closure still running sees the cancellation),
+                // and the value is set before the closure stops counting as running (once join has
+                // raised, every RemoteValue of the closures that ran is ready).
                 if (!error_) error_ = e;
                 ++failures_;
                 std::deque<Closure> cancelled = take_queued();
-                unfinished_ -= 1 + cancelled.size();
-                if (--running_ == 0) idle_.notify_all();
+                unfinished_ -= cancelled.size();
                 lock.unlock();
+                closure->fail(e);
                 for (auto& c : cancelled) c->fail(cancellation());
                 lock.lock();
+                --unfinished_;
+                if (--running_ == 0) idle_.notify_all();
                 finished_.notify_all();
                 space_.notify_all();
                 continue;
