@@ -7,6 +7,7 @@
 #include <latch>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -151,6 +152,37 @@ TEST_SUITE("ClusterCoordinator") {
         coordinator.join();
         CHECK(after.fetch() == 7);
         CHECK(coordinator.done());
+    }
+    TEST_CASE("ClusterCoordinator: one per strategy: a second one is the first (one pool of workers, one error "
+              "state); after the last handle, a new one") {
+        pss::ParameterServerStrategy<> strategy;  // 2 workers
+        std::optional<pss::ClusterCoordinator> first(std::in_place, strategy);
+        pss::ClusterCoordinator second(strategy);
+        CHECK(*first == second);
+        // Both schedule on the same 2 worker threads: never more than 2 closures at once.
+        std::atomic<int> running{0}, most{0};
+        auto step = [&] {
+            const int now = ++running;
+            for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            --running;
+        };
+        for (int i = 0; i < 4; ++i) {
+            first->schedule(step);
+            second.schedule(step);
+        }
+        second.join();  // waits for the closures the first scheduled too
+        CHECK(first->done());
+        CHECK(most.load() <= 2);  // two pools would run up to 4
+        // An error is raised once, by whichever handle asks first.
+        first->schedule([]() -> int { throw pss::InvalidArgumentError("pss: test: failed"); });
+        CHECK_THROWS_WITH_AS(second.join(), "pss: test: failed", pss::InvalidArgumentError);
+        CHECK(first->done());
+        first.reset();
+        CHECK(second.schedule([] { return 5; }).fetch() == 5);  // the pool lives while one handle does
+        pss::ParameterServerStrategy<> other;
+        CHECK_FALSE(pss::ClusterCoordinator(other) == second);
     }
     TEST_CASE("ClusterCoordinator: closures queued when another fails are cancelled then, not at the next join: "
               "fetching one does not wait") {

@@ -130,35 +130,18 @@ public:
     using UnavailableError::UnavailableError;
 };
 
-/// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
-///
-/// Workers take closures from one queue, so faster workers take more; `schedule_on` gives a closure to
-/// one worker instead (a synchronous step's closures, one per worker). `schedule` returns a RemoteValue
-/// at once, and blocks only while `max_queue` closures wait. The first error a closure
-/// raises is raised again by the next `schedule`, `join` or `done`; before that, the closures still
-/// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
-/// A closure whose worker is lost runs again on another worker: execution is at least once.
-///
-/// On the embedded cluster each worker task is a thread of this process. When the workers are other
-/// processes (a TCP cluster), each has a thread here that sends it one closure at a time; only a
-/// RegisteredFunction can be sent, with Transferable arguments, and its errors come back as the same
-/// Error types. A worker that cannot be reached is lost: its closure runs on another worker.
-///
-/// @par Example
-/// @code
-/// pss::ClusterCoordinator coordinator(strategy);
-/// auto v = [&] { auto s = strategy.scope(); return pss::Variable(xt::xarray<float>{0}, "v"); }();
-/// for (int i = 0; i < 5; ++i) coordinator.schedule([&] { v.assign_add(xt::xarray<float>{2}); });
-/// coordinator.join();  // v is 10
-/// @endcode
-class ClusterCoordinator {
+namespace detail {
+
+/// The workers' threads, queues and error state of a ClusterCoordinator: shared by every
+/// ClusterCoordinator of one strategy.
+class CoordinatorPool {
 public:
-    /// @param strategy any strategy with `num_workers()`; the coordinator starts one thread per worker.
+    /// Starts one thread per worker of `strategy`.
     template <class StrategyType>
         requires requires(const StrategyType& s) {
             { s.num_workers() } -> std::convertible_to<int>;
         }
-    explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024)
+    CoordinatorPool(StrategyType& strategy, std::size_t max_queue)
         : max_queue_(max_queue),
           alive_(static_cast<std::size_t>(strategy.num_workers())),
           pinned_(static_cast<std::size_t>(strategy.num_workers())) {
@@ -169,11 +152,11 @@ public:
         if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
         for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
     }
-    ClusterCoordinator(const ClusterCoordinator&) = delete;
-    ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
+    CoordinatorPool(const CoordinatorPool&) = delete;
+    CoordinatorPool& operator=(const CoordinatorPool&) = delete;
 
-    /// @brief Finishes the queued closures, then stops the workers.
-    ~ClusterCoordinator() {
+    /// Finishes the queued closures, then stops the workers.
+    ~CoordinatorPool() {
         std::deque<Closure> cancelled;
         {
             std::lock_guard lock(mutex_);
@@ -190,28 +173,12 @@ public:
 
     [[nodiscard]] int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
 
-    /// @brief Queues `fn(args...)` to run on some worker; returns its RemoteValue at once.
-    ///
-    /// An argument that is a PerWorkerValues<T> reaches `fn` as the T& of the worker that runs it.
-    /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
-    /// with arguments that can cross a wire; any callable works on the embedded cluster.
-    /// @throws the first error of an earlier closure (see the class description).
-    /// @throws InvalidArgumentError, from this call, for a RemoteValue argument (fetch it first, as
-    /// TensorFlow requires), or a function that is not a RegisteredFunction when the workers are other
-    /// processes
+    // The operations of ClusterCoordinator, which documents them.
     template <class F, class... Args>
     auto schedule(F&& fn, Args&&... args) {
         return enqueue(any_worker, std::forward<F>(fn), std::forward<Args>(args)...);
     }
 
-    /// @brief Queues `fn(args...)` to run on worker `worker` only, after the closures queued for it
-    /// before; as schedule() otherwise.
-    ///
-    /// Synchronous training schedules a step as one closure per worker this way: each worker
-    /// contributes one push to the step, which one queue for all would not ensure (a worker that ended
-    /// its closure early could take the step's next one too). A closure whose worker is lost runs on
-    /// another worker, as with schedule().
-    /// @throws InvalidArgumentError when `worker` is not in [0, num_workers()); the errors of schedule()
     template <class F, class... Args>
     auto schedule_on(int worker, F&& fn, Args&&... args) {
         if (worker < 0 || worker >= num_workers())
@@ -259,8 +226,6 @@ private:
     }
 
 public:
-    /// @brief Waits until every scheduled closure has run.
-    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
     void join() {
         std::unique_lock lock(mutex_);
         finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && queued_ != 0); });
@@ -270,26 +235,18 @@ public:
                                    " closures are waiting; no worker is left to run them");
     }
 
-    /// @brief True when every scheduled closure has run. @throws the first error of a closure.
     [[nodiscard]] bool done() {
         std::unique_lock lock(mutex_);
         raise_pending_error(lock);
         return unfinished_ == 0;
     }
 
-    /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
     template <class F>
     [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
         using T = std::decay_t<std::invoke_result_t<F&, int>>;
         std::vector<std::shared_ptr<T>> values;
         for (int i = 0; i < num_workers(); ++i) values.push_back(std::make_shared<T>(fn(i)));
         return PerWorkerValues<T>(std::move(values));
-    }
-
-    /// @brief Testing hook: called inside a closure, loses the worker running it. The closure is put
-    /// back in the queue and runs again on another worker; this worker takes no more closures.
-    [[noreturn]] static void testing_lose_current_worker() {
-        throw WorkerLostError("pss: worker " + std::to_string(worker_index()) + " was lost (testing hook)");
     }
 
 private:
@@ -493,6 +450,114 @@ private:
     std::atomic<std::uint64_t> failures_{0};
     bool stopping_ = false;
     std::vector<std::thread> workers_;  // last: started after everything they use
+};
+
+}  // namespace detail
+
+/// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
+///
+/// Workers take closures from one queue, so faster workers take more; `schedule_on` gives a closure to
+/// one worker instead (a synchronous step's closures, one per worker). `schedule` returns a RemoteValue
+/// at once, and blocks only while `max_queue` closures wait. The first error a closure
+/// raises is raised again by the next `schedule`, `join` or `done`; before that, the closures still
+/// queued are cancelled (their fetch throws CancelledError), and afterwards scheduling works again.
+/// A closure whose worker is lost runs again on another worker: execution is at least once.
+///
+/// There is one coordinator per pss::Strategy, as in TensorFlow: a ClusterCoordinator constructed for a
+/// strategy that has one already is a handle to it (it compares equal), so every handle schedules on the
+/// same workers and sees the same errors (Sequential::fit uses it too). The last handle to go finishes
+/// the queued closures and stops the workers.
+///
+/// On the embedded cluster each worker task is a thread of this process. When the workers are other
+/// processes (a TCP cluster), each has a thread here that sends it one closure at a time; only a
+/// RegisteredFunction can be sent, with Transferable arguments, and its errors come back as the same
+/// Error types. A worker that cannot be reached is lost: its closure runs on another worker.
+///
+/// @par Example
+/// @code
+/// pss::ClusterCoordinator coordinator(strategy);
+/// auto v = [&] { auto s = strategy.scope(); return pss::Variable(xt::xarray<float>{0}, "v"); }();
+/// for (int i = 0; i < 5; ++i) coordinator.schedule([&] { v.assign_add(xt::xarray<float>{2}); });
+/// coordinator.join();  // v is 10
+/// @endcode
+class ClusterCoordinator {
+public:
+    /// @param strategy any strategy with `num_workers()`. For a pss::Strategy, the coordinator that
+    /// exists for it already, if any (TensorFlow's ClusterCoordinator is one per strategy): one pool of
+    /// worker threads and one error state, whoever schedules; `max_queue` is the first one's. Otherwise
+    /// a new coordinator, with one thread per worker.
+    template <class StrategyType>
+        requires requires(const StrategyType& s) {
+            { s.num_workers() } -> std::convertible_to<int>;
+        }
+    explicit ClusterCoordinator(StrategyType& strategy, std::size_t max_queue = 256 * 1024) {
+        if constexpr (std::derived_from<StrategyType, Strategy>) {
+            Strategy& base = strategy;
+            std::lock_guard lock(base.coordinator_mutex_);
+            pool_ = std::static_pointer_cast<detail::CoordinatorPool>(base.coordinator_.lock());
+            if (pool_) return;
+            pool_ = std::make_shared<detail::CoordinatorPool>(strategy, max_queue);
+            base.coordinator_ = pool_;
+        } else {
+            pool_ = std::make_shared<detail::CoordinatorPool>(strategy, max_queue);
+        }
+    }
+
+    [[nodiscard]] int num_workers() const noexcept { return pool_->num_workers(); }
+
+    /// @brief Queues `fn(args...)` to run on some worker; returns its RemoteValue at once.
+    ///
+    /// An argument that is a PerWorkerValues<T> reaches `fn` as the T& of the worker that runs it.
+    /// Pass a RegisteredFunction (see register_function) to schedule by a name every process knows,
+    /// with arguments that can cross a wire; any callable works on the embedded cluster.
+    /// @throws the first error of an earlier closure (see the class description).
+    /// @throws InvalidArgumentError, from this call, for a RemoteValue argument (fetch it first, as
+    /// TensorFlow requires), or a function that is not a RegisteredFunction when the workers are other
+    /// processes
+    template <class F, class... Args>
+    auto schedule(F&& fn, Args&&... args) {
+        return pool_->schedule(std::forward<F>(fn), std::forward<Args>(args)...);
+    }
+
+    /// @brief Queues `fn(args...)` to run on worker `worker` only, after the closures queued for it
+    /// before; as schedule() otherwise.
+    ///
+    /// Synchronous training schedules a step as one closure per worker this way: each worker
+    /// contributes one push to the step, which one queue for all would not ensure (a worker that ended
+    /// its closure early could take the step's next one too). A closure whose worker is lost runs on
+    /// another worker, as with schedule().
+    /// @throws InvalidArgumentError when `worker` is not in [0, num_workers()); the errors of schedule()
+    template <class F, class... Args>
+    auto schedule_on(int worker, F&& fn, Args&&... args) {
+        return pool_->schedule_on(worker, std::forward<F>(fn), std::forward<Args>(args)...);
+    }
+
+    /// @brief Waits until every scheduled closure has run.
+    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
+    void join() { pool_->join(); }
+
+    /// @brief True when every scheduled closure has run. @throws the first error of a closure.
+    [[nodiscard]] bool done() { return pool_->done(); }
+
+    /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
+    template <class F>
+    [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
+        return pool_->create_per_worker_dataset(std::forward<F>(fn));
+    }
+
+    /// @brief True when both are the same coordinator (made for the same strategy).
+    [[nodiscard]] friend bool operator==(const ClusterCoordinator& a, const ClusterCoordinator& b) noexcept {
+        return a.pool_ == b.pool_;
+    }
+
+    /// @brief Testing hook: called inside a closure, loses the worker running it. The closure is put
+    /// back in the queue and runs again on another worker; this worker takes no more closures.
+    [[noreturn]] static void testing_lose_current_worker() {
+        throw WorkerLostError("pss: worker " + std::to_string(worker_index()) + " was lost (testing hook)");
+    }
+
+private:
+    std::shared_ptr<detail::CoordinatorPool> pool_;  // the last handle's destructor finishes the queue
 };
 
 PSS_NAMESPACE_END

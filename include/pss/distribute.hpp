@@ -68,6 +68,11 @@ public:
 
     /// @brief The worker tasks when they are other processes; nullptr when they are threads of this one.
     [[nodiscard]] virtual detail::RemoteWorkers* remote_workers() noexcept { return nullptr; }
+
+private:
+    friend class ClusterCoordinator;
+    std::mutex coordinator_mutex_;
+    std::weak_ptr<void> coordinator_;  // the ClusterCoordinator's shared state while one exists
 };
 
 namespace detail {

@@ -1909,8 +1909,8 @@ inline std::string fnv1a_hex(std::string_view text) {
 /// values come from `std::mt19937(seed)`, layer after layer; shuffling from `std::mt19937(seed + 1)`:
 /// the same seed gives the same numbers on every platform.
 ///
-/// `fit` runs each step as a closure on a worker, through the ClusterCoordinator the model owns (one
-/// thread per worker on the embedded cluster). Each worker computes with its own copy of the layers
+/// `fit` runs each step as a closure on a worker, through the strategy's ClusterCoordinator (the same as
+/// the program's own, if it made one; one thread per worker on the embedded cluster). Each worker computes with its own copy of the layers
 /// (sharing the variables). A step pulls the weights it needs (whole dense weights, only the looked-up
 /// rows of an embedding), runs forward and backward, and pushes the gradients; the ps tasks apply the
 /// strategy's optimizer to them.
@@ -2281,7 +2281,7 @@ private:
     }
 
     void ensure_workers() {
-        if (!coordinator_) coordinator_ = std::make_unique<ClusterCoordinator>(*strategy_);
+        if (!coordinator_) coordinator_.emplace(*strategy_);
         // Worker processes rebuild the layers themselves (schedule_step): only in-process workers get clones.
         if (!replicas_ && strategy_->remote_workers() == nullptr)
             replicas_.emplace(coordinator_->create_per_worker_dataset([this](int) {
@@ -2307,7 +2307,7 @@ private:
         bool sent = false;  // every worker has it (as far as the chief knows)
     };
     std::optional<RemoteModelDescription> remote_;
-    std::unique_ptr<ClusterCoordinator> coordinator_;  // last: its threads stop before the rest goes
+    std::optional<ClusterCoordinator> coordinator_;  // last: released first (the strategy's; its last handle stops its threads)
 };
 
 // ---------------------------------------------------------------------------------------------------
