@@ -978,6 +978,12 @@ public:
         reply.set_value(std::move(answer));
         return reply.get_future();
     }
+    std::future<pss::Reply> probe(int) override {
+        std::promise<pss::Reply> reply;
+        reply.set_value(pss::Reply{});
+        return reply.get_future();
+    }
+    [[nodiscard]] const pss::Timeouts& timeouts() const noexcept override { return limits; }
     /// How many calls of `name` were made.
     int count(const std::string& name) {
         std::lock_guard lock(mutex_);
@@ -985,6 +991,7 @@ public:
     }
 
     std::shared_ptr<pss::detail::Channel> channel;  // how received Variables reach the ps tasks
+    pss::Timeouts limits;
     int forget_at_call = -1;
     int forget_worker = -1;
 

@@ -1,4 +1,5 @@
 // Tests of ClusterCoordinator, RemoteValue, registered functions and the consistency models.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -819,7 +820,8 @@ TEST_SUITE("Consistency") {
 
 namespace {
 
-/// A strategy whose 2 workers are "other processes": each call is answered at once with `answer`.
+/// A strategy whose 2 workers are "other processes", down (each call and probe answered unavailable at
+/// once, as for a process that is gone) until `up` is set; then each call runs its registered function.
 struct RemoteWorkersStub final : pss::Strategy, pss::detail::RemoteWorkers {
     [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
     [[nodiscard]] int num_workers() const { return 2; }
@@ -827,20 +829,42 @@ struct RemoteWorkersStub final : pss::Strategy, pss::detail::RemoteWorkers {
         throw pss::FailedPreconditionError("pss: RemoteWorkersStub holds no variables");
     }
     [[nodiscard]] pss::detail::RemoteWorkers* remote_workers() noexcept override { return this; }
-    std::future<pss::Reply> call(int, pss::Request request) override {
-        std::lock_guard lock(mutex);
-        ++calls;
-        names.push_back(request.name);
+    std::future<pss::Reply> call(int worker, pss::Request request) override {
+        {
+            std::lock_guard lock(mutex);
+            ++calls;
+            names.push_back(request.name);
+            if (up) ++calls_up[static_cast<std::size_t>(worker)];
+        }
         std::promise<pss::Reply> reply;
-        reply.set_value(pss::Reply::error(pss::ErrorCode::unavailable, "pss: stub: no worker process"));
+        if (!up) {
+            reply.set_value(pss::Reply::error(pss::ErrorCode::unavailable, "pss: stub: no worker process"));
+        } else {
+            pss::Reply answer;
+            answer.values = pss::detail::run_call(request.name, std::move(request.values), pss::detail::CallContext{nullptr, worker});
+            reply.set_value(std::move(answer));
+        }
         return reply.get_future();
     }
+    std::future<pss::Reply> probe(int) override {
+        ++probes;
+        std::promise<pss::Reply> reply;
+        reply.set_value(up ? pss::Reply{} : pss::Reply::error(pss::ErrorCode::unavailable, "pss: stub: not up"));
+        return reply.get_future();
+    }
+    [[nodiscard]] const pss::Timeouts& timeouts() const noexcept override { return limits; }
+    pss::Timeouts limits{std::chrono::milliseconds(300), std::chrono::milliseconds(10), std::chrono::milliseconds(100),
+                         std::chrono::milliseconds(0)};
+    std::atomic<bool> up{false};
+    std::atomic<int> probes{0};
     std::mutex mutex;
     int calls = 0;
+    std::array<int, 2> calls_up{};
     std::vector<std::string> names;
 };
 
 int plus_one(int x) { return x + 1; }
+const auto plus_one_call = pss::register_function("test_training.plus_one", &plus_one);
 
 }  // namespace
 
@@ -867,12 +891,42 @@ TEST_SUITE("ClusterCoordinator") {
                              pss::InvalidArgumentError);
         CHECK(coordinator.done());  // nothing was queued, no error waits for the next call
         CHECK(strategy.calls == 0);
-        static const auto registered = pss::register_function("test_training.plus_one", &plus_one);
-        (void)coordinator.schedule(registered, 1);  // a registered function is sent
+        (void)coordinator.schedule(plus_one_call, 1);  // a registered function is sent
         CHECK_THROWS_AS(coordinator.join(), pss::UnavailableError);  // every stub worker is "lost"
         std::lock_guard lock(strategy.mutex);
         CHECK(strategy.calls == 2);  // once to each worker, each then lost
         CHECK(strategy.names.front() == "test_training.plus_one");
+    }
+
+    TEST_CASE("ClusterCoordinator: a lost worker process that is up again rejoins and takes closures; with "
+              "every worker lost, join waits the start-up timeout for one and then names it") {
+        RemoteWorkersStub strategy;  // start-up timeout 0.3 s, probes every 10 ms
+        pss::ClusterCoordinator coordinator(strategy);
+        auto first = coordinator.schedule(plus_one_call, 1);
+        const auto start = std::chrono::steady_clock::now();
+        CHECK_THROWS_WITH_AS(coordinator.join(),
+                             "pss: ClusterCoordinator: every worker is lost and 1 closures are waiting; no worker is "
+                             "left to run them (none came back within the start-up timeout of 300 ms; "
+                             "PSS_STARTUP_TIMEOUT sets it)",
+                             pss::UnavailableError);
+        CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(300));
+        CHECK(!first.ready());  // still queued: it runs once a worker is back
+        CHECK(strategy.probes.load() > 0);
+
+        // The worker processes are up again: both rejoin, the waiting closure runs, and so do new ones.
+        strategy.limits.startup = std::chrono::seconds(60);  // join waits for them now (they come at once)
+        strategy.up = true;
+        coordinator.join();
+        CHECK(first.fetch() == 2);
+        std::vector<pss::RemoteValue<int>> more;
+        for (int i = 0; i < 40; ++i) more.push_back(coordinator.schedule_on(i % 2, plus_one_call, i));
+        coordinator.join();
+        CHECK(coordinator.done());
+        for (int i = 0; i < 40; ++i) CHECK(more[static_cast<std::size_t>(i)].fetch() == i + 1);
+        std::lock_guard lock(strategy.mutex);
+        CHECK(strategy.calls_up[0] + strategy.calls_up[1] == 41);
+        CHECK(strategy.calls_up[0] >= 20);  // each worker came back and took its closures
+        CHECK(strategy.calls_up[1] >= 20);
     }
 }
 

@@ -1,13 +1,16 @@
 // pss/coordinator.hpp: ClusterCoordinator, RemoteValue and per-worker values: scheduling steps on workers.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -211,8 +214,12 @@ private:
             std::forward<F>(fn), std::make_tuple(std::forward<Args>(args)...));
         std::unique_lock lock(mutex_);
         raise_pending_error(lock);
-        space_.wait(lock, [&] { return queued_ < max_queue_ || error_; });
-        raise_pending_error(lock);
+        for (;;) {
+            space_.wait(lock, [&] { return queued_ < max_queue_ || error_ || alive_ == 0; });
+            raise_pending_error(lock);
+            if (queued_ < max_queue_) break;
+            await_a_worker(lock);  // the queue is full and every worker is lost
+        }
         // A lost worker's closures go to the others (at least once).
         const bool pinned = worker != any_worker && !pinned_[static_cast<std::size_t>(worker)].lost;
         (pinned ? pinned_[static_cast<std::size_t>(worker)].queue : queue_).push_back(task);
@@ -228,11 +235,12 @@ private:
 public:
     void join() {
         std::unique_lock lock(mutex_);
-        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && queued_ != 0); });
-        raise_pending_error(lock);
-        if (unfinished_ != 0)
-            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
-                                   " closures are waiting; no worker is left to run them");
+        for (;;) {
+            finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && queued_ != 0); });
+            raise_pending_error(lock);
+            if (unfinished_ == 0) return;
+            await_a_worker(lock);
+        }
     }
 
     [[nodiscard]] bool done() {
@@ -315,6 +323,55 @@ private:
     template <class T>
     static T& resolve(T& value, int) {
         return value;
+    }
+
+    /// Every worker is lost and closures wait (under the lock): waits the start-up timeout for a worker
+    /// process to come back, as a task waits for another to start. Workers of this process never come back.
+    /// @throws UnavailableError when none comes back in time
+    void await_a_worker(std::unique_lock<std::mutex>& lock) {
+        const auto waiting = [&] { return alive_ == 0 && queued_ != 0 && !error_; };
+        if (remote_ != nullptr) {
+            const auto limit = remote_->timeouts().startup;
+            if (limit.count() == 0) finished_.wait(lock, [&] { return !waiting(); });
+            else (void)finished_.wait_for(lock, limit, [&] { return !waiting(); });
+        }
+        if (!waiting()) return;
+        std::string why;
+        if (remote_ != nullptr) {
+            const auto ms = remote_->timeouts().startup.count();
+            why = " (none came back within the start-up timeout of " +
+                  (ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms") +
+                  "; PSS_STARTUP_TIMEOUT sets it)";
+        }
+        throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
+                               " closures are waiting; no worker is left to run them" + why);
+    }
+
+    /// A lost worker of another process (without the lock): probes it every heartbeat interval until it
+    /// answers (a process with its task identity started again: it rejoins) or the coordinator stops.
+    /// @returns true when it is back
+    bool await_rejoin(int index) {
+        const Timeouts& timeouts = remote_->timeouts();
+        const auto interval = timeouts.heartbeat_interval.count() > 0 ? timeouts.heartbeat_interval
+                                                                      : std::chrono::milliseconds(1000);
+        // A probe that connects to a frozen process is answered by the heartbeat timeout; without
+        // heartbeats it is given up after this long and asked again.
+        const auto patience = std::max(timeouts.heartbeat_timeout, std::chrono::milliseconds(10'000));
+        const auto stopped = [&](std::chrono::milliseconds wait) {
+            std::unique_lock lock(mutex_);
+            return work_.wait_for(lock, wait, [&] { return stopping_; });
+        };
+        for (;;) {
+            auto answer = remote_->probe(index);
+            const auto given_up = std::chrono::steady_clock::now() + patience;
+            while (answer.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
+                   std::chrono::steady_clock::now() < given_up) {
+                if (stopped(std::chrono::milliseconds(20))) return false;
+            }
+            if (answer.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready && answer.get().ok())
+                return true;
+            if (stopped(interval)) return false;
+        }
     }
 
     static std::exception_ptr cancellation() {
@@ -400,7 +457,16 @@ private:
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
-                return;
+                space_.notify_all();
+                // A worker process started again with the same task identity rejoins (TensorFlow's
+                // workers reconnect after preemption); one of this process never comes back.
+                if (remote_ == nullptr || !await_rejoin(index)) return;
+                lock.lock();
+                pinned.lost = false;
+                ++alive_;
+                finished_.notify_all();
+                space_.notify_all();
+                continue;
             } catch (...) {
                 auto e = std::current_exception();
                 lock.lock();
@@ -471,7 +537,11 @@ private:
 /// On the embedded cluster each worker task is a thread of this process. When the workers are other
 /// processes (a TCP cluster), each has a thread here that sends it one closure at a time; only a
 /// RegisteredFunction can be sent, with Transferable arguments, and its errors come back as the same
-/// Error types. A worker that cannot be reached is lost: its closure runs on another worker.
+/// Error types. A worker that cannot be reached is lost: its closure runs on another worker. A lost
+/// worker is asked every heartbeat interval whether it is up again; a process started again with its task
+/// identity (`pss-launch --restart-failed`, Kubernetes, Slurm) so rejoins and takes closures, as
+/// TensorFlow's workers do after preemption. While every worker is lost, `join` and a `schedule` whose
+/// queue is full wait the start-up timeout for one to come back.
 ///
 /// @par Example
 /// @code
@@ -533,7 +603,8 @@ public:
     }
 
     /// @brief Waits until every scheduled closure has run.
-    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
+    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting
+    /// and none comes back within the start-up timeout (at once when the workers are threads of this process)
     void join() { pool_->join(); }
 
     /// @brief True when every scheduled closure has run. @throws the first error of a closure.

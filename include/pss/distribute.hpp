@@ -15,17 +15,25 @@
 #include <pss/optimizer/sgd.hpp>
 #include <pss/server.hpp>
 #include <pss/tensor.hpp>
+#include <pss/timeouts.hpp>
 #include <pss/variable.hpp>
 
 PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`.
+/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`,
+/// and whether a lost worker is up again.
 class RemoteWorkers {
 public:
     virtual ~RemoteWorkers() = default;
     virtual std::future<Reply> call(int worker, Request request) = 0;
+    /// Asks worker `worker` whether it is up, once: ok when it answers, unavailable at once when nothing
+    /// listens at its address (no wait for it to start).
+    virtual std::future<Reply> probe(int worker) = 0;
+    /// The cluster's timeouts: a lost worker is probed every heartbeat interval, and a coordinator whose
+    /// every worker is lost waits the start-up timeout for one to come back.
+    [[nodiscard]] virtual const Timeouts& timeouts() const noexcept = 0;
 };
 
 }  // namespace detail

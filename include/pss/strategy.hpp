@@ -295,6 +295,12 @@ public:
     std::future<Reply> call(int worker, Request request) override {
         return client_->send(TaskId{"worker", worker}, std::move(request));
     }
+    std::future<Reply> probe(int worker) override {
+        Request request;
+        request.kind = RequestKind::heartbeat;  // answered by its transport: a busy call thread does not matter
+        return client_->send(TaskId{"worker", worker}, std::move(request));
+    }
+    [[nodiscard]] const Timeouts& timeouts() const noexcept override { return timeouts_; }
     RemoteWorkers* remote_workers() noexcept override { return self_.type == "chief" ? this : nullptr; }
 
     /// A ps or worker serves until the chief's shutdown request; the chief sends that request to every

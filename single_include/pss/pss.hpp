@@ -5683,9 +5683,11 @@ class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnect
 public:
     using Clock = std::chrono::steady_clock;
 
-    /// `after_loss`: the connection before this one lost the task (announced when it is back).
+    /// `after_loss`: a connection before this one lost the task (announced when it is back). `probe`:
+    /// one attempt, no retries: the requests fail at once when the task is not up (a lost worker's
+    /// coordinator asks so whether it came back, without waiting lines).
     TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
-                        const TcpOptions& options, TlsContext tls, bool after_loss = false)
+                        const TcpOptions& options, TlsContext tls, bool after_loss = false, bool probe = false)
         : task_(std::move(task)),
           where_(std::move(where)),
           options_(options),
@@ -5695,7 +5697,8 @@ public:
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
-          after_loss_(after_loss) {}
+          after_loss_(after_loss),
+          probe_(probe) {}
 
     /// Starts connecting (on the strand).
     void start() {
@@ -5711,6 +5714,10 @@ public:
     /// True once the connection ended because the task was lost (its link broke, or it answered no
     /// heartbeat), not because the transport shut down or the cluster ended.
     [[nodiscard]] bool lost_task() const noexcept { return lost_task_.load(std::memory_order_acquire); }
+    /// True when this connection or one before it lost the task, and it has not been connected since.
+    [[nodiscard]] bool after_loss() const noexcept {
+        return lost_task() || (after_loss_ && !connected_once_.load(std::memory_order_acquire));
+    }
 
     /// Hands `request` to the strand, which writes it once the connection is up.
     std::future<Reply> send(Request request) {
@@ -5941,6 +5948,7 @@ private:
 
     void connected() {
         state_ = State::connected;
+        connected_once_.store(true, std::memory_order_release);
         const auto now = Clock::now();
         if (after_loss_ && options_.announce_peers)
             std::fprintf(stderr, "pss: %s at %s is back\n", task_.to_string().c_str(), address_text().c_str());
@@ -5991,6 +5999,9 @@ private:
         std::error_code ignored;
         stream_.socket().close(ignored);
         const auto now = Clock::now();
+        if (probe_)
+            return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() + " is not up (" +
+                        ec.message() + ")");
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
                         " within the start-up timeout of " + format_seconds(options_.timeouts.startup) + " (" +
@@ -6182,7 +6193,9 @@ private:
     asio::steady_timer deadline_timer_;
     asio::steady_timer heartbeat_timer_;
     const bool after_loss_;
+    const bool probe_;
     std::atomic<bool> lost_task_{false};
+    std::atomic<bool> connected_once_{false};
 
     // Shared with sending threads.
     std::mutex inbox_mutex_;
@@ -7060,6 +7073,8 @@ public:
 
     /// @brief Sends `request` to `task`; the future holds its Reply. Never throws for a remote failure:
     /// an unreachable task, a lost connection, a timeout or a shut-down transport answer unavailable.
+    /// A request waits for an unconnected task to come up for the start-up timeout, except a heartbeat
+    /// (RequestKind::heartbeat), which asks once: unavailable at once when nothing answers the connect.
     std::future<Reply> send(const TaskId& task, Request request) {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             return detail::ready_reply(Reply::error(
@@ -7073,9 +7088,11 @@ public:
                                                                                      " after shutdown()"));
             auto& slot = clients_[task];
             if (!slot || slot->closed()) {
-                const bool after_loss = slot && slot->lost_task();
+                const bool after_loss = slot && slot->after_loss();
+                // A heartbeat to a task not connected asks once, without waiting for the task to start.
+                const bool probe = request.kind == RequestKind::heartbeat;
                 slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, after_loss);
+                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, after_loss, probe);
                 slot->start();
             }
             connection = slot;
@@ -10121,11 +10138,18 @@ PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`.
+/// How a coordinator reaches worker tasks that run in other processes: a call request to worker `worker`,
+/// and whether a lost worker is up again.
 class RemoteWorkers {
 public:
     virtual ~RemoteWorkers() = default;
     virtual std::future<Reply> call(int worker, Request request) = 0;
+    /// Asks worker `worker` whether it is up, once: ok when it answers, unavailable at once when nothing
+    /// listens at its address (no wait for it to start).
+    virtual std::future<Reply> probe(int worker) = 0;
+    /// The cluster's timeouts: a lost worker is probed every heartbeat interval, and a coordinator whose
+    /// every worker is lost waits the start-up timeout for one to come back.
+    [[nodiscard]] virtual const Timeouts& timeouts() const noexcept = 0;
 };
 
 }  // namespace detail
@@ -10994,6 +11018,12 @@ public:
     std::future<Reply> call(int worker, Request request) override {
         return client_->send(TaskId{"worker", worker}, std::move(request));
     }
+    std::future<Reply> probe(int worker) override {
+        Request request;
+        request.kind = RequestKind::heartbeat;  // answered by its transport: a busy call thread does not matter
+        return client_->send(TaskId{"worker", worker}, std::move(request));
+    }
+    [[nodiscard]] const Timeouts& timeouts() const noexcept override { return timeouts_; }
     RemoteWorkers* remote_workers() noexcept override { return self_.type == "chief" ? this : nullptr; }
 
     /// A ps or worker serves until the chief's shutdown request; the chief sends that request to every
@@ -11299,13 +11329,16 @@ PSS_NAMESPACE_END
 
 // pss/coordinator.hpp: ClusterCoordinator, RemoteValue and per-worker values: scheduling steps on workers.
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -11502,8 +11535,12 @@ private:
             std::forward<F>(fn), std::make_tuple(std::forward<Args>(args)...));
         std::unique_lock lock(mutex_);
         raise_pending_error(lock);
-        space_.wait(lock, [&] { return queued_ < max_queue_ || error_; });
-        raise_pending_error(lock);
+        for (;;) {
+            space_.wait(lock, [&] { return queued_ < max_queue_ || error_ || alive_ == 0; });
+            raise_pending_error(lock);
+            if (queued_ < max_queue_) break;
+            await_a_worker(lock);  // the queue is full and every worker is lost
+        }
         // A lost worker's closures go to the others (at least once).
         const bool pinned = worker != any_worker && !pinned_[static_cast<std::size_t>(worker)].lost;
         (pinned ? pinned_[static_cast<std::size_t>(worker)].queue : queue_).push_back(task);
@@ -11519,11 +11556,12 @@ private:
 public:
     void join() {
         std::unique_lock lock(mutex_);
-        finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && queued_ != 0); });
-        raise_pending_error(lock);
-        if (unfinished_ != 0)
-            throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
-                                   " closures are waiting; no worker is left to run them");
+        for (;;) {
+            finished_.wait(lock, [&] { return unfinished_ == 0 || error_ || (alive_ == 0 && queued_ != 0); });
+            raise_pending_error(lock);
+            if (unfinished_ == 0) return;
+            await_a_worker(lock);
+        }
     }
 
     [[nodiscard]] bool done() {
@@ -11606,6 +11644,55 @@ private:
     template <class T>
     static T& resolve(T& value, int) {
         return value;
+    }
+
+    /// Every worker is lost and closures wait (under the lock): waits the start-up timeout for a worker
+    /// process to come back, as a task waits for another to start. Workers of this process never come back.
+    /// @throws UnavailableError when none comes back in time
+    void await_a_worker(std::unique_lock<std::mutex>& lock) {
+        const auto waiting = [&] { return alive_ == 0 && queued_ != 0 && !error_; };
+        if (remote_ != nullptr) {
+            const auto limit = remote_->timeouts().startup;
+            if (limit.count() == 0) finished_.wait(lock, [&] { return !waiting(); });
+            else (void)finished_.wait_for(lock, limit, [&] { return !waiting(); });
+        }
+        if (!waiting()) return;
+        std::string why;
+        if (remote_ != nullptr) {
+            const auto ms = remote_->timeouts().startup.count();
+            why = " (none came back within the start-up timeout of " +
+                  (ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms") +
+                  "; PSS_STARTUP_TIMEOUT sets it)";
+        }
+        throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
+                               " closures are waiting; no worker is left to run them" + why);
+    }
+
+    /// A lost worker of another process (without the lock): probes it every heartbeat interval until it
+    /// answers (a process with its task identity started again: it rejoins) or the coordinator stops.
+    /// @returns true when it is back
+    bool await_rejoin(int index) {
+        const Timeouts& timeouts = remote_->timeouts();
+        const auto interval = timeouts.heartbeat_interval.count() > 0 ? timeouts.heartbeat_interval
+                                                                      : std::chrono::milliseconds(1000);
+        // A probe that connects to a frozen process is answered by the heartbeat timeout; without
+        // heartbeats it is given up after this long and asked again.
+        const auto patience = std::max(timeouts.heartbeat_timeout, std::chrono::milliseconds(10'000));
+        const auto stopped = [&](std::chrono::milliseconds wait) {
+            std::unique_lock lock(mutex_);
+            return work_.wait_for(lock, wait, [&] { return stopping_; });
+        };
+        for (;;) {
+            auto answer = remote_->probe(index);
+            const auto given_up = std::chrono::steady_clock::now() + patience;
+            while (answer.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
+                   std::chrono::steady_clock::now() < given_up) {
+                if (stopped(std::chrono::milliseconds(20))) return false;
+            }
+            if (answer.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready && answer.get().ok())
+                return true;
+            if (stopped(interval)) return false;
+        }
     }
 
     static std::exception_ptr cancellation() {
@@ -11691,7 +11778,16 @@ private:
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
-                return;
+                space_.notify_all();
+                // A worker process started again with the same task identity rejoins (TensorFlow's
+                // workers reconnect after preemption); one of this process never comes back.
+                if (remote_ == nullptr || !await_rejoin(index)) return;
+                lock.lock();
+                pinned.lost = false;
+                ++alive_;
+                finished_.notify_all();
+                space_.notify_all();
+                continue;
             } catch (...) {
                 auto e = std::current_exception();
                 lock.lock();
@@ -11762,7 +11858,11 @@ private:
 /// On the embedded cluster each worker task is a thread of this process. When the workers are other
 /// processes (a TCP cluster), each has a thread here that sends it one closure at a time; only a
 /// RegisteredFunction can be sent, with Transferable arguments, and its errors come back as the same
-/// Error types. A worker that cannot be reached is lost: its closure runs on another worker.
+/// Error types. A worker that cannot be reached is lost: its closure runs on another worker. A lost
+/// worker is asked every heartbeat interval whether it is up again; a process started again with its task
+/// identity (`pss-launch --restart-failed`, Kubernetes, Slurm) so rejoins and takes closures, as
+/// TensorFlow's workers do after preemption. While every worker is lost, `join` and a `schedule` whose
+/// queue is full wait the start-up timeout for one to come back.
 ///
 /// @par Example
 /// @code
@@ -11824,7 +11924,8 @@ public:
     }
 
     /// @brief Waits until every scheduled closure has run.
-    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting.
+    /// @throws the first error of a closure; UnavailableError when every worker is lost with closures waiting
+    /// and none comes back within the start-up timeout (at once when the workers are threads of this process)
     void join() { pool_->join(); }
 
     /// @brief True when every scheduled closure has run. @throws the first error of a closure.

@@ -3,6 +3,8 @@
 # without the "[chief] " prefix) with EXPECTED, byte for byte. The launched run must exit 0.
 #   -DLAUNCH=<pss-launch> -DPROGRAM=<program> -DEXPECTED=<golden file> -DWORK_DIR=<scratch dir> -DMODE=<mode>
 #   [-DARGS=<program arguments, ;-separated>] [-DEXPECT_LOST_WORKER=ON: the chief announces one lost worker]
+#   [-DLAUNCH_ARGS=<more pss-launch options>] [-DEXPECT_REJOIN=ON: worker:1 is killed, started again by the
+#   launcher, and announced back on the chief]
 cmake_minimum_required(VERSION 3.21)
 include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
 
@@ -13,7 +15,7 @@ if(MODE STREQUAL "embedded")
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
   set(chief "${out}")
 else()
-  execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 --report-memory -- "${PROGRAM}" ${ARGS}
+  execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 --report-memory ${LAUNCH_ARGS} -- "${PROGRAM}" ${ARGS}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
   pss_chief_lines(chief "${out}")
 endif()
@@ -33,6 +35,14 @@ if(MODE STREQUAL "launched" AND EXPECT_LOST_WORKER)
   if(NOT lost_count EQUAL 1 OR NOT lost_lines MATCHES "^\\[chief\\] pss: lost /job:worker/replica:0/task:[01] at 127\\.0\\.0\\.1:[0-9]+ \\(")
     message(FATAL_ERROR "launched run: the chief should print one \"pss: lost /job:worker/...\" line; it printed:\n${lost_lines}\nstderr:\n${err}")
   endif()
+endif()
+if(MODE STREQUAL "launched" AND EXPECT_REJOIN)
+  foreach(line "pss-launch: worker:1 was killed by signal 9 \\(Killed\\); starting it again \\(1 of [0-9]+ restarts\\)"
+               "\\[chief\\] pss: /job:worker/replica:0/task:1 at 127\\.0\\.0\\.1:[0-9]+ is back")
+    if(NOT err MATCHES "${line}")
+      message(FATAL_ERROR "launched run: stderr has no line matching ${line}\nstderr:\n${err}")
+    endif()
+  endforeach()
 endif()
 file(READ "${EXPECTED}" expected)
 if(NOT chief STREQUAL expected)

@@ -3,7 +3,10 @@
 # Scenarios:
 #   output_and_exit_status  2 ps + 2 workers: every line prefixed, TF_CONFIG right, the chief's status 3 is the
 #                           launcher's, every task and every task's child ended
-#   worker_failure          worker:1 exits 4 while the others sleep: all ended, the launcher exits 4
+#   worker_failure          worker:1 exits 4: the others run on; the chief's 0 is the launcher's 0
+#   ps_failure              ps:1 exits 4 while the others sleep: all ended, the launcher exits 4
+#   restart_failed          --restart-failed=2: a worker failing every time is started twice more and then
+#                           left, a ps failing once is started once more; both say hello again
 #   clean_exit              a ps exiting 0 is no failure; the chief's 0 is the launcher's 0
 #   sigterm                 SIGTERM to the launcher ends every task, a task ignoring SIGTERM by SIGKILL; status 143
 #   bad_program             a PROGRAM that cannot be run: status 127 and a message from the task
@@ -129,11 +132,42 @@ if(SCENARIO STREQUAL "output_and_exit_status")
   check_no_process_left(10)  # 5 tasks and the 5 children they forked
 
 elseif(SCENARIO STREQUAL "worker_failure")
-  run_launch(--ps 2 --workers 2 --grace-period 3 -- "${ECHO_TASK}" --pid-dir "${PIDS}" worker:1=exit:4 "*=sleep")
-  expect_equal(rc "4" "exit status is '${rc}', not the failed worker's 4")
-  expect_match(err "pss-launch: worker:1 exited with status 4; ending every task"
-         "stderr does not say worker:1 exited with status 4")
+  run_launch(--ps 2 --workers 2 --grace-period 3 -- "${ECHO_TASK}" --pid-dir "${PIDS}" worker:1=exit:4 chief=sleep:3
+             "*=sleep")
+  expect_equal(rc "0" "exit status is '${rc}', not the chief's 0 (a failed worker does not end the run)")
+  expect_match(err "pss-launch: worker:1 exited with status 4; the other tasks run on"
+         "stderr does not say worker:1 exited with status 4 and the others run on")
+  expect_no_match(err "worker:1 exited with status 4; ending" "a failed worker ended the run")
+  expect_match(err "pss-launch: the chief exited with status 0; ending every task" "the chief's exit did not end the run")
   expect_match(out "(^|\n)\\[worker:1\\] last words from worker:1\n" "stdout lacks worker:1's last words")
+  check_no_process_left(5)
+
+elseif(SCENARIO STREQUAL "ps_failure")
+  run_launch(--ps 2 --workers 2 --grace-period 3 -- "${ECHO_TASK}" --pid-dir "${PIDS}" ps:1=exit:4 "*=sleep")
+  expect_equal(rc "4" "exit status is '${rc}', not the failed ps's 4")
+  expect_match(err "pss-launch: ps:1 exited with status 4; ending every task"
+         "stderr does not say ps:1 exited with status 4")
+  check_no_process_left(5)
+
+elseif(SCENARIO STREQUAL "restart_failed")
+  run_launch(--ps 2 --workers 2 --restart-failed=2 -- "${ECHO_TASK}" --pid-dir "${PIDS}" worker:1=exit:4
+             ps:0=exit-once:5 chief=sleep:4 "*=sleep")
+  expect_equal(rc "0" "exit status is '${rc}', not the chief's 0")
+  foreach(restart 1 2)
+    expect_match(err "pss-launch: worker:1 exited with status 4; starting it again \\(${restart} of 2 restarts\\)"
+           "stderr does not say worker:1 is started again (${restart} of 2)")
+  endforeach()
+  expect_match(err "pss-launch: worker:1 exited with status 4; the other tasks run on"
+         "stderr does not say worker:1 is left after its 2 restarts")
+  expect_match(err "pss-launch: ps:0 exited with status 5; starting it again \\(1 of 2 restarts\\)"
+         "stderr does not say ps:0 is started again")
+  expect_match(err "pss-launch: the chief exited with status 0; ending every task" "the run ended before the chief did")
+  string(REGEX MATCHALL "\\[worker:1\\] hello from worker:1\n" worker_hellos "${out}")
+  list(LENGTH worker_hellos worker_count)
+  expect_equal(worker_count "3" "worker:1 said hello ${worker_count} times, not 3 (started, and started again twice)")
+  string(REGEX MATCHALL "\\[ps:0\\] hello from ps:0\n" ps_hellos "${out}")
+  list(LENGTH ps_hellos ps_count)
+  expect_equal(ps_count "2" "ps:0 said hello ${ps_count} times, not 2")
   check_no_process_left(5)
 
 elseif(SCENARIO STREQUAL "clean_exit")
@@ -193,6 +227,8 @@ elseif(SCENARIO STREQUAL "arguments")
                      --base-port 65534 prog)
   expect_usage_error("pss: pss-launch: --grace-period is \"-1\" but must be a number of seconds from 0 to 3600 (how long a task has after SIGTERM)"
                      --grace-period -1 prog)
+  expect_usage_error("pss: pss-launch: --restart-failed is \"0\" but must be a whole number from 1 to 1000 (how often a failed task is started again)"
+                     --restart-failed=0 prog)
 
 else()
   message(FATAL_ERROR "check_launch.cmake: unknown SCENARIO '${SCENARIO}'")

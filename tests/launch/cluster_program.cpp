@@ -2,14 +2,25 @@
 // TF_CONFIG) the chief creates variables on the ps processes and schedules registered functions on the
 // worker processes; alone, it runs the same steps on the embedded cluster. Its stdout is the chief's and
 // is the same both ways (golden file cluster_program.expected).
+//
+// `cluster_program --rejoin DIR` (under `pss-launch --restart-failed`, golden file rejoin.expected): worker 1
+// kills itself (SIGKILL) in its third closure; the chief schedules on until the process the launcher
+// started again in its place has rejoined and run closures, and checks that every closure ran.
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <utility>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <pss/pss.hpp>
 
@@ -60,14 +71,71 @@ int lose_first_worker(pss::Variable lost, pss::Variable runs) {
 }
 const auto lose = pss::register_function("cluster_program.lose_first_worker", &lose_first_worker);
 
+/// Adds 1 to `count`; returns {worker index, process id}. Worker 1's first process dies in its third call
+/// before it adds anything (kill -9 mid-training); `marker` says it did, so its successor lives on.
+std::vector<int> tick(pss::Variable count, const std::string& marker) {
+    static int calls = 0;
+    if (pss::worker_index() == 1 && ++calls == 3 && !std::filesystem::exists(marker)) {
+        std::ofstream(marker) << "killed\n";
+        std::raise(SIGKILL);
+    }
+    count.assign_add(xt::xarray<float>{1});
+    return {pss::worker_index(), static_cast<int>(::getpid())};
+}
+const auto tick_call = pss::register_function("cluster_program.tick", &tick);
+
+/// The chief of `--rejoin DIR`: see the top of this file. Gives up after 120 s.
+int run_rejoin(Strategy& strategy, const std::string& dir) {
+    pss::ClusterCoordinator coordinator(strategy);
+    pss::Variable count = [&] {
+        auto scope = strategy.scope();
+        return pss::Variable(xt::xarray<float>{0}, "count");
+    }();
+    const std::string marker = (std::filesystem::path(dir) / "worker1.killed").string();
+    std::filesystem::remove(marker);
+    std::map<int, std::vector<int>> processes;  // worker -> its process ids, in the order first seen
+    std::map<int, int> ran;                     // process id -> closures it ran
+    int scheduled = 0;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    const auto rejoined = [&] {
+        const auto& ids = processes[1];
+        return ids.size() == 2 && ran[ids[1]] >= 3;
+    };
+    while (!rejoined()) {
+        if (std::chrono::steady_clock::now() > give_up) {
+            std::cout << "worker 1 did not rejoin within 120 s (" << processes[1].size() << " processes seen)\n";
+            return 1;
+        }
+        std::vector<pss::RemoteValue<std::vector<int>>> batch;
+        for (int i = 0; i < 4; ++i) batch.push_back(coordinator.schedule(tick_call, count, marker));
+        scheduled += 4;
+        coordinator.join();
+        for (auto& value : batch) {
+            const auto who = value.fetch();
+            auto& ids = processes[who[0]];
+            if (std::find(ids.begin(), ids.end(), who[1]) == ids.end()) ids.push_back(who[1]);
+            ++ran[who[1]];
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::cout << "worker 1 was killed: " << std::filesystem::exists(marker) << "\n";
+    std::cout << "worker 1 ran closures in 2 processes, the second after it rejoined: " << rejoined() << "\n";
+    std::cout << "worker 0 ran closures in 1 process: " << (processes[0].size() == 1) << "\n";
+    std::cout << "every closure ran once (the lost one again elsewhere): "
+              << (count.read<float>()(0) == static_cast<float>(scheduled)) << "\n";
+    strategy.join();
+    return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
     Strategy strategy;
     if (!strategy.is_chief()) {
         strategy.join();  // ps and workers serve until the chief ends the cluster
         return 0;
     }
+    if (argc == 3 && std::string(argv[1]) == "--rejoin") return run_rejoin(strategy, argv[2]);
     pss::ClusterCoordinator coordinator(strategy);
     pss::Variable v = [&] {
         auto scope = strategy.scope();

@@ -3,7 +3,10 @@
 // echo_task [--pid-dir DIR] [--grandchild] [ROLE=ACTION...]
 //   ROLE    chief, ps, worker, ps:1, worker:0 or * (every task); the first rule that matches applies
 //   ACTION  exit:N    print "last words from <task>" without a newline, exit with status N (the default: exit:0)
+//           exit-once:N  exit:N the first time (needs --pid-dir: DIR/<type>_<index>.exited marks it),
+//                     sleep when started again
 //           sleep     sleep until ended (at most 60 s, then exit 0)
+//           sleep:S   sleep S seconds, then exit 0
 //           stubborn  ignore SIGTERM and sleep (at most 60 s): only SIGKILL ends it
 //   --pid-dir DIR   write DIR/<type>_<index>.pid, then wait (at most 20 s) until every task of the cluster
 //                   has written its own, so that every task is running before any acts
@@ -108,12 +111,25 @@ int main(int argc, char** argv) {
         }
     }
 
+    if (action.rfind("exit-once:", 0) == 0) {
+        const auto marker = std::filesystem::path(pid_dir) / (file_stem + ".exited");
+        if (pid_dir.empty() || std::filesystem::exists(marker)) {
+            action = "sleep";
+        } else {
+            std::ofstream(marker) << "1\n";
+            action = "exit:" + action.substr(10);
+        }
+    }
     if (action.rfind("exit:", 0) == 0) {
         std::cout << "last words from " << name << std::flush;  // no newline: the launcher must end the line
         return std::atoi(action.c_str() + 5);
     }
     if (action == "sleep" || action == "stubborn") {
         sleep_at_most(std::chrono::seconds(60));
+        return 0;
+    }
+    if (action.rfind("sleep:", 0) == 0) {
+        sleep_at_most(std::chrono::seconds(std::atoi(action.c_str() + 6)));
         return 0;
     }
     std::cerr << "echo_task: unknown action \"" << action << "\"\n";

@@ -1,10 +1,12 @@
 // tools/pss_launch/pss_launch.cpp: pss-launch, which runs one program as a local parameter-server cluster.
 //
-// pss-launch --ps N --workers M [--base-port P] [--grace-period S] -- PROGRAM [ARGS...]
+// pss-launch --ps N --workers M [--base-port P] [--grace-period S] [--restart-failed[=R]] -- PROGRAM [ARGS...]
 //
 // Starts one chief, N ps and M workers, each a copy of PROGRAM in its own process group, with TF_CONFIG
 // telling each its place; prefixes each task's output lines with its name; ends every task when the chief
-// exits, when a task fails, or when the launcher gets SIGINT, SIGTERM or SIGHUP. POSIX only.
+// exits, when a ps fails, or when the launcher gets SIGINT, SIGTERM or SIGHUP. A failed worker leaves the
+// others running (the chief's coordinator runs its closures elsewhere); with --restart-failed a failed ps
+// or worker is started again with the same identity. POSIX only.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -42,7 +44,7 @@ extern char** environ;
 
 namespace {
 
-constexpr std::string_view usage_text = R"(usage: pss-launch [--ps N] [--workers M] [--base-port P] [--grace-period S] [--report-memory] [--plaintext] [--] PROGRAM [ARGS...]
+constexpr std::string_view usage_text = R"(usage: pss-launch [--ps N] [--workers M] [--base-port P] [--grace-period S] [--restart-failed[=R]] [--report-memory] [--plaintext] [--] PROGRAM [ARGS...]
        pss-launch [--ps N] [--workers M] --write-certificates DIR
 
 Runs PROGRAM as a parameter-server cluster on this machine: one chief, N ps tasks and M worker tasks,
@@ -57,6 +59,10 @@ Options:
   --base-port P      task ports P, P+1, ... in the order chief, ps 0.., worker 0..; by default each task
                      gets a free port the system picks (bound on 127.0.0.1 and released just before start)
   --grace-period S   seconds a task has to exit after SIGTERM before it gets SIGKILL (default 5)
+  --restart-failed[=R]
+                     start a ps or worker that failed again, with the same TF_CONFIG, port and
+                     certificate, at most R times per task (default 3); a worker started again rejoins
+                     the chief's coordinator and takes closures
   --report-memory    when every task has ended, print each task's peak resident memory (ru_maxrss) to
                      stderr: "pss-launch: peak RSS: chief 21.3 MiB, ps:0 80.1 MiB, ..."
   --plaintext        links without TLS (PSS_TLS=off in every task): for trusted networks only
@@ -74,14 +80,16 @@ TLS: every run gets a throwaway cluster CA and a certificate per task, written t
 directory that PSS_TLS_DIR names in each task and that is removed when the launcher ends. When
 PSS_TLS_DIR or PSS_TLS_CERT is set already, the tasks use those certificates instead.
 
-Ending: every task runs in its own process group. When the chief exits, when any other task fails
-(exits with a non-zero status or is killed by a signal), or when the launcher gets SIGINT, SIGTERM or
-SIGHUP, every task still running gets SIGTERM, and SIGKILL after the grace period; the launcher
-returns once all of them are gone. A ps or worker that exits with status 0 is not a failure: the
-others keep running. On Linux a task also gets SIGKILL if the launcher itself dies.
+Ending: every task runs in its own process group. When the chief exits, when a ps fails (exits with
+a non-zero status or is killed by a signal) and is not started again, or when the launcher gets
+SIGINT, SIGTERM or SIGHUP, every task still running gets SIGTERM, and SIGKILL after the grace period;
+the launcher returns once all of them are gone. A worker that fails does not end the run: the
+chief's coordinator runs its closures on the other workers (and fails itself when none is left),
+and with --restart-failed the worker is started again. A ps or worker that exits with status 0 is
+not a failure and is not started again. On Linux a task also gets SIGKILL if the launcher itself dies.
 
 Exit status: the chief's exit status when the chief ends first (128 + the signal if it was killed);
-else the status of the first task that failed (128 + signal); 128 + the signal when the launcher was
+else the status of the ps that failed (128 + signal); 128 + the signal when the launcher was
 interrupted; 2 for a wrong command line; 1 when a task could not be started. A PROGRAM that cannot be
 run gives each task status 127.
 
@@ -98,6 +106,7 @@ struct Options {
     int num_workers = 1;
     std::optional<int> base_port;
     double grace_seconds = 5.0;
+    int restarts = 0;  // how often a failed ps or worker is started again (--restart-failed)
     bool report_memory = false;
     bool plaintext = false;
     std::optional<std::string> write_certificates;
@@ -153,6 +162,10 @@ Options parse_options(int argc, char** argv) {
             options.num_workers = parse_count("--workers", take_value(), 1, 1000, "the number of worker tasks");
         } else if (arg == "--base-port") {
             options.base_port = parse_count("--base-port", take_value(), 1, 65535, "the port of the chief");
+        } else if (arg == "--restart-failed") {
+            options.restarts = has_value ? parse_count("--restart-failed", value, 1, 1000,
+                                                       "how often a failed task is started again")
+                                         : 3;
         } else if (arg == "--plaintext") {
             if (has_value) usage_error("--plaintext takes no value");
             options.plaintext = true;
@@ -256,10 +269,13 @@ struct Task {
     std::string name;    // "chief", "ps:0", "worker:1"
     std::string prefix;  // "[chief] "
     pid_t pid = -1;      // also the process group id
+    std::vector<pid_t> earlier_pids;  // the groups of its processes before a restart: ended with the rest
     bool running = false;
     int status = 0;
+    int restarts = 0;
     long peak_rss_kib = 0;  // ru_maxrss of the task's process, once it has ended
-    Stream streams[2];
+    std::string tf_config;
+    std::vector<Stream> streams;  // stdout and stderr of each of its processes (a restart adds two)
 };
 
 void write_all(int fd, std::string_view text) {
@@ -396,16 +412,20 @@ bool start(Task& task, const std::vector<std::string>& command, const std::strin
     ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
+    if (task.pid > 0) task.earlier_pids.push_back(task.pid);
     task.pid = pid;
     task.running = true;
-    task.streams[0] = Stream{out_pipe[0], 1, {}};
-    task.streams[1] = Stream{err_pipe[0], 2, {}};
+    std::erase_if(task.streams, [](const Stream& s) { return s.fd < 0; });  // read to the end already
+    task.streams.push_back(Stream{out_pipe[0], 1, {}});
+    task.streams.push_back(Stream{err_pipe[0], 2, {}});
     return true;
 }
 
 void signal_groups(const std::vector<Task>& tasks, int signal_number, bool only_running) {
     for (const auto& task : tasks) {
         if (task.pid > 0 && (task.running || !only_running)) ::kill(-task.pid, signal_number);
+        if (!only_running)
+            for (const pid_t earlier : task.earlier_pids) ::kill(-earlier, signal_number);
     }
 }
 
@@ -491,8 +511,8 @@ int main(int argc, char** argv) {
     };
     std::rotate(tasks.begin(), tasks.begin() + 1, tasks.end());  // chief last
     for (auto& task : tasks) {
-        const nlohmann::json tf_config = {{"cluster", cluster}, {"task", {{"type", task.type}, {"index", task.index}}}};
-        if (!start(task, options.command, tf_config.dump(), task_environment)) {
+        task.tf_config = nlohmann::json{{"cluster", cluster}, {"task", {{"type", task.type}, {"index", task.index}}}}.dump();
+        if (!start(task, options.command, task.tf_config, task_environment)) {
             stop(1, "cannot start task " + task.name + ": " + std::strerror(errno));
             break;
         }
@@ -501,7 +521,9 @@ int main(int argc, char** argv) {
     // Copy output and watch the tasks until all are gone and their output is read.
     const auto anything_left = [&] {
         for (const auto& task : tasks) {
-            if (task.running || task.streams[0].fd >= 0 || task.streams[1].fd >= 0) return true;
+            if (task.running) return true;
+            for (const auto& stream : task.streams)
+                if (stream.fd >= 0) return true;
         }
         return false;
     };
@@ -556,6 +578,7 @@ int main(int argc, char** argv) {
         }
         int status = 0;
         struct rusage usage {};
+        std::vector<Task*> to_restart;
         for (pid_t pid; (pid = ::wait4(-1, &status, WNOHANG, &usage)) > 0;) {
             for (auto& task : tasks) {
                 if (task.pid != pid) continue;
@@ -563,11 +586,21 @@ int main(int argc, char** argv) {
                 task.peak_rss_kib = usage.ru_maxrss;
                 task.status = status;
                 const bool is_chief = task.type == "chief";
-                if (!stopping && is_chief) {
+                if (stopping) continue;
+                if (is_chief) {
                     stop(exit_code_of(status), "the chief " + describe(status));
-                } else if (!stopping && failed(status)) {
+                } else if (failed(status) && task.restarts < options.restarts) {
+                    ++task.restarts;
+                    std::cerr << "pss-launch: " << task.name << " " << describe(status) << "; starting it again ("
+                              << task.restarts << " of " << options.restarts << " restarts)\n" << std::flush;
+                    to_restart.push_back(&task);  // after its output is read: `owners` points into its streams
+                } else if (failed(status) && task.type == "ps") {
                     stop(exit_code_of(status), task.name + " " + describe(status));
-                } else if (!stopping) {
+                } else if (failed(status)) {
+                    std::cerr << "pss-launch: " << task.name << " " << describe(status)
+                              << "; the other tasks run on (the chief's coordinator runs its closures elsewhere)\n"
+                              << std::flush;
+                } else {
                     std::cerr << "pss-launch: " << task.name << " " << describe(status) << "\n" << std::flush;
                 }
             }
@@ -578,9 +611,9 @@ int main(int argc, char** argv) {
             if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             Stream& stream = *owners[i];
             const Task* owner = nullptr;
-            for (const auto& task : tasks) {
-                if (&task.streams[0] == &stream || &task.streams[1] == &stream) owner = &task;
-            }
+            for (const auto& task : tasks)
+                for (const auto& s : task.streams)
+                    if (&s == &stream) owner = &task;
             char buffer[65536];
             const ssize_t count = ::read(stream.fd, buffer, sizeof buffer);
             if (count > 0) {
@@ -591,6 +624,11 @@ int main(int argc, char** argv) {
                 ::close(stream.fd);
                 stream.fd = -1;
             }
+        }
+
+        for (Task* task : to_restart) {
+            if (!stopping && !start(*task, options.command, task->tf_config, task_environment))
+                stop(1, "cannot start task " + task->name + " again: " + std::strerror(errno));
         }
 
         // Escalate, and stop waiting for output that processes outside the tasks' groups keep open.

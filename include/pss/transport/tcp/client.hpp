@@ -47,9 +47,11 @@ class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnect
 public:
     using Clock = std::chrono::steady_clock;
 
-    /// `after_loss`: the connection before this one lost the task (announced when it is back).
+    /// `after_loss`: a connection before this one lost the task (announced when it is back). `probe`:
+    /// one attempt, no retries: the requests fail at once when the task is not up (a lost worker's
+    /// coordinator asks so whether it came back, without waiting lines).
     TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
-                        const TcpOptions& options, TlsContext tls, bool after_loss = false)
+                        const TcpOptions& options, TlsContext tls, bool after_loss = false, bool probe = false)
         : task_(std::move(task)),
           where_(std::move(where)),
           options_(options),
@@ -59,7 +61,8 @@ public:
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
-          after_loss_(after_loss) {}
+          after_loss_(after_loss),
+          probe_(probe) {}
 
     /// Starts connecting (on the strand).
     void start() {
@@ -75,6 +78,10 @@ public:
     /// True once the connection ended because the task was lost (its link broke, or it answered no
     /// heartbeat), not because the transport shut down or the cluster ended.
     [[nodiscard]] bool lost_task() const noexcept { return lost_task_.load(std::memory_order_acquire); }
+    /// True when this connection or one before it lost the task, and it has not been connected since.
+    [[nodiscard]] bool after_loss() const noexcept {
+        return lost_task() || (after_loss_ && !connected_once_.load(std::memory_order_acquire));
+    }
 
     /// Hands `request` to the strand, which writes it once the connection is up.
     std::future<Reply> send(Request request) {
@@ -305,6 +312,7 @@ private:
 
     void connected() {
         state_ = State::connected;
+        connected_once_.store(true, std::memory_order_release);
         const auto now = Clock::now();
         if (after_loss_ && options_.announce_peers)
             std::fprintf(stderr, "pss: %s at %s is back\n", task_.to_string().c_str(), address_text().c_str());
@@ -355,6 +363,9 @@ private:
         std::error_code ignored;
         stream_.socket().close(ignored);
         const auto now = Clock::now();
+        if (probe_)
+            return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() + " is not up (" +
+                        ec.message() + ")");
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
                         " within the start-up timeout of " + format_seconds(options_.timeouts.startup) + " (" +
@@ -546,7 +557,9 @@ private:
     asio::steady_timer deadline_timer_;
     asio::steady_timer heartbeat_timer_;
     const bool after_loss_;
+    const bool probe_;
     std::atomic<bool> lost_task_{false};
+    std::atomic<bool> connected_once_{false};
 
     // Shared with sending threads.
     std::mutex inbox_mutex_;
