@@ -781,6 +781,7 @@ public:
     ForkedPs& operator=(const ForkedPs&) = delete;
     ~ForkedPs() {
         ::close(stop_);
+        if (killed_) return;
         int status = 0;
         ::waitpid(pid_, &status, 0);
         CHECK(WIFEXITED(status));
@@ -789,6 +790,14 @@ public:
 
     [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
     [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+
+    /// kill -9, and waits until the process is gone (its sockets closed).
+    void kill() {
+        REQUIRE(::kill(pid_, SIGKILL) == 0);
+        int status = 0;
+        REQUIRE(::waitpid(pid_, &status, 0) == pid_);
+        killed_ = true;
+    }
 
     /// True once every thread of the process is stopped (state T in /proc), within 5 s.
     [[nodiscard]] bool wait_until_stopped() const {
@@ -840,6 +849,7 @@ private:
     pid_t pid_ = -1;
     int stop_ = -1;
     std::uint16_t port_ = 0;
+    bool killed_ = false;
 };
 
 pss::Request shard_request(pss::Op op, pss::Tensor payload = {}, Ids ids = {}) {
@@ -1471,6 +1481,35 @@ TEST_SUITE("net") {
         CHECK(text.find("pss: lost /job:ps/replica:0/task:0 at " + address +
                         " (no heartbeat answered for 0.6 s)\n") != std::string::npos);
         CHECK(text.find("pss: /job:ps/replica:0/task:0 at " + address + " is back\n") != std::string::npos);
+    }
+
+    TEST_CASE("TcpTransport: a task killed has the heartbeat timeout to come back; after that a request connects "
+              "once and is answered at once, naming the task" *
+              doctest::timeout(60)) {
+        ForkedPs ps(plaintext());
+        const std::string address = "127.0.0.1:" + std::to_string(ps.port());
+        pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}},
+                                 heartbeats(std::chrono::milliseconds(100), std::chrono::milliseconds(600)));
+        create_variable(client, 8);
+        REQUIRE(serves_unchanged(client, 8));
+        ps.kill();
+        const auto killed = std::chrono::steady_clock::now();
+        // The link's end is found at once; a request then waits for the task until the heartbeat timeout
+        // after the loss, trying to connect.
+        const pss::Reply first = client.send({"ps", 0}, shard_request(pss::Op::read)).get();
+        const double waited = seconds_since(killed);
+        CHECK(first.code == pss::ErrorCode::unavailable);
+        CHECK(first.message.find("/job:ps/replica:0/task:0 at " + address) != std::string::npos);
+        CHECK(waited < 0.6 + 1.5);
+        MESSAGE("the first request after the kill was answered after " << waited << " s: " << first.message);
+        // After the heartbeat timeout: one connect, answered at once.
+        std::this_thread::sleep_until(killed + std::chrono::milliseconds(700));
+        const auto start = std::chrono::steady_clock::now();
+        const pss::Reply later = client.send({"ps", 0}, shard_request(pss::Op::read)).get();
+        CHECK(seconds_since(start) < 0.5);
+        CHECK(later.code == pss::ErrorCode::unavailable);
+        CHECK(later.message == "pss: TcpTransport: /job:ps/replica:0/task:0 at " + address +
+                                   " is not up (Connection refused); it was lost and has not come back");
     }
 
     TEST_CASE("TcpTransport: a request deadline holds while a heartbeat to a frozen ps waits unanswered before it" *

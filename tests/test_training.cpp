@@ -866,6 +866,16 @@ struct RemoteWorkersStub final : pss::Strategy, pss::detail::RemoteWorkers {
 int plus_one(int x) { return x + 1; }
 const auto plus_one_call = pss::register_function("test_training.plus_one", &plus_one);
 
+/// Fails as a worker does when ps 1 is gone, the first `failures` times it runs.
+std::atomic<int> ps_flaky_runs{0};
+int ps_flaky(int failures) {
+    if (ps_flaky_runs++ < failures)
+        throw pss::UnavailableError("pss: TcpTransport: the connection to /job:ps/replica:0/task:1 at 127.0.0.1:9 "
+                                    "was lost (End of file); a request in flight may or may not have been applied");
+    return 7;
+}
+const auto ps_flaky_call = pss::register_function("test_training.ps_flaky", &ps_flaky);
+
 }  // namespace
 
 TEST_SUITE("ClusterCoordinator") {
@@ -896,6 +906,29 @@ TEST_SUITE("ClusterCoordinator") {
         std::lock_guard lock(strategy.mutex);
         CHECK(strategy.calls == 2);  // once to each worker, each then lost
         CHECK(strategy.names.front() == "test_training.plus_one");
+    }
+
+    TEST_CASE("ClusterCoordinator: an UnavailableError naming a ps task is transient twice per ps task "
+              "(TensorFlow's TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES, 3): the closure runs again; the third "
+              "is raised") {
+        RemoteWorkersStub strategy;
+        strategy.up = true;
+        pss::ClusterCoordinator coordinator(strategy);
+        ps_flaky_runs = 0;
+        auto value = coordinator.schedule(ps_flaky_call, 2);  // fails twice, then runs
+        coordinator.join();
+        CHECK(value.fetch() == 7);
+        CHECK(ps_flaky_runs.load() == 3);
+        // ps 1 has failed twice already: its next failure is raised, and the closure does not run again.
+        ps_flaky_runs = 0;
+        auto failed = coordinator.schedule(ps_flaky_call, 5);
+        CHECK_THROWS_WITH_AS(coordinator.join(),
+                             "pss: TcpTransport: the connection to /job:ps/replica:0/task:1 at 127.0.0.1:9 was lost "
+                             "(End of file); a request in flight may or may not have been applied",
+                             pss::UnavailableError);
+        CHECK(ps_flaky_runs.load() == 1);
+        CHECK_THROWS_AS(failed.fetch(), pss::UnavailableError);
+        CHECK(coordinator.schedule(plus_one_call, 1).fetch() == 2);  // the coordinator goes on
     }
 
     TEST_CASE("ClusterCoordinator: a lost worker process that is up again rejoins and takes closures; with "

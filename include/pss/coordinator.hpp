@@ -11,9 +11,11 @@
 #include <exception>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -24,6 +26,7 @@
 
 #include <pss/config.hpp>
 #include <pss/detail/closure_context.hpp>
+#include <pss/detail/environment.hpp>
 #include <pss/distribute.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
@@ -153,6 +156,13 @@ public:
             strategy_ = &strategy;
         }
         if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
+        if (const auto text = detail::process_environment(transient_ps_failures_variable)) {
+            const auto n = detail::parse_int(*text);
+            if (!n || *n < 0)
+                throw InvalidArgumentError("pss: " + std::string(transient_ps_failures_variable) + " is \"" + *text +
+                                           "\"; give a whole number from 0 (every ps failure is raised at once) up");
+            transient_ps_failures_ = *n;
+        }
         for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
     }
     CoordinatorPool(const CoordinatorPool&) = delete;
@@ -374,6 +384,33 @@ private:
         }
     }
 
+    /// True when `error` is an UnavailableError naming ps tasks (TensorFlow tells a ps failure so, by its
+    /// message) and no named ps task has failed `transient_ps_failures_` times yet (counted here, under
+    /// the lock). A closure whose ps task restarted or whose link broke for a moment so runs again.
+    bool transient_ps_failure(const std::exception_ptr& error) {
+        if (transient_ps_failures_ <= 0) return false;
+        std::string message;
+        try {
+            std::rethrow_exception(error);
+        } catch (const UnavailableError& e) {
+            message = e.what();
+        } catch (...) {
+            return false;
+        }
+        constexpr std::string_view prefix = "/job:ps/replica:0/task:";
+        std::set<int> tasks;
+        for (auto at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at + 1)) {
+            std::size_t end = at + prefix.size();
+            while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+            if (const auto task = detail::parse_int(std::string_view(message).substr(at + prefix.size(), end - at - prefix.size())))
+                tasks.insert(*task);
+        }
+        bool transient = !tasks.empty();
+        for (const int task : tasks)
+            if (++ps_failures_[task] >= transient_ps_failures_) transient = false;
+        return transient;
+    }
+
     static std::exception_ptr cancellation() {
         return std::make_exception_ptr(
             CancelledError("pss: this closure was cancelled because an earlier closure failed; reschedule it"));
@@ -470,6 +507,17 @@ private:
             } catch (...) {
                 auto e = std::current_exception();
                 lock.lock();
+                if (!error_ && transient_ps_failure(e)) {
+                    // TensorFlow's transient ps failure: the closure runs again; the next failure of
+                    // that ps task past the threshold is raised.
+                    queue_.push_front(closure);
+                    ++queued_;
+                    --running_;
+                    lock.unlock();
+                    work_.notify_one();
+                    lock.lock();
+                    continue;
+                }
                 // The first error is raised; the closures running meanwhile are cancelled cooperatively
                 // (their next variable operation raises CancelledError), and their errors are not raised.
                 // The queued ones are cancelled now, so that a fetch of one does not wait for the call
@@ -513,6 +561,9 @@ private:
     std::vector<Pinned> pinned_;  // one per worker (schedule_on)
     std::size_t queued_ = 0;      // in queue_ and pinned_
     std::exception_ptr error_;
+    static constexpr std::string_view transient_ps_failures_variable = "TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES";
+    int transient_ps_failures_ = 3;  // TensorFlow's default
+    std::map<int, int> ps_failures_;  // ps task -> its failures so far
     std::atomic<std::uint64_t> failures_{0};
     bool stopping_ = false;
     std::vector<std::thread> workers_;  // last: started after everything they use

@@ -20,9 +20,9 @@ PSS_NAMESPACE_BEGIN
 ///
 /// | member | environment | default | what it bounds |
 /// |---|---|---|---|
-/// | `startup` | `PSS_STARTUP_TIMEOUT` | 60 s | connecting to a task that is not up (at start, or after it was lost); every 5 s of it prints `pss: waiting for <task> at <address> (attempt n, t s)` |
+/// | `startup` | `PSS_STARTUP_TIMEOUT` | 60 s | connecting to a task that is not up yet; every 5 s of it prints `pss: waiting for <task> at <address> (attempt n, t s)`; a coordinator whose every worker is lost waits as long for one to come back |
 /// | `heartbeat_interval` | `PSS_HEARTBEAT_INTERVAL` | 1 s | how often a connection asks its peer whether it is alive |
-/// | `heartbeat_timeout` | `PSS_HEARTBEAT_TIMEOUT` | 10 s (TensorFlow's coordination service) | a peer that sent nothing for this long since it was asked is lost: every request waiting for it is answered UnavailableError naming it; 0 turns heartbeats off |
+/// | `heartbeat_timeout` | `PSS_HEARTBEAT_TIMEOUT` | 10 s (TensorFlow's coordination service) | a peer that sent nothing for this long since it was asked is lost: every request waiting for it is answered UnavailableError naming it; a lost peer has as long again to come back (requests wait for it), after which a request connects once and fails at once when it is not up; 0 turns heartbeats off (a lost peer then has the start-up timeout) |
 /// | `request` | `PSS_REQUEST_TIMEOUT` | 0 (none) | one request's answer, once the link is up |
 ///
 /// The environment gives seconds as a decimal number (`"10"`, `"2.5"`, `"0"`).

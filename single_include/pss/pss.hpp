@@ -3703,9 +3703,9 @@ PSS_NAMESPACE_BEGIN
 ///
 /// | member | environment | default | what it bounds |
 /// |---|---|---|---|
-/// | `startup` | `PSS_STARTUP_TIMEOUT` | 60 s | connecting to a task that is not up (at start, or after it was lost); every 5 s of it prints `pss: waiting for <task> at <address> (attempt n, t s)` |
+/// | `startup` | `PSS_STARTUP_TIMEOUT` | 60 s | connecting to a task that is not up yet; every 5 s of it prints `pss: waiting for <task> at <address> (attempt n, t s)`; a coordinator whose every worker is lost waits as long for one to come back |
 /// | `heartbeat_interval` | `PSS_HEARTBEAT_INTERVAL` | 1 s | how often a connection asks its peer whether it is alive |
-/// | `heartbeat_timeout` | `PSS_HEARTBEAT_TIMEOUT` | 10 s (TensorFlow's coordination service) | a peer that sent nothing for this long since it was asked is lost: every request waiting for it is answered UnavailableError naming it; 0 turns heartbeats off |
+/// | `heartbeat_timeout` | `PSS_HEARTBEAT_TIMEOUT` | 10 s (TensorFlow's coordination service) | a peer that sent nothing for this long since it was asked is lost: every request waiting for it is answered UnavailableError naming it; a lost peer has as long again to come back (requests wait for it), after which a request connects once and fails at once when it is not up; 0 turns heartbeats off (a lost peer then has the start-up timeout) |
 /// | `request` | `PSS_REQUEST_TIMEOUT` | 0 (none) | one request's answer, once the link is up |
 ///
 /// The environment gives seconds as a decimal number (`"10"`, `"2.5"`, `"0"`).
@@ -5683,11 +5683,13 @@ class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnect
 public:
     using Clock = std::chrono::steady_clock;
 
-    /// `after_loss`: a connection before this one lost the task (announced when it is back). `probe`:
-    /// one attempt, no retries: the requests fail at once when the task is not up (a lost worker's
-    /// coordinator asks so whether it came back, without waiting lines).
+    /// `lost_at`: when a connection before this one lost the task. A lost task has the heartbeat timeout
+    /// from then to come back (requests wait for it meanwhile); after that a request connects once and
+    /// fails at once when the task is not up, so that an error names a dead task within that timeout.
+    /// `probe`: one attempt only, from the start (a coordinator asks so whether a lost worker came back).
     TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
-                        const TcpOptions& options, TlsContext tls, bool after_loss = false, bool probe = false)
+                        const TcpOptions& options, TlsContext tls, std::optional<Clock::time_point> lost_at = {},
+                        bool probe = false)
         : task_(std::move(task)),
           where_(std::move(where)),
           options_(options),
@@ -5697,16 +5699,18 @@ public:
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
-          after_loss_(after_loss),
+          lost_at_(lost_at),
           probe_(probe) {}
 
     /// Starts connecting (on the strand).
     void start() {
         connect_started_ = Clock::now();
-        connect_deadline_ = options_.timeouts.startup.count() > 0 ? connect_started_ + options_.timeouts.startup
-                                                                  : Clock::time_point::max();
+        const auto& t = options_.timeouts;
+        const auto wait = lost_at_ && t.heartbeats() ? t.heartbeat_timeout : t.startup;
+        connect_deadline_ = wait.count() > 0 ? (lost_at_ ? *lost_at_ : connect_started_) + wait : Clock::time_point::max();
+        if (connect_deadline_ <= connect_started_) probe_ = true;  // lost for longer than it had to come back
         next_wait_report_ = connect_started_ + wait_report_interval;
-        backoff_ = options_.connect_backoff_initial;
+        backoff_ = std::max<Backoff>(options_.connect_backoff_initial, std::chrono::milliseconds(1));
         asio::post(strand_, [self = shared_from_this()] { self->attempt(); });
     }
 
@@ -5714,9 +5718,11 @@ public:
     /// True once the connection ended because the task was lost (its link broke, or it answered no
     /// heartbeat), not because the transport shut down or the cluster ended.
     [[nodiscard]] bool lost_task() const noexcept { return lost_task_.load(std::memory_order_acquire); }
-    /// True when this connection or one before it lost the task, and it has not been connected since.
-    [[nodiscard]] bool after_loss() const noexcept {
-        return lost_task() || (after_loss_ && !connected_once_.load(std::memory_order_acquire));
+    /// When this connection, or one before it, lost the task, unless it has been connected since.
+    [[nodiscard]] std::optional<Clock::time_point> lost_at() const noexcept {
+        if (lost_task()) return Clock::time_point(Clock::duration(lost_time_.load(std::memory_order_acquire)));
+        if (lost_at_ && !connected_once_.load(std::memory_order_acquire)) return lost_at_;
+        return std::nullopt;
     }
 
     /// Hands `request` to the strand, which writes it once the connection is up.
@@ -5810,6 +5816,7 @@ private:
     void lose(const std::string& reason, const std::string& cause) {
         if (state_ == State::closed) return;
         if (state_ == State::connected && !ending_cluster_) {
+            lost_time_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
             lost_task_.store(true, std::memory_order_release);
             if (options_.announce_peers)
                 std::fprintf(stderr, "pss: lost %s at %s (%s)\n", task_.to_string().c_str(), address_text().c_str(),
@@ -5903,11 +5910,15 @@ private:
 #if PSS_HAS_TLS
         if (tls_) {
             // A peer that accepts and never answers must not hold the attempt: the handshake has the
-            // time the connect timeout leaves, at most 10 s, then the attempt is retried.
+            // time the connect timeout leaves (a probe's one attempt: the heartbeat timeout), at most
+            // 10 s, then the attempt is retried.
             handshaking_ = true;
-            backoff_timer_.expires_after(std::min<Clock::duration>(std::chrono::seconds(10),
-                                                                   std::max<Clock::duration>(connect_deadline_ - Clock::now(),
-                                                                                             std::chrono::milliseconds(100))));
+            const Clock::duration budget = probe_ ? Clock::duration(options_.timeouts.heartbeats()
+                                                                         ? options_.timeouts.heartbeat_timeout
+                                                                         : std::chrono::seconds(10))
+                                                  : connect_deadline_ - Clock::now();
+            backoff_timer_.expires_after(std::min<Clock::duration>(
+                std::chrono::seconds(10), std::max<Clock::duration>(budget, std::chrono::milliseconds(100))));
             backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
                 if (ec2 || !self->handshaking_) return;
                 std::error_code ignored2;
@@ -5950,7 +5961,7 @@ private:
         state_ = State::connected;
         connected_once_.store(true, std::memory_order_release);
         const auto now = Clock::now();
-        if (after_loss_ && options_.announce_peers)
+        if (lost_at_ && options_.announce_peers)
             std::fprintf(stderr, "pss: %s at %s is back\n", task_.to_string().c_str(), address_text().c_str());
         for (auto& [id, p] : pending_) start_clock(p, now);
         last_heard_ = now;
@@ -6001,7 +6012,14 @@ private:
         const auto now = Clock::now();
         if (probe_)
             return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() + " is not up (" +
-                        ec.message() + ")");
+                        ec.message() + ")" + (lost_at_ ? "; it was lost and has not come back" : ""));
+        if (now >= connect_deadline_ && lost_at_)
+            return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() +
+                        " was lost and did not come back within " +
+                        format_seconds(options_.timeouts.heartbeats() ? options_.timeouts.heartbeat_timeout
+                                                                      : options_.timeouts.startup) +
+                        " (" + std::to_string(attempts_) + " attempts; last: " + ec.message() +
+                        "); PSS_HEARTBEAT_TIMEOUT sets how long a lost task has to come back");
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
                         " within the start-up timeout of " + format_seconds(options_.timeouts.startup) + " (" +
@@ -6013,11 +6031,10 @@ private:
             std::fprintf(stderr, "pss: waiting for %s at %s (attempt %d, %lld s)\n", task_.to_string().c_str(),
                          address_text().c_str(), attempts_, static_cast<long long>(waited.count()));
         }
-        const auto wait = std::min<Clock::duration>(backoff_, connect_deadline_ - now);
-        backoff_ = std::min(options_.connect_backoff_max,
-                            std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(
-                                static_cast<double>(backoff_.count()) * options_.connect_backoff_factor + 0.5)));
-        if (backoff_.count() == 0) backoff_ = std::chrono::milliseconds(1);
+        const auto wait = std::min<Clock::duration>(std::chrono::ceil<std::chrono::microseconds>(backoff_),
+                                                    connect_deadline_ - now);
+        // In fractional milliseconds: rounded to whole ones, 1 ms x 1.3 would stay 1 ms for ever.
+        backoff_ = std::min<Backoff>(options_.connect_backoff_max, backoff_ * options_.connect_backoff_factor);
         backoff_timer_.expires_after(wait);
         backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
             if (!ec2) self->attempt();
@@ -6192,9 +6209,10 @@ private:
     asio::steady_timer backoff_timer_;
     asio::steady_timer deadline_timer_;
     asio::steady_timer heartbeat_timer_;
-    const bool after_loss_;
-    const bool probe_;
+    const std::optional<Clock::time_point> lost_at_;
+    bool probe_;  // set before start() posts to the strand, read on it
     std::atomic<bool> lost_task_{false};
+    std::atomic<Clock::rep> lost_time_{0};  // when lost_task_ was set
     std::atomic<bool> connected_once_{false};
 
     // Shared with sending threads.
@@ -6221,7 +6239,8 @@ private:
     bool ending_cluster_ = false;               // a shutdown request was taken: the link's end is expected
     std::optional<std::uint64_t> heartbeat_id_;  // the heartbeat not answered yet
     Clock::time_point heartbeat_sent_, last_heard_;
-    std::chrono::milliseconds backoff_{1};
+    using Backoff = std::chrono::duration<double, std::milli>;
+    Backoff backoff_{1};
     int attempts_ = 0;
     std::array<std::byte, frame_header_size> header_bytes_{};
     TcpReadAhead ahead_;
@@ -7073,8 +7092,9 @@ public:
 
     /// @brief Sends `request` to `task`; the future holds its Reply. Never throws for a remote failure:
     /// an unreachable task, a lost connection, a timeout or a shut-down transport answer unavailable.
-    /// A request waits for an unconnected task to come up for the start-up timeout, except a heartbeat
-    /// (RequestKind::heartbeat), which asks once: unavailable at once when nothing answers the connect.
+    /// A request waits for an unconnected task to come up for the start-up timeout; for a task that was
+    /// lost, until the heartbeat timeout after the loss, and then it connects once (unavailable at once when
+    /// the task is not up). A heartbeat (RequestKind::heartbeat) always asks once.
     std::future<Reply> send(const TaskId& task, Request request) {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             return detail::ready_reply(Reply::error(
@@ -7088,11 +7108,11 @@ public:
                                                                                      " after shutdown()"));
             auto& slot = clients_[task];
             if (!slot || slot->closed()) {
-                const bool after_loss = slot && slot->after_loss();
+                const auto lost_at = slot ? slot->lost_at() : std::nullopt;
                 // A heartbeat to a task not connected asks once, without waiting for the task to start.
                 const bool probe = request.kind == RequestKind::heartbeat;
                 slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, after_loss, probe);
+                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
                 slot->start();
             }
             connection = slot;
@@ -11339,9 +11359,11 @@ PSS_NAMESPACE_END
 #include <exception>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -11474,6 +11496,13 @@ public:
             strategy_ = &strategy;
         }
         if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
+        if (const auto text = detail::process_environment(transient_ps_failures_variable)) {
+            const auto n = detail::parse_int(*text);
+            if (!n || *n < 0)
+                throw InvalidArgumentError("pss: " + std::string(transient_ps_failures_variable) + " is \"" + *text +
+                                           "\"; give a whole number from 0 (every ps failure is raised at once) up");
+            transient_ps_failures_ = *n;
+        }
         for (int i = 0; i < strategy.num_workers(); ++i) workers_.emplace_back([this, i] { run_worker(i); });
     }
     CoordinatorPool(const CoordinatorPool&) = delete;
@@ -11695,6 +11724,33 @@ private:
         }
     }
 
+    /// True when `error` is an UnavailableError naming ps tasks (TensorFlow tells a ps failure so, by its
+    /// message) and no named ps task has failed `transient_ps_failures_` times yet (counted here, under
+    /// the lock). A closure whose ps task restarted or whose link broke for a moment so runs again.
+    bool transient_ps_failure(const std::exception_ptr& error) {
+        if (transient_ps_failures_ <= 0) return false;
+        std::string message;
+        try {
+            std::rethrow_exception(error);
+        } catch (const UnavailableError& e) {
+            message = e.what();
+        } catch (...) {
+            return false;
+        }
+        constexpr std::string_view prefix = "/job:ps/replica:0/task:";
+        std::set<int> tasks;
+        for (auto at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at + 1)) {
+            std::size_t end = at + prefix.size();
+            while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+            if (const auto task = detail::parse_int(std::string_view(message).substr(at + prefix.size(), end - at - prefix.size())))
+                tasks.insert(*task);
+        }
+        bool transient = !tasks.empty();
+        for (const int task : tasks)
+            if (++ps_failures_[task] >= transient_ps_failures_) transient = false;
+        return transient;
+    }
+
     static std::exception_ptr cancellation() {
         return std::make_exception_ptr(
             CancelledError("pss: this closure was cancelled because an earlier closure failed; reschedule it"));
@@ -11791,6 +11847,17 @@ private:
             } catch (...) {
                 auto e = std::current_exception();
                 lock.lock();
+                if (!error_ && transient_ps_failure(e)) {
+                    // TensorFlow's transient ps failure: the closure runs again; the next failure of
+                    // that ps task past the threshold is raised.
+                    queue_.push_front(closure);
+                    ++queued_;
+                    --running_;
+                    lock.unlock();
+                    work_.notify_one();
+                    lock.lock();
+                    continue;
+                }
                 // The first error is raised; the closures running meanwhile are cancelled cooperatively
                 // (their next variable operation raises CancelledError), and their errors are not raised.
                 // The queued ones are cancelled now, so that a fetch of one does not wait for the call
@@ -11834,6 +11901,9 @@ private:
     std::vector<Pinned> pinned_;  // one per worker (schedule_on)
     std::size_t queued_ = 0;      // in queue_ and pinned_
     std::exception_ptr error_;
+    static constexpr std::string_view transient_ps_failures_variable = "TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES";
+    int transient_ps_failures_ = 3;  // TensorFlow's default
+    std::map<int, int> ps_failures_;  // ps task -> its failures so far
     std::atomic<std::uint64_t> failures_{0};
     bool stopping_ = false;
     std::vector<std::thread> workers_;  // last: started after everything they use

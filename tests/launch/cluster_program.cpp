@@ -6,6 +6,11 @@
 // `cluster_program --rejoin DIR` (under `pss-launch --restart-failed`, golden file rejoin.expected): worker 1
 // kills itself (SIGKILL) in its third closure; the chief schedules on until the process the launcher
 // started again in its place has rejoined and run closures, and checks that every closure ran.
+//
+// `cluster_program --ps-loss kill|stop DIR` (golden file ps_loss.expected): once the chief has run closures on
+// a variable of ps 1, ps 1 kills (SIGKILL) or stops (SIGSTOP) itself; the chief's join must raise an
+// UnavailableError naming ps 1 within the heartbeat timeout + 2 s (killed) or 3 heartbeat timeouts + 2 s
+// (stopped: found by heartbeats), after the transient failures TensorFlow retries.
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -71,18 +76,75 @@ int lose_first_worker(pss::Variable lost, pss::Variable runs) {
 }
 const auto lose = pss::register_function("cluster_program.lose_first_worker", &lose_first_worker);
 
+/// Wall-clock nanoseconds: the one clock two processes of this machine share.
+long long wall_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
 /// Adds 1 to `count`; returns {worker index, process id}. Worker 1's first process dies in its third call
 /// before it adds anything (kill -9 mid-training); `marker` says it did, so its successor lives on.
 std::vector<int> tick(pss::Variable count, const std::string& marker) {
     static int calls = 0;
     if (pss::worker_index() == 1 && ++calls == 3 && !std::filesystem::exists(marker)) {
-        std::ofstream(marker) << "killed\n";
+        std::ofstream(marker) << wall_ns() << "\n";
         std::raise(SIGKILL);
     }
     count.assign_add(xt::xarray<float>{1});
     return {pss::worker_index(), static_cast<int>(::getpid())};
 }
 const auto tick_call = pss::register_function("cluster_program.tick", &tick);
+
+/// ps 1 of `--ps-loss`: waits (on a thread) for the chief's word in DIR/go, notes the time in DIR/died, and
+/// kills or stops itself.
+void arm_ps_loss(const std::string& how, const std::string& dir) {
+    std::thread([how, dir] {
+        const auto go = std::filesystem::path(dir) / "go";
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while (!std::filesystem::exists(go) && std::chrono::steady_clock::now() < give_up)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::ofstream(std::filesystem::path(dir) / "died") << wall_ns() << "\n";
+        std::raise(how == "stop" ? SIGSTOP : SIGKILL);
+    }).detach();
+}
+
+/// The chief of `--ps-loss kill|stop DIR`: see the top of this file.
+int run_ps_loss(Strategy& strategy, const std::string& how, const std::string& dir, double heartbeat_timeout) {
+    pss::ClusterCoordinator coordinator(strategy);
+    auto [on_ps0, on_ps1] = [&] {
+        auto scope = strategy.scope();
+        return std::pair{pss::Variable(xt::xarray<float>{0}, "on_ps0"), pss::Variable(xt::xarray<float>{0}, "on_ps1")};
+    }();
+    std::cout << "the second variable is on ps 1: " << (on_ps1.device() == "/job:ps/replica:0/task:1/device:CPU:0")
+              << "\n";
+    for (int i = 0; i < 8; ++i) (void)coordinator.schedule(add, on_ps1, 1.0f);
+    coordinator.join();
+    std::cout << "before the loss: " << on_ps1.read<float>()(0) << "\n";
+    std::ofstream(std::filesystem::path(dir) / "go") << "go\n";
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    std::string error;
+    while (error.empty() && std::chrono::steady_clock::now() < give_up) {
+        for (int i = 0; i < 4; ++i) (void)coordinator.schedule(add, on_ps1, 1.0f);
+        try {
+            coordinator.join();
+        } catch (const pss::UnavailableError& e) {
+            error = e.what();
+        }
+    }
+    const long long raised = wall_ns();
+    long long died = 0;
+    std::ifstream(std::filesystem::path(dir) / "died") >> died;
+    const double seconds = static_cast<double>(raised - died) * 1e-9;
+    const double limit = (how == "stop" ? 3 : 1) * heartbeat_timeout + 2;
+    std::cerr << "cluster_program: ps 1 " << (how == "stop" ? "stopped" : "killed") << "; join raised after " << seconds
+              << " s (limit " << limit << " s): " << error << "\n";
+    std::cout << "join raised UnavailableError naming ps 1: "
+              << (error.find("/job:ps/replica:0/task:1") != std::string::npos) << "\n";
+    std::cout << "within the limit: " << (died > 0 && seconds < limit) << "\n";
+    std::cout << "ps 0 still serves: " << (on_ps0.assign_add(xt::xarray<float>{5}), on_ps0.read<float>()(0)) << "\n";
+    strategy.join();
+    return 0;
+}
 
 /// The chief of `--rejoin DIR`: see the top of this file. Gives up after 120 s.
 int run_rejoin(Strategy& strategy, const std::string& dir) {
@@ -96,6 +158,7 @@ int run_rejoin(Strategy& strategy, const std::string& dir) {
     std::map<int, std::vector<int>> processes;  // worker -> its process ids, in the order first seen
     std::map<int, int> ran;                     // process id -> closures it ran
     int scheduled = 0;
+    long long rerun_seen = 0;  // when the batch with the lost closure had run (elsewhere)
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     const auto rejoined = [&] {
         const auto& ids = processes[1];
@@ -116,9 +179,14 @@ int run_rejoin(Strategy& strategy, const std::string& dir) {
             if (std::find(ids.begin(), ids.end(), who[1]) == ids.end()) ids.push_back(who[1]);
             ++ran[who[1]];
         }
+        if (rerun_seen == 0 && std::filesystem::exists(marker)) rerun_seen = wall_ns();
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    std::cout << "worker 1 was killed: " << std::filesystem::exists(marker) << "\n";
+    long long killed = 0;
+    std::ifstream(marker) >> killed;
+    std::cerr << "cluster_program: worker 1 killed; its closure had run on another worker "
+              << static_cast<double>(rerun_seen - killed) * 1e-9 << " s later (at most)\n";
+    std::cout << "worker 1 was killed: " << (killed > 0) << "\n";
     std::cout << "worker 1 ran closures in 2 processes, the second after it rejoined: " << rejoined() << "\n";
     std::cout << "worker 0 ran closures in 1 process: " << (processes[0].size() == 1) << "\n";
     std::cout << "every closure ran once (the lost one again elsewhere): "
@@ -131,11 +199,16 @@ int run_rejoin(Strategy& strategy, const std::string& dir) {
 
 int main(int argc, char** argv) {
     Strategy strategy;
+    const bool ps_loss = argc == 4 && std::string(argv[1]) == "--ps-loss";
+    if (ps_loss && strategy.task() == pss::TaskId{"ps", 1}) arm_ps_loss(argv[2], argv[3]);
     if (!strategy.is_chief()) {
         strategy.join();  // ps and workers serve until the chief ends the cluster
         return 0;
     }
     if (argc == 3 && std::string(argv[1]) == "--rejoin") return run_rejoin(strategy, argv[2]);
+    if (ps_loss)
+        return run_ps_loss(strategy, argv[2], argv[3],
+                           std::chrono::duration<double>(pss::Timeouts::from_environment().heartbeat_timeout).count());
     pss::ClusterCoordinator coordinator(strategy);
     pss::Variable v = [&] {
         auto scope = strategy.scope();

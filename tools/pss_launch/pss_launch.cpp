@@ -4,9 +4,9 @@
 //
 // Starts one chief, N ps and M workers, each a copy of PROGRAM in its own process group, with TF_CONFIG
 // telling each its place; prefixes each task's output lines with its name; ends every task when the chief
-// exits, when a ps fails, or when the launcher gets SIGINT, SIGTERM or SIGHUP. A failed worker leaves the
-// others running (the chief's coordinator runs its closures elsewhere); with --restart-failed a failed ps
-// or worker is started again with the same identity. POSIX only.
+// exits or when the launcher gets SIGINT, SIGTERM or SIGHUP. A failed ps or worker leaves the others
+// running (the chief decides what its loss means); with --restart-failed it is started again with the
+// same identity. POSIX only.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -80,18 +80,17 @@ TLS: every run gets a throwaway cluster CA and a certificate per task, written t
 directory that PSS_TLS_DIR names in each task and that is removed when the launcher ends. When
 PSS_TLS_DIR or PSS_TLS_CERT is set already, the tasks use those certificates instead.
 
-Ending: every task runs in its own process group. When the chief exits, when a ps fails (exits with
-a non-zero status or is killed by a signal) and is not started again, or when the launcher gets
+Ending: every task runs in its own process group. When the chief exits, or when the launcher gets
 SIGINT, SIGTERM or SIGHUP, every task still running gets SIGTERM, and SIGKILL after the grace period;
-the launcher returns once all of them are gone. A worker that fails does not end the run: the
-chief's coordinator runs its closures on the other workers (and fails itself when none is left),
-and with --restart-failed the worker is started again. A ps or worker that exits with status 0 is
-not a failure and is not started again. On Linux a task also gets SIGKILL if the launcher itself dies.
+the launcher returns once all of them are gone. A ps or worker that fails (exits with a non-zero
+status or is killed by a signal) does not end the run: the chief decides what its loss means (its
+coordinator runs a lost worker's closures on the others, and raises UnavailableError naming a lost
+ps within the heartbeat timeout), and with --restart-failed the task is started again. On Linux a
+task also gets SIGKILL if the launcher itself dies.
 
-Exit status: the chief's exit status when the chief ends first (128 + the signal if it was killed);
-else the status of the ps that failed (128 + signal); 128 + the signal when the launcher was
-interrupted; 2 for a wrong command line; 1 when a task could not be started. A PROGRAM that cannot be
-run gives each task status 127.
+Exit status: the chief's exit status (128 + the signal if it was killed); 128 + the signal when the
+launcher was interrupted; 2 for a wrong command line; 1 when a task could not be started. A PROGRAM
+that cannot be run gives each task status 127.
 
 Example:
   pss-launch --ps 2 --workers 4 -- ./train --steps 1000
@@ -594,12 +593,9 @@ int main(int argc, char** argv) {
                     std::cerr << "pss-launch: " << task.name << " " << describe(status) << "; starting it again ("
                               << task.restarts << " of " << options.restarts << " restarts)\n" << std::flush;
                     to_restart.push_back(&task);  // after its output is read: `owners` points into its streams
-                } else if (failed(status) && task.type == "ps") {
-                    stop(exit_code_of(status), task.name + " " + describe(status));
                 } else if (failed(status)) {
                     std::cerr << "pss-launch: " << task.name << " " << describe(status)
-                              << "; the other tasks run on (the chief's coordinator runs its closures elsewhere)\n"
-                              << std::flush;
+                              << "; the other tasks run on (the chief decides what its loss means)\n" << std::flush;
                 } else {
                     std::cerr << "pss-launch: " << task.name << " " << describe(status) << "\n" << std::flush;
                 }

@@ -228,8 +228,9 @@ public:
 
     /// @brief Sends `request` to `task`; the future holds its Reply. Never throws for a remote failure:
     /// an unreachable task, a lost connection, a timeout or a shut-down transport answer unavailable.
-    /// A request waits for an unconnected task to come up for the start-up timeout, except a heartbeat
-    /// (RequestKind::heartbeat), which asks once: unavailable at once when nothing answers the connect.
+    /// A request waits for an unconnected task to come up for the start-up timeout; for a task that was
+    /// lost, until the heartbeat timeout after the loss, and then it connects once (unavailable at once when
+    /// the task is not up). A heartbeat (RequestKind::heartbeat) always asks once.
     std::future<Reply> send(const TaskId& task, Request request) {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             return detail::ready_reply(Reply::error(
@@ -243,11 +244,11 @@ public:
                                                                                      " after shutdown()"));
             auto& slot = clients_[task];
             if (!slot || slot->closed()) {
-                const bool after_loss = slot && slot->after_loss();
+                const auto lost_at = slot ? slot->lost_at() : std::nullopt;
                 // A heartbeat to a task not connected asks once, without waiting for the task to start.
                 const bool probe = request.kind == RequestKind::heartbeat;
                 slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, after_loss, probe);
+                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
                 slot->start();
             }
             connection = slot;

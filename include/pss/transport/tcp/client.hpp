@@ -47,11 +47,13 @@ class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnect
 public:
     using Clock = std::chrono::steady_clock;
 
-    /// `after_loss`: a connection before this one lost the task (announced when it is back). `probe`:
-    /// one attempt, no retries: the requests fail at once when the task is not up (a lost worker's
-    /// coordinator asks so whether it came back, without waiting lines).
+    /// `lost_at`: when a connection before this one lost the task. A lost task has the heartbeat timeout
+    /// from then to come back (requests wait for it meanwhile); after that a request connects once and
+    /// fails at once when the task is not up, so that an error names a dead task within that timeout.
+    /// `probe`: one attempt only, from the start (a coordinator asks so whether a lost worker came back).
     TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
-                        const TcpOptions& options, TlsContext tls, bool after_loss = false, bool probe = false)
+                        const TcpOptions& options, TlsContext tls, std::optional<Clock::time_point> lost_at = {},
+                        bool probe = false)
         : task_(std::move(task)),
           where_(std::move(where)),
           options_(options),
@@ -61,16 +63,18 @@ public:
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
-          after_loss_(after_loss),
+          lost_at_(lost_at),
           probe_(probe) {}
 
     /// Starts connecting (on the strand).
     void start() {
         connect_started_ = Clock::now();
-        connect_deadline_ = options_.timeouts.startup.count() > 0 ? connect_started_ + options_.timeouts.startup
-                                                                  : Clock::time_point::max();
+        const auto& t = options_.timeouts;
+        const auto wait = lost_at_ && t.heartbeats() ? t.heartbeat_timeout : t.startup;
+        connect_deadline_ = wait.count() > 0 ? (lost_at_ ? *lost_at_ : connect_started_) + wait : Clock::time_point::max();
+        if (connect_deadline_ <= connect_started_) probe_ = true;  // lost for longer than it had to come back
         next_wait_report_ = connect_started_ + wait_report_interval;
-        backoff_ = options_.connect_backoff_initial;
+        backoff_ = std::max<Backoff>(options_.connect_backoff_initial, std::chrono::milliseconds(1));
         asio::post(strand_, [self = shared_from_this()] { self->attempt(); });
     }
 
@@ -78,9 +82,11 @@ public:
     /// True once the connection ended because the task was lost (its link broke, or it answered no
     /// heartbeat), not because the transport shut down or the cluster ended.
     [[nodiscard]] bool lost_task() const noexcept { return lost_task_.load(std::memory_order_acquire); }
-    /// True when this connection or one before it lost the task, and it has not been connected since.
-    [[nodiscard]] bool after_loss() const noexcept {
-        return lost_task() || (after_loss_ && !connected_once_.load(std::memory_order_acquire));
+    /// When this connection, or one before it, lost the task, unless it has been connected since.
+    [[nodiscard]] std::optional<Clock::time_point> lost_at() const noexcept {
+        if (lost_task()) return Clock::time_point(Clock::duration(lost_time_.load(std::memory_order_acquire)));
+        if (lost_at_ && !connected_once_.load(std::memory_order_acquire)) return lost_at_;
+        return std::nullopt;
     }
 
     /// Hands `request` to the strand, which writes it once the connection is up.
@@ -174,6 +180,7 @@ private:
     void lose(const std::string& reason, const std::string& cause) {
         if (state_ == State::closed) return;
         if (state_ == State::connected && !ending_cluster_) {
+            lost_time_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
             lost_task_.store(true, std::memory_order_release);
             if (options_.announce_peers)
                 std::fprintf(stderr, "pss: lost %s at %s (%s)\n", task_.to_string().c_str(), address_text().c_str(),
@@ -267,11 +274,15 @@ private:
 #if PSS_HAS_TLS
         if (tls_) {
             // A peer that accepts and never answers must not hold the attempt: the handshake has the
-            // time the connect timeout leaves, at most 10 s, then the attempt is retried.
+            // time the connect timeout leaves (a probe's one attempt: the heartbeat timeout), at most
+            // 10 s, then the attempt is retried.
             handshaking_ = true;
-            backoff_timer_.expires_after(std::min<Clock::duration>(std::chrono::seconds(10),
-                                                                   std::max<Clock::duration>(connect_deadline_ - Clock::now(),
-                                                                                             std::chrono::milliseconds(100))));
+            const Clock::duration budget = probe_ ? Clock::duration(options_.timeouts.heartbeats()
+                                                                         ? options_.timeouts.heartbeat_timeout
+                                                                         : std::chrono::seconds(10))
+                                                  : connect_deadline_ - Clock::now();
+            backoff_timer_.expires_after(std::min<Clock::duration>(
+                std::chrono::seconds(10), std::max<Clock::duration>(budget, std::chrono::milliseconds(100))));
             backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
                 if (ec2 || !self->handshaking_) return;
                 std::error_code ignored2;
@@ -314,7 +325,7 @@ private:
         state_ = State::connected;
         connected_once_.store(true, std::memory_order_release);
         const auto now = Clock::now();
-        if (after_loss_ && options_.announce_peers)
+        if (lost_at_ && options_.announce_peers)
             std::fprintf(stderr, "pss: %s at %s is back\n", task_.to_string().c_str(), address_text().c_str());
         for (auto& [id, p] : pending_) start_clock(p, now);
         last_heard_ = now;
@@ -365,7 +376,14 @@ private:
         const auto now = Clock::now();
         if (probe_)
             return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() + " is not up (" +
-                        ec.message() + ")");
+                        ec.message() + ")" + (lost_at_ ? "; it was lost and has not come back" : ""));
+        if (now >= connect_deadline_ && lost_at_)
+            return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() +
+                        " was lost and did not come back within " +
+                        format_seconds(options_.timeouts.heartbeats() ? options_.timeouts.heartbeat_timeout
+                                                                      : options_.timeouts.startup) +
+                        " (" + std::to_string(attempts_) + " attempts; last: " + ec.message() +
+                        "); PSS_HEARTBEAT_TIMEOUT sets how long a lost task has to come back");
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
                         " within the start-up timeout of " + format_seconds(options_.timeouts.startup) + " (" +
@@ -377,11 +395,10 @@ private:
             std::fprintf(stderr, "pss: waiting for %s at %s (attempt %d, %lld s)\n", task_.to_string().c_str(),
                          address_text().c_str(), attempts_, static_cast<long long>(waited.count()));
         }
-        const auto wait = std::min<Clock::duration>(backoff_, connect_deadline_ - now);
-        backoff_ = std::min(options_.connect_backoff_max,
-                            std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(
-                                static_cast<double>(backoff_.count()) * options_.connect_backoff_factor + 0.5)));
-        if (backoff_.count() == 0) backoff_ = std::chrono::milliseconds(1);
+        const auto wait = std::min<Clock::duration>(std::chrono::ceil<std::chrono::microseconds>(backoff_),
+                                                    connect_deadline_ - now);
+        // In fractional milliseconds: rounded to whole ones, 1 ms x 1.3 would stay 1 ms for ever.
+        backoff_ = std::min<Backoff>(options_.connect_backoff_max, backoff_ * options_.connect_backoff_factor);
         backoff_timer_.expires_after(wait);
         backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
             if (!ec2) self->attempt();
@@ -556,9 +573,10 @@ private:
     asio::steady_timer backoff_timer_;
     asio::steady_timer deadline_timer_;
     asio::steady_timer heartbeat_timer_;
-    const bool after_loss_;
-    const bool probe_;
+    const std::optional<Clock::time_point> lost_at_;
+    bool probe_;  // set before start() posts to the strand, read on it
     std::atomic<bool> lost_task_{false};
+    std::atomic<Clock::rep> lost_time_{0};  // when lost_task_ was set
     std::atomic<bool> connected_once_{false};
 
     // Shared with sending threads.
@@ -585,7 +603,8 @@ private:
     bool ending_cluster_ = false;               // a shutdown request was taken: the link's end is expected
     std::optional<std::uint64_t> heartbeat_id_;  // the heartbeat not answered yet
     Clock::time_point heartbeat_sent_, last_heard_;
-    std::chrono::milliseconds backoff_{1};
+    using Backoff = std::chrono::duration<double, std::milli>;
+    Backoff backoff_{1};
     int attempts_ = 0;
     std::array<std::byte, frame_header_size> header_bytes_{};
     TcpReadAhead ahead_;
