@@ -408,6 +408,39 @@ TEST_SUITE("ParameterServer") {
         CHECK(s.message == "pss: read on variable 'w2' for step 5 was waiting when the parameter server shut down; "
                            "the step will not be applied");
     }
+    TEST_CASE("ParameterServer: clear (a new run) drops every shard, answers a held read not_found, and the "
+              "same keys can be created again") {
+        pss::ParameterServer<pss::SGD> server(pss::SGD(1.0), pss::SyncOptions{true, 1, 0});
+        const auto create = [&](float value) {
+            pss::Request r;
+            r.op = pss::Op::create;
+            r.key = {1, 0};
+            r.name = "w";
+            r.payload = xt::xarray<float>{value};
+            return server.handle(std::move(r));
+        };
+        REQUIRE(create(1).ok());
+        pss::Request r;
+        r.op = pss::Op::read;
+        r.key = {1, 0};
+        r.step = 5;
+        std::promise<pss::Reply> p;
+        auto held = p.get_future();
+        server.handle(std::move(r), pss::Responder([p = std::move(p)](pss::Reply&& x) mutable { p.set_value(std::move(x)); }));
+        CHECK(create(2).code == pss::ErrorCode::already_exists);
+        server.clear("a new chief began a new run");
+        CHECK(server.num_shards() == 0);
+        REQUIRE(held.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+        const pss::Reply answer = held.get();
+        CHECK(answer.code == pss::ErrorCode::not_found);
+        CHECK(answer.message == "pss: read on variable 'w' for step 5 was waiting when a new chief began a new run; "
+                                "the step will not be applied");
+        REQUIRE(create(3).ok());
+        pss::Request read;
+        read.op = pss::Op::read;
+        read.key = {1, 0};
+        CHECK(server.handle(std::move(read)).take().get<float>() == xt::xarray<float>{3});
+    }
 }
 
 /// A near miss of Transport: its serve takes a handler that returns the Reply (no Responder).

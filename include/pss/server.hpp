@@ -160,6 +160,18 @@ public:
         }
     }
 
+    /// @brief Drops every shard and staged restore (a new run begins: a restarted chief creates its
+    /// variables again); held pulls are answered `ErrorCode::not_found` with `why`. Called by the thread
+    /// that hands this server its requests.
+    void clear(const std::string& why) noexcept {
+        for (auto& entry : shards_) {
+            Shard& shard = entry.second;
+            std::visit([&](auto& state) { release_held(shard, state, ErrorCode::not_found, why.c_str()); }, shard.state);
+        }
+        shards_.clear();
+        staged_.clear();
+    }
+
     /// @brief Handles one request and answers it through `respond`, at once, or (a synchronous pull for a
     /// step not applied yet) when that step is applied. Errors become replies (never exceptions), so a
     /// bad request cannot take the task down.

@@ -9500,10 +9500,13 @@ PSS_NAMESPACE_END
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -9676,6 +9679,18 @@ public:
             std::visit([&](auto& state) { release_held(shard, state, ErrorCode::unavailable, "the parameter server shut down"); },
                        shard.state);
         }
+    }
+
+    /// @brief Drops every shard and staged restore (a new run begins: a restarted chief creates its
+    /// variables again); held pulls are answered `ErrorCode::not_found` with `why`. Called by the thread
+    /// that hands this server its requests.
+    void clear(const std::string& why) noexcept {
+        for (auto& entry : shards_) {
+            Shard& shard = entry.second;
+            std::visit([&](auto& state) { release_held(shard, state, ErrorCode::not_found, why.c_str()); }, shard.state);
+        }
+        shards_.clear();
+        staged_.clear();
     }
 
     /// @brief Handles one request and answers it through `respond`, at once, or (a synchronous pull for a
@@ -10978,8 +10993,11 @@ public:
             server_ = new_transport<TransportPolicy>(spec_, self_, timeouts_, false);
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
-                if (r.kind == RequestKind::call && r.name == handshake_call)
-                    return respond(answer_handshake(fingerprint_, self_, r.values));
+                if (r.kind == RequestKind::call && r.name == handshake_call) {
+                    Reply reply = answer_handshake(fingerprint_, self_, r.values);
+                    if (reply.ok()) begin_run(r.values);
+                    return respond(std::move(reply));
+                }
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
@@ -11014,7 +11032,9 @@ public:
     /// @throws FailedPreconditionError naming each part that differs, as each task runs it
     void handshake() {
         if (self_.type == "ps") return;
-        const auto hello = nlohmann::json::to_cbor({{"task", self_.to_string()}, {"fingerprint", fingerprint_}});
+        nlohmann::json hello_json = {{"task", self_.to_string()}, {"fingerprint", fingerprint_}};
+        if (self_.type == "chief") hello_json["run"] = run_;
+        const auto hello = nlohmann::json::to_cbor(hello_json);
         std::vector<std::future<Reply>> replies;
         for (int i = 0; i < spec_.num_tasks("ps"); ++i) {
             Request request;
@@ -11067,6 +11087,29 @@ public:
     }
 
 private:
+    /// A ps task: a chief's handshake names its run; a chief of another run than the last (the chief
+    /// was started again while this task served on) begins a new run here: the last run's shards are
+    /// dropped, so the new chief creates its variables again and restores them from its checkpoint.
+    /// On the task's strand, as every request.
+    void begin_run(const Values& values) {
+        const nlohmann::json sent = nlohmann::json::from_cbor(values.cbor, true, false);
+        if (!sent.contains("run") || !sent["run"].is_number_unsigned()) return;  // a worker's
+        const auto run = sent["run"].get<std::uint64_t>();
+        if (ps_run_ && *ps_run_ != run) {
+            const std::size_t dropped = ps_->num_shards();
+            ps_->clear("a new chief began a new run");
+            std::fprintf(stderr, "pss: %s: a new chief connected (a new run); dropped the last run's %zu shard%s\n",
+                         self_.to_string().c_str(), dropped, dropped == 1 ? "" : "s");
+        }
+        ps_run_ = run;
+    }
+
+    /// A random id of this chief's run: a ps tells a restarted chief by it.
+    static std::uint64_t new_run_id() {
+        std::random_device device;
+        return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+    }
+
     Reply stop_requested() {
         {
             std::lock_guard lock(mutex_);
@@ -11096,6 +11139,8 @@ private:
     SyncOptions sync_;
     Timeouts timeouts_;
     nlohmann::json fingerprint_;
+    std::uint64_t run_ = new_run_id();          // a chief's
+    std::optional<std::uint64_t> ps_run_;       // a ps task's: the run of the chief it serves
     std::unique_ptr<TransportPolicy> client_;
     std::unique_ptr<ParameterServer<OptimizerPolicy>> ps_;
     std::unique_ptr<CallThread> calls_;        // a worker's: stopped by shutdown, after the client

@@ -11,6 +11,11 @@
 // a variable of ps 1, ps 1 kills (SIGKILL) or stops (SIGSTOP) itself; the chief's join must raise an
 // UnavailableError naming ps 1 within the heartbeat timeout + 2 s (killed) or 3 heartbeat timeouts + 2 s
 // (stopped: found by heartbeats), after the transient failures TensorFlow retries.
+//
+// `cluster_program --chief-restart DIR` (check_chief_restart.sh, golden file chief_restart.expected): the
+// first chief saves a checkpoint, trains on and kills itself; the ps and worker tasks serve on, and a chief
+// started again with the same TF_CONFIG takes them over (the ps tasks drop the last run's shards), creates
+// its variable again, restores the checkpoint and trains on.
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -146,6 +151,38 @@ int run_ps_loss(Strategy& strategy, const std::string& how, const std::string& d
     return 0;
 }
 
+/// The chief of `--chief-restart DIR`: see the top of this file.
+int run_chief_restart(Strategy& strategy, const std::string& dir) {
+    const auto first_life = std::filesystem::path(dir) / "first_chief_died";
+    pss::Checkpoint checkpoint(strategy);
+    pss::CheckpointManager manager(checkpoint, (std::filesystem::path(dir) / "ckpt").string(), 2);
+    pss::ClusterCoordinator coordinator(strategy);
+    pss::Variable v = [&] {
+        auto scope = strategy.scope();
+        return pss::Variable(xt::xarray<float>{0}, "v");
+    }();
+    const auto add_times = [&](int n) {
+        for (int i = 0; i < n; ++i) (void)coordinator.schedule(add, v, 1.0f);
+        coordinator.join();
+        return v.read<float>()(0);
+    };
+    if (!std::filesystem::exists(first_life)) {
+        const float saved = add_times(5);
+        checkpoint.set_step(5);
+        manager.save();
+        const float last = add_times(3);
+        std::cout << "first chief: v = " << saved << " at the checkpoint, " << last << " when it dies" << std::endl;
+        std::ofstream(first_life) << "1\n";
+        std::raise(SIGKILL);
+    }
+    const auto restored = manager.restore_or_initialize();
+    std::cout << "second chief: restored " << (restored ? "the latest checkpoint" : "nothing") << ", v = "
+              << v.read<float>()(0) << "\n";
+    std::cout << "after 3 more closures: v = " << add_times(3) << "\n";
+    strategy.join();
+    return 0;
+}
+
 /// The chief of `--rejoin DIR`: see the top of this file. Gives up after 120 s.
 int run_rejoin(Strategy& strategy, const std::string& dir) {
     pss::ClusterCoordinator coordinator(strategy);
@@ -206,6 +243,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (argc == 3 && std::string(argv[1]) == "--rejoin") return run_rejoin(strategy, argv[2]);
+    if (argc == 3 && std::string(argv[1]) == "--chief-restart") return run_chief_restart(strategy, argv[2]);
     if (ps_loss)
         return run_ps_loss(strategy, argv[2], argv[3],
                            std::chrono::duration<double>(pss::Timeouts::from_environment().heartbeat_timeout).count());
