@@ -8,12 +8,7 @@
 set -euo pipefail
 program=$1 launch=$2 expected=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
-read -r -a ports <<<"$(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(5)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')"
-cluster="{\"chief\": [\"127.0.0.1:${ports[0]}\"], \"ps\": [\"127.0.0.1:${ports[1]}\", \"127.0.0.1:${ports[2]}\"], \"worker\": [\"127.0.0.1:${ports[3]}\", \"127.0.0.1:${ports[4]}\"]}"
+source "$(dirname "${BASH_SOURCE[0]}")/hand_cluster.sh"
 "$launch" --ps 2 --workers 2 --write-certificates "$work/tls" >/dev/null
 export PSS_TLS_DIR=$work/tls
 unset PSS_TLS_CA PSS_TLS_CERT PSS_TLS_KEY

@@ -8,12 +8,7 @@
 set -euo pipefail
 program=$1 expected=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
-read -r -a ports <<<"$(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(5)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))')"
-cluster="{\"chief\": [\"127.0.0.1:${ports[0]}\"], \"ps\": [\"127.0.0.1:${ports[1]}\", \"127.0.0.1:${ports[2]}\"], \"worker\": [\"127.0.0.1:${ports[3]}\", \"127.0.0.1:${ports[4]}\"]}"
+source "$(dirname "${BASH_SOURCE[0]}")/hand_cluster.sh"
 tls=$work/tls && mkdir -m 700 "$tls"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=pss test CA" \
   -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
