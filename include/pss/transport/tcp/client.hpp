@@ -248,6 +248,7 @@ private:
         }
         where_text_ = where.host + ":" + std::to_string(where.port);
         stream_.plain();  // the last attempt's TLS, if any, is over
+        bound_attempt();
         std::error_code ec;
         const auto address = asio::ip::make_address(where.host == "localhost" ? "127.0.0.1" : where.host, ec);
         if (!ec) {
@@ -259,35 +260,49 @@ private:
         resolver_->async_resolve(
             where.host, std::to_string(where.port),
             [self = shared_from_this()](std::error_code ec2, asio::ip::tcp::resolver::results_type results) {
-                if (ec2) return self->retry(ec2);
+                if (ec2) return self->retry(self->end_attempt(ec2));
                 asio::async_connect(self->stream_.socket(), results,
                                     [self](std::error_code ec3, const asio::ip::tcp::endpoint&) { self->on_connect(ec3); });
             });
     }
 
+    /// One attempt (resolving, connecting, the TLS handshake) has the time the connect timeout leaves
+    /// (a probe's one attempt: the heartbeat timeout), at most 10 s: a host whose link is down answers
+    /// nothing, and a peer may accept and never answer; then the attempt ends with `timed_out`.
+    void bound_attempt() {
+        attempting_ = true;
+        const Clock::duration budget = probe_ ? Clock::duration(options_.timeouts.heartbeats()
+                                                                     ? options_.timeouts.heartbeat_timeout
+                                                                     : std::chrono::seconds(10))
+                                              : connect_deadline_ - Clock::now();
+        backoff_timer_.expires_after(std::min<Clock::duration>(
+            std::chrono::seconds(10), std::max<Clock::duration>(budget, std::chrono::milliseconds(100))));
+        backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
+            if (ec || !self->attempting_) return;
+            self->attempt_timed_out_ = true;
+            if (self->resolver_) self->resolver_->cancel();
+            std::error_code ignored;
+            self->stream_.socket().close(ignored);  // the connect or handshake ends with an error
+        });
+    }
+
+    /// The attempt's end, with `ec` as it should be reported (an attempt its timer ended timed out).
+    std::error_code end_attempt(std::error_code ec) {
+        attempting_ = false;
+        backoff_timer_.cancel();
+        if (ec && attempt_timed_out_) ec = asio::error::timed_out;
+        attempt_timed_out_ = false;
+        return ec;
+    }
+
     void on_connect(std::error_code ec) {
         if (state_ == State::closed) return;
-        if (ec) return retry(ec);
+        if (ec) return retry(end_attempt(ec));
         std::error_code ignored;
         stream_.socket().set_option(asio::ip::tcp::no_delay(true), ignored);
         stream_.socket().non_blocking(true, ignored);
 #if PSS_HAS_TLS
         if (tls_) {
-            // A peer that accepts and never answers must not hold the attempt: the handshake has the
-            // time the connect timeout leaves (a probe's one attempt: the heartbeat timeout), at most
-            // 10 s, then the attempt is retried.
-            handshaking_ = true;
-            const Clock::duration budget = probe_ ? Clock::duration(options_.timeouts.heartbeats()
-                                                                         ? options_.timeouts.heartbeat_timeout
-                                                                         : std::chrono::seconds(10))
-                                                  : connect_deadline_ - Clock::now();
-            backoff_timer_.expires_after(std::min<Clock::duration>(
-                std::chrono::seconds(10), std::max<Clock::duration>(budget, std::chrono::milliseconds(100))));
-            backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
-                if (ec2 || !self->handshaking_) return;
-                std::error_code ignored2;
-                self->stream_.socket().close(ignored2);  // the handshake ends with an error, and is retried
-            });
             return stream_.secure(*tls_).async_handshake(
                 asio::ssl::stream_base::client, [self = shared_from_this()](std::error_code ec2) { self->on_handshake(ec2); });
         }
@@ -299,10 +314,8 @@ private:
     /// The peer must prove it is the task this connection is for: a certificate of the cluster's CA
     /// (checked by the handshake) that names that task.
     void on_handshake(std::error_code ec) {
-        handshaking_ = false;
-        backoff_timer_.cancel();
+        ec = end_attempt(ec);
         if (state_ == State::closed) return;
-        if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) ec = asio::error::timed_out;
         if (ec && ec.category() == asio::error::get_ssl_category()) {
             // The verification's own reason says more than the first error OpenSSL queued.
             const long verified = SSL_get_verify_result(stream_.tls()->native_handle());
@@ -322,6 +335,7 @@ private:
 #endif
 
     void connected() {
+        (void)end_attempt({});
         state_ = State::connected;
         connected_once_.store(true, std::memory_order_release);
         const auto now = Clock::now();
@@ -595,7 +609,8 @@ private:
     bool writing_ = false;
     bool timer_armed_ = false;
 #if PSS_HAS_TLS
-    bool handshaking_ = false;  // the backoff timer bounds the TLS handshake meanwhile
+    bool attempting_ = false;         // the backoff timer bounds the connect attempt meanwhile
+    bool attempt_timed_out_ = false;  // it ended the attempt
 #endif
     TcpWriteBatch batch_;
     std::string where_text_;
