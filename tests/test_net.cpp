@@ -1391,7 +1391,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 TEST_SUITE("net") {
     TEST_CASE("Timeouts: TensorFlow's defaults, changed by PSS_STARTUP_TIMEOUT, PSS_HEARTBEAT_INTERVAL, "
-              "PSS_HEARTBEAT_TIMEOUT and PSS_REQUEST_TIMEOUT in seconds; a bad value is named") {
+              "PSS_HEARTBEAT_TIMEOUT, PSS_REQUEST_TIMEOUT and PSS_CHIEF_TIMEOUT in seconds; a bad value is named") {
         using std::chrono::milliseconds;
         auto from = [](std::map<std::string, std::string> env) {
             return pss::Timeouts::from_environment([env](std::string_view name) -> std::optional<std::string> {
@@ -1405,15 +1405,21 @@ TEST_SUITE("net") {
         CHECK(defaults.heartbeat_interval == milliseconds(1'000));
         CHECK(defaults.heartbeat_timeout == milliseconds(10'000));
         CHECK(defaults.request == milliseconds(0));
+        CHECK(defaults.chief == milliseconds(600'000));
+        CHECK(defaults.chief_bounded());
         const pss::Timeouts set = from({{"PSS_STARTUP_TIMEOUT", "2.5"},
                                         {"PSS_HEARTBEAT_INTERVAL", "0.25"},
                                         {"PSS_HEARTBEAT_TIMEOUT", "3"},
-                                        {"PSS_REQUEST_TIMEOUT", "90"}});
+                                        {"PSS_REQUEST_TIMEOUT", "90"},
+                                        {"PSS_CHIEF_TIMEOUT", "4.5"}});
         CHECK(set.startup == milliseconds(2'500));
         CHECK(set.heartbeat_interval == milliseconds(250));
         CHECK(set.heartbeat_timeout == milliseconds(3'000));
         CHECK(set.request == milliseconds(90'000));
+        CHECK(set.chief == milliseconds(4'500));
         CHECK_FALSE(from({{"PSS_HEARTBEAT_TIMEOUT", "0"}}).heartbeats());
+        CHECK_FALSE(from({{"PSS_HEARTBEAT_TIMEOUT", "0"}}).chief_bounded());  // a chief is heard by its heartbeats
+        CHECK_FALSE(from({{"PSS_CHIEF_TIMEOUT", "0"}}).chief_bounded());
         CHECK_THROWS_WITH_AS(from({{"PSS_HEARTBEAT_TIMEOUT", "ten"}}),
                              "pss: PSS_HEARTBEAT_TIMEOUT is \"ten\"; give seconds as a number from 0 to 86400, such "
                              "as \"10\" or \"2.5\"",
@@ -1426,6 +1432,44 @@ TEST_SUITE("net") {
                              "pss: Timeouts: the heartbeat interval (10000 ms) must be above 0 and below the heartbeat "
                              "timeout (10000 ms)",
                              pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("ParameterServerStrategy: a ps task serves on while a chief's heartbeats reach it, and once none has "
+              "for the chief timeout its join raises UnavailableError; a worker's heartbeats do not count" *
+              doctest::timeout(30)) {
+        using namespace std::chrono_literals;
+        using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD,
+                                                      pss::SimpleClusterResolver>;
+        const pss::ClusterSpec spec{
+            {"chief", {nobody_listens()}}, {"ps", {nobody_listens()}}, {"worker", {nobody_listens()}}};
+        pss::Timeouts timeouts;
+        timeouts.heartbeat_interval = 50ms;
+        timeouts.heartbeat_timeout = 1s;
+        timeouts.chief = 600ms;
+        Strategy ps(pss::SimpleClusterResolver(spec, "ps", 0), {}, pss::SGD(1.0), timeouts);
+        auto served = std::async(std::launch::async, [&] { ps.join(); });
+        // No chief yet: the clock has not started (a chief may start long after its ps tasks).
+        CHECK(served.wait_for(900ms) == std::future_status::timeout);
+        pss::Request heartbeat;
+        heartbeat.kind = pss::RequestKind::heartbeat;
+        pss::TcpTransport worker(spec, pss::TaskId{"worker", 0}, timeouts, false);
+        REQUIRE(worker.send({"ps", 0}, heartbeat).get().ok());  // its link heartbeats from now on
+        std::chrono::steady_clock::time_point chief_gone;
+        {
+            pss::TcpTransport chief(spec, pss::TaskId{"chief", 0}, timeouts, false);
+            REQUIRE(chief.send({"ps", 0}, heartbeat).get().ok());
+            CHECK(served.wait_for(1500ms) == std::future_status::timeout);  // 2.5 chief timeouts, heard every 50 ms
+            chief_gone = std::chrono::steady_clock::now();
+        }
+        REQUIRE(served.wait_for(5s) == std::future_status::ready);
+        const double waited = seconds_since(chief_gone);
+        CHECK(waited >= 0.55);
+        CHECK(waited < 3.0);
+        CHECK_THROWS_WITH_AS(served.get(),
+                             "pss: /job:ps/replica:0/task:0: no chief was heard from for 0.6 s (PSS_CHIEF_TIMEOUT); "
+                             "this task stops serving. The chief ended without ending the cluster, or cannot reach "
+                             "this task",
+                             pss::UnavailableError);
     }
 
     TEST_CASE("TcpTransport: waiting for a task that is not up prints whom and where every 5 s, and the start-up "

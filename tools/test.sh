@@ -21,8 +21,8 @@ if [[ $mode == all ]]; then
 fi
 compiler=() extra=() packages=()
 case "$mode" in
-    plain) build=build; sanitize=""; packages=(python3-numpy) ;;
-    clang) build=build-clang; sanitize=""; packages=(clang python3-numpy)
+    plain) build=build; sanitize=""; packages=(python3-numpy iproute2) ;;
+    clang) build=build-clang; sanitize=""; packages=(clang python3-numpy iproute2)
            compiler=(-DCMAKE_CXX_COMPILER=clang++)
            # The g++ build covers the examples, header checks, benchmarks and consumers; clang proves the
            # code (every header through the doctest suite, processes through tests/launch). CI's time

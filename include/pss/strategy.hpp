@@ -1,6 +1,7 @@
 // pss/strategy.hpp: ParameterServerStrategy, the four policies composed into one type.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <atomic>
@@ -312,11 +313,21 @@ public:
     RemoteWorkers* remote_workers() noexcept override { return self_.type == "chief" ? this : nullptr; }
 
     /// A ps or worker serves until the chief's shutdown request; the chief sends that request to every
-    /// worker, then to every ps (the workers may still be pushing), and every task then closes.
+    /// worker, then to every ps (the workers may still be pushing), and every task then closes. A task
+    /// that has not heard from a chief for the chief timeout stops serving (Timeouts::chief).
+    /// @throws UnavailableError `pss: /job:ps/replica:0/task:1: no chief was heard from for 600 s (PSS_CHIEF_TIMEOUT); ...`
     void join() override {
         if (server_) {
             std::unique_lock lock(mutex_);
-            stopped_.wait(lock, [&] { return stop_; });
+            while (!stopped_.wait_for(lock, chief_check_interval(), [&] { return stop_; })) {
+                if (!chief_gone()) continue;
+                lock.unlock();
+                shutdown();
+                throw UnavailableError("pss: " + self_.to_string() + ": no chief was heard from for " +
+                                       detail::format_seconds(timeouts_.chief) +
+                                       " (PSS_CHIEF_TIMEOUT); this task stops serving. The chief ended without "
+                                       "ending the cluster, or cannot reach this task");
+            }
         } else if (self_.type == "chief") {
             end_cluster();
         }
@@ -332,6 +343,24 @@ public:
     }
 
 private:
+    [[nodiscard]] std::chrono::milliseconds chief_check_interval() const {
+        if (!timeouts_.chief_bounded()) return std::chrono::hours(1);
+        return std::clamp<std::chrono::milliseconds>(timeouts_.chief / 8, std::chrono::milliseconds(10),
+                                                     std::chrono::seconds(1));
+    }
+
+    /// True when this task serves a transport that tells when a chief was last heard, and no chief was
+    /// heard from for the chief timeout since then (or since this task began serving).
+    [[nodiscard]] bool chief_gone() const {
+        if constexpr (requires(const TransportPolicy& t) { t.chief_heard(); }) {
+            if (!timeouts_.chief_bounded()) return false;
+            const auto heard = server_->chief_heard();
+            return heard && std::chrono::steady_clock::now() - *heard >= timeouts_.chief;
+        } else {
+            return false;
+        }
+    }
+
     /// A ps task: a chief's handshake names its run; a chief of another run than the last (the chief
     /// was started again while this task served on) begins a new run here: the last run's shards are
     /// dropped, so the new chief creates its variables again and restores them from its checkpoint.
@@ -441,9 +470,10 @@ public:
     /// processes then call join(). Otherwise (rpc_layer "inproc", as LocalClusterResolver says, or no
     /// task named) the whole cluster runs in this process, through the Transport it was given.
     ///
-    /// `timeouts` bound every wait for another process (Timeouts: start-up, heartbeats, request deadline);
-    /// by default the environment's (`PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`,
-    /// `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT`), else TensorFlow's.
+    /// `timeouts` bound every wait for another process (Timeouts: start-up, heartbeats, request deadline,
+    /// how long a ps or worker serves on without a chief); by default the environment's
+    /// (`PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`, `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT`,
+    /// `PSS_CHIEF_TIMEOUT`), else TensorFlow's.
     /// @throws InvalidArgumentError when the cluster has no ps or no worker task, more than one chief, or a
     /// job other than chief, worker, ps and evaluator (TensorFlow's rules), or a PSS_*_TIMEOUT is not seconds.
     /// @throws UnavailableError naming the task when a ps task does not come up within the start-up timeout
@@ -492,12 +522,14 @@ public:
     /// @brief Where this process's part of the cluster ends.
     ///
     /// - ps or worker task of a multi-process cluster: serves until the chief ends the cluster, then
-    ///   returns (TensorFlow's `server.join()`);
+    ///   returns (TensorFlow's `server.join()`), or until no chief was heard from for the chief timeout
+    ///   (Timeouts::chief, `PSS_CHIEF_TIMEOUT`, 600 s), then raises;
     /// - chief of a multi-process cluster: ends the cluster: every worker, then every ps, stops serving;
     /// - the whole cluster in this process: stops its tasks.
     ///
     /// Afterwards no variable operation reaches a task. Call it once the training is over; a chief's
     /// destructor ends the cluster when it was not called.
+    /// @throws UnavailableError (a ps or worker task) `pss: /job:ps/replica:0/task:1: no chief was heard from for 600 s (PSS_CHIEF_TIMEOUT); ...`
     void join() {
         std::call_once(joined_, [&] {
             channel_->join();

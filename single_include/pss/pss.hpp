@@ -3681,8 +3681,10 @@ PSS_NAMESPACE_END
 
 // pss/transport/auto.hpp: AutoTransport, in-process for the embedded cluster and TCP for a real one.
 
+#include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <variant>
 
@@ -3707,6 +3709,7 @@ PSS_NAMESPACE_BEGIN
 /// | `heartbeat_interval` | `PSS_HEARTBEAT_INTERVAL` | 1 s | how often a connection asks its peer whether it is alive |
 /// | `heartbeat_timeout` | `PSS_HEARTBEAT_TIMEOUT` | 10 s (TensorFlow's coordination service) | a peer that sent nothing for this long since it was asked is lost: every request waiting for it is answered UnavailableError naming it; a lost peer has as long again to come back (requests wait for it), after which a request connects once and fails at once when it is not up; 0 turns heartbeats off (a lost peer then has the start-up timeout) |
 /// | `request` | `PSS_REQUEST_TIMEOUT` | 0 (none) | one request's answer, once the link is up |
+/// | `chief` | `PSS_CHIEF_TIMEOUT` | 600 s | how long a ps or worker task serves on once no chief is heard from (its heartbeats count): a chief started again within it takes the task over; after it, the task's `join()` raises UnavailableError. The clock starts when a chief first reaches the task; over plaintext links (`PSS_TLS=off`) a task cannot tell the chief from other tasks, and any task's frames count. Needs heartbeats (0 heartbeat timeout: the task serves until it is ended) |
 ///
 /// The environment gives seconds as a decimal number (`"10"`, `"2.5"`, `"0"`).
 struct Timeouts {
@@ -3714,9 +3717,11 @@ struct Timeouts {
     std::chrono::milliseconds heartbeat_interval{1'000};
     std::chrono::milliseconds heartbeat_timeout{10'000};
     std::chrono::milliseconds request{0};
+    std::chrono::milliseconds chief{600'000};
 
     /// @brief The defaults, changed by `PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`,
-    /// `PSS_HEARTBEAT_TIMEOUT` and `PSS_REQUEST_TIMEOUT` where they are set (what a strategy runs with).
+    /// `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT` and `PSS_CHIEF_TIMEOUT` where they are set (what a
+    /// strategy runs with).
     /// @throws InvalidArgumentError `pss: PSS_HEARTBEAT_TIMEOUT is "ten"; give seconds as a number from 0 to 86400, such as "10" or "2.5"`
     /// @throws InvalidArgumentError when heartbeats are on and the interval is 0 or not below the timeout
     [[nodiscard]] static Timeouts from_environment(
@@ -3726,6 +3731,7 @@ struct Timeouts {
         read(lookup, "PSS_HEARTBEAT_INTERVAL", t.heartbeat_interval);
         read(lookup, "PSS_HEARTBEAT_TIMEOUT", t.heartbeat_timeout);
         read(lookup, "PSS_REQUEST_TIMEOUT", t.request);
+        read(lookup, "PSS_CHIEF_TIMEOUT", t.chief);
         t.validate();
         return t;
     }
@@ -3733,10 +3739,14 @@ struct Timeouts {
     /// @brief True when connections ask their peers whether they are alive.
     [[nodiscard]] bool heartbeats() const noexcept { return heartbeat_timeout.count() > 0; }
 
+    /// @brief True when a ps or worker task stops serving once no chief was heard from for `chief`.
+    [[nodiscard]] bool chief_bounded() const noexcept { return heartbeats() && chief.count() > 0; }
+
     /// @throws InvalidArgumentError when heartbeats are on and the interval is 0 or not below the timeout,
     /// or a bound is negative
     void validate() const {
-        if (startup.count() < 0 || heartbeat_interval.count() < 0 || heartbeat_timeout.count() < 0 || request.count() < 0)
+        if (startup.count() < 0 || heartbeat_interval.count() < 0 || heartbeat_timeout.count() < 0 ||
+            request.count() < 0 || chief.count() < 0)
             throw InvalidArgumentError("pss: Timeouts: a timeout is negative; give 0 (none) or more");
         if (heartbeats() && (heartbeat_interval.count() == 0 || heartbeat_interval >= heartbeat_timeout))
             throw InvalidArgumentError("pss: Timeouts: the heartbeat interval (" + std::to_string(heartbeat_interval.count()) +
@@ -3759,6 +3769,22 @@ private:
         out = std::chrono::milliseconds(static_cast<std::chrono::milliseconds::rep>(std::llround(seconds * 1000)));
     }
 };
+
+namespace detail {
+
+/// "30 s", "0.25 s": a duration as the messages print it.
+inline std::string format_seconds(std::chrono::milliseconds ms) {
+    const auto count = ms.count();
+    std::string out = std::to_string(count / 1000);
+    if (count % 1000 != 0) {
+        std::string frac = std::to_string(1000 + count % 1000).substr(1);
+        while (frac.back() == '0') frac.pop_back();
+        out += "." + frac;
+    }
+    return out + " s";
+}
+
+}  // namespace detail
 
 PSS_NAMESPACE_END
 
@@ -3907,6 +3933,7 @@ PSS_NAMESPACE_END
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -5573,18 +5600,6 @@ inline TcpHostPort parse_host_port(const std::string& address, const TaskId& tas
     return {host, static_cast<std::uint16_t>(port)};
 }
 
-/// "30 s", "0.25 s": a duration as the messages print it.
-inline std::string format_seconds(std::chrono::milliseconds ms) {
-    const auto count = ms.count();
-    std::string out = std::to_string(count / 1000);
-    if (count % 1000 != 0) {
-        std::string frac = std::to_string(1000 + count % 1000).substr(1);
-        while (frac.back() == '0') frac.pop_back();
-        out += "." + frac;
-    }
-    return out + " s";
-}
-
 inline std::future<Reply> ready_reply(Reply reply) {
     std::promise<Reply> promise;
     promise.set_value(std::move(reply));
@@ -5884,6 +5899,7 @@ private:
         }
         where_text_ = where.host + ":" + std::to_string(where.port);
         stream_.plain();  // the last attempt's TLS, if any, is over
+        bound_attempt();
         std::error_code ec;
         const auto address = asio::ip::make_address(where.host == "localhost" ? "127.0.0.1" : where.host, ec);
         if (!ec) {
@@ -5895,35 +5911,49 @@ private:
         resolver_->async_resolve(
             where.host, std::to_string(where.port),
             [self = shared_from_this()](std::error_code ec2, asio::ip::tcp::resolver::results_type results) {
-                if (ec2) return self->retry(ec2);
+                if (ec2) return self->retry(self->end_attempt(ec2));
                 asio::async_connect(self->stream_.socket(), results,
                                     [self](std::error_code ec3, const asio::ip::tcp::endpoint&) { self->on_connect(ec3); });
             });
     }
 
+    /// One attempt (resolving, connecting, the TLS handshake) has the time the connect timeout leaves
+    /// (a probe's one attempt: the heartbeat timeout), at most 10 s: a host whose link is down answers
+    /// nothing, and a peer may accept and never answer; then the attempt ends with `timed_out`.
+    void bound_attempt() {
+        attempting_ = true;
+        const Clock::duration budget = probe_ ? Clock::duration(options_.timeouts.heartbeats()
+                                                                     ? options_.timeouts.heartbeat_timeout
+                                                                     : std::chrono::seconds(10))
+                                              : connect_deadline_ - Clock::now();
+        backoff_timer_.expires_after(std::min<Clock::duration>(
+            std::chrono::seconds(10), std::max<Clock::duration>(budget, std::chrono::milliseconds(100))));
+        backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
+            if (ec || !self->attempting_) return;
+            self->attempt_timed_out_ = true;
+            if (self->resolver_) self->resolver_->cancel();
+            std::error_code ignored;
+            self->stream_.socket().close(ignored);  // the connect or handshake ends with an error
+        });
+    }
+
+    /// The attempt's end, with `ec` as it should be reported (an attempt its timer ended timed out).
+    std::error_code end_attempt(std::error_code ec) {
+        attempting_ = false;
+        backoff_timer_.cancel();
+        if (ec && attempt_timed_out_) ec = asio::error::timed_out;
+        attempt_timed_out_ = false;
+        return ec;
+    }
+
     void on_connect(std::error_code ec) {
         if (state_ == State::closed) return;
-        if (ec) return retry(ec);
+        if (ec) return retry(end_attempt(ec));
         std::error_code ignored;
         stream_.socket().set_option(asio::ip::tcp::no_delay(true), ignored);
         stream_.socket().non_blocking(true, ignored);
 #if PSS_HAS_TLS
         if (tls_) {
-            // A peer that accepts and never answers must not hold the attempt: the handshake has the
-            // time the connect timeout leaves (a probe's one attempt: the heartbeat timeout), at most
-            // 10 s, then the attempt is retried.
-            handshaking_ = true;
-            const Clock::duration budget = probe_ ? Clock::duration(options_.timeouts.heartbeats()
-                                                                         ? options_.timeouts.heartbeat_timeout
-                                                                         : std::chrono::seconds(10))
-                                                  : connect_deadline_ - Clock::now();
-            backoff_timer_.expires_after(std::min<Clock::duration>(
-                std::chrono::seconds(10), std::max<Clock::duration>(budget, std::chrono::milliseconds(100))));
-            backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
-                if (ec2 || !self->handshaking_) return;
-                std::error_code ignored2;
-                self->stream_.socket().close(ignored2);  // the handshake ends with an error, and is retried
-            });
             return stream_.secure(*tls_).async_handshake(
                 asio::ssl::stream_base::client, [self = shared_from_this()](std::error_code ec2) { self->on_handshake(ec2); });
         }
@@ -5935,10 +5965,8 @@ private:
     /// The peer must prove it is the task this connection is for: a certificate of the cluster's CA
     /// (checked by the handshake) that names that task.
     void on_handshake(std::error_code ec) {
-        handshaking_ = false;
-        backoff_timer_.cancel();
+        ec = end_attempt(ec);
         if (state_ == State::closed) return;
-        if (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor) ec = asio::error::timed_out;
         if (ec && ec.category() == asio::error::get_ssl_category()) {
             // The verification's own reason says more than the first error OpenSSL queued.
             const long verified = SSL_get_verify_result(stream_.tls()->native_handle());
@@ -5958,6 +5986,7 @@ private:
 #endif
 
     void connected() {
+        (void)end_attempt({});
         state_ = State::connected;
         connected_once_.store(true, std::memory_order_release);
         const auto now = Clock::now();
@@ -6231,7 +6260,8 @@ private:
     bool writing_ = false;
     bool timer_armed_ = false;
 #if PSS_HAS_TLS
-    bool handshaking_ = false;  // the backoff timer bounds the TLS handshake meanwhile
+    bool attempting_ = false;         // the backoff timer bounds the connect attempt meanwhile
+    bool attempt_timed_out_ = false;  // it ended the attempt
 #endif
     TcpWriteBatch batch_;
     std::string where_text_;
@@ -6406,6 +6436,9 @@ struct TcpServedTask : std::enable_shared_from_this<TcpServedTask> {
     /// Set by close_all, once no thread runs the io context: a late reply is dropped from then on, so that
     /// a handler answering after the transport is gone does not reach its strand.
     std::atomic<bool> stopped{false};
+    /// When a chief (any task, over plaintext) last sent this task a whole frame, in steady-clock ticks;
+    /// 0 until one has. Read by the task's `join()`, which ends when it is older than the chief timeout.
+    std::atomic<std::chrono::steady_clock::rep> chief_heard{0};
 };
 
 /// The server side of one connection: reads request frames, runs the task's handler, writes replies.
@@ -6618,6 +6651,9 @@ private:
         proven_ = true;
         clear_deadline();
         end_frame();
+        if (!peer_ || peer_->type == "chief")
+            task_->chief_heard.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                                     std::memory_order_relaxed);
         // Only a shard operation's reply may hand the spent request payload back (elided).
         const bool hands_back = header_.request_kind() == RequestKind::operation && !reply_carries_value(header_.op());
         const std::uint64_t id = header_.request_id;
@@ -7157,6 +7193,17 @@ public:
         return it->second->endpoint;
     }
 
+    /// @brief When a chief last sent a whole frame (a heartbeat counts) to a task this transport serves;
+    /// empty until one has. Over plaintext links a task cannot tell who sent a frame: any task's count.
+    [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> chief_heard() const {
+        std::lock_guard lock(mutex_);
+        std::chrono::steady_clock::rep latest = 0;
+        for (const auto& [task, served] : served_)
+            latest = std::max(latest, served->chief_heard.load(std::memory_order_relaxed));
+        if (latest == 0) return std::nullopt;
+        return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(latest));
+    }
+
     [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return spec_; }
     [[nodiscard]] const TcpOptions& options() const noexcept { return options_; }
     /// @brief True when links are TLS (false when plaintext was asked for, or in a PSS_NO_TLS build).
@@ -7265,6 +7312,12 @@ public:
     }
     void shutdown() {
         std::visit([](auto& link) { link->shutdown(); }, link_);
+    }
+
+    /// @brief TcpTransport::chief_heard; empty for the embedded cluster (its chief is this process).
+    [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> chief_heard() const {
+        if (in_process()) return std::nullopt;
+        return std::get<1>(link_)->chief_heard();
     }
 
     /// @brief True when the tasks are threads of this process.
@@ -9495,6 +9548,7 @@ PSS_NAMESPACE_END
 
 // pss/strategy.hpp: ParameterServerStrategy, the four policies composed into one type.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <atomic>
@@ -11067,11 +11121,21 @@ public:
     RemoteWorkers* remote_workers() noexcept override { return self_.type == "chief" ? this : nullptr; }
 
     /// A ps or worker serves until the chief's shutdown request; the chief sends that request to every
-    /// worker, then to every ps (the workers may still be pushing), and every task then closes.
+    /// worker, then to every ps (the workers may still be pushing), and every task then closes. A task
+    /// that has not heard from a chief for the chief timeout stops serving (Timeouts::chief).
+    /// @throws UnavailableError `pss: /job:ps/replica:0/task:1: no chief was heard from for 600 s (PSS_CHIEF_TIMEOUT); ...`
     void join() override {
         if (server_) {
             std::unique_lock lock(mutex_);
-            stopped_.wait(lock, [&] { return stop_; });
+            while (!stopped_.wait_for(lock, chief_check_interval(), [&] { return stop_; })) {
+                if (!chief_gone()) continue;
+                lock.unlock();
+                shutdown();
+                throw UnavailableError("pss: " + self_.to_string() + ": no chief was heard from for " +
+                                       detail::format_seconds(timeouts_.chief) +
+                                       " (PSS_CHIEF_TIMEOUT); this task stops serving. The chief ended without "
+                                       "ending the cluster, or cannot reach this task");
+            }
         } else if (self_.type == "chief") {
             end_cluster();
         }
@@ -11087,6 +11151,24 @@ public:
     }
 
 private:
+    [[nodiscard]] std::chrono::milliseconds chief_check_interval() const {
+        if (!timeouts_.chief_bounded()) return std::chrono::hours(1);
+        return std::clamp<std::chrono::milliseconds>(timeouts_.chief / 8, std::chrono::milliseconds(10),
+                                                     std::chrono::seconds(1));
+    }
+
+    /// True when this task serves a transport that tells when a chief was last heard, and no chief was
+    /// heard from for the chief timeout since then (or since this task began serving).
+    [[nodiscard]] bool chief_gone() const {
+        if constexpr (requires(const TransportPolicy& t) { t.chief_heard(); }) {
+            if (!timeouts_.chief_bounded()) return false;
+            const auto heard = server_->chief_heard();
+            return heard && std::chrono::steady_clock::now() - *heard >= timeouts_.chief;
+        } else {
+            return false;
+        }
+    }
+
     /// A ps task: a chief's handshake names its run; a chief of another run than the last (the chief
     /// was started again while this task served on) begins a new run here: the last run's shards are
     /// dropped, so the new chief creates its variables again and restores them from its checkpoint.
@@ -11196,9 +11278,10 @@ public:
     /// processes then call join(). Otherwise (rpc_layer "inproc", as LocalClusterResolver says, or no
     /// task named) the whole cluster runs in this process, through the Transport it was given.
     ///
-    /// `timeouts` bound every wait for another process (Timeouts: start-up, heartbeats, request deadline);
-    /// by default the environment's (`PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`,
-    /// `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT`), else TensorFlow's.
+    /// `timeouts` bound every wait for another process (Timeouts: start-up, heartbeats, request deadline,
+    /// how long a ps or worker serves on without a chief); by default the environment's
+    /// (`PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`, `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT`,
+    /// `PSS_CHIEF_TIMEOUT`), else TensorFlow's.
     /// @throws InvalidArgumentError when the cluster has no ps or no worker task, more than one chief, or a
     /// job other than chief, worker, ps and evaluator (TensorFlow's rules), or a PSS_*_TIMEOUT is not seconds.
     /// @throws UnavailableError naming the task when a ps task does not come up within the start-up timeout
@@ -11247,12 +11330,14 @@ public:
     /// @brief Where this process's part of the cluster ends.
     ///
     /// - ps or worker task of a multi-process cluster: serves until the chief ends the cluster, then
-    ///   returns (TensorFlow's `server.join()`);
+    ///   returns (TensorFlow's `server.join()`), or until no chief was heard from for the chief timeout
+    ///   (Timeouts::chief, `PSS_CHIEF_TIMEOUT`, 600 s), then raises;
     /// - chief of a multi-process cluster: ends the cluster: every worker, then every ps, stops serving;
     /// - the whole cluster in this process: stops its tasks.
     ///
     /// Afterwards no variable operation reaches a task. Call it once the training is over; a chief's
     /// destructor ends the cluster when it was not called.
+    /// @throws UnavailableError (a ps or worker task) `pss: /job:ps/replica:0/task:1: no chief was heard from for 600 s (PSS_CHIEF_TIMEOUT); ...`
     void join() {
         std::call_once(joined_, [&] {
             channel_->join();

@@ -10,7 +10,9 @@
 // `cluster_program --ps-loss kill|stop DIR` (golden file ps_loss.expected): once the chief has run closures on
 // a variable of ps 1, ps 1 kills (SIGKILL) or stops (SIGSTOP) itself; the chief's join must raise an
 // UnavailableError naming ps 1 within the heartbeat timeout + 2 s (killed) or 3 heartbeat timeouts + 2 s
-// (stopped: found by heartbeats), after the transient failures TensorFlow retries.
+// (stopped: found by heartbeats), after the transient failures TensorFlow retries. `--ps-loss cut DIR`
+// (check_link_cut.sh, each task in a network namespace of its own): ps 1 runs on, and the script cuts its
+// link when DIR/go appears and notes the time in DIR/died; the chief's limit is that of a stopped ps.
 //
 // `cluster_program --chief-restart DIR` (check_chief_restart.sh, golden file chief_restart.expected): the
 // first chief saves a checkpoint, trains on and kills itself; the ps and worker tasks serve on, and a chief
@@ -140,8 +142,9 @@ int run_ps_loss(Strategy& strategy, const std::string& how, const std::string& d
     long long died = 0;
     std::ifstream(std::filesystem::path(dir) / "died") >> died;
     const double seconds = static_cast<double>(raised - died) * 1e-9;
-    const double limit = (how == "stop" ? 3 : 1) * heartbeat_timeout + 2;
-    std::cerr << "cluster_program: ps 1 " << (how == "stop" ? "stopped" : "killed") << "; join raised after " << seconds
+    const double limit = (how == "kill" ? 1 : 3) * heartbeat_timeout + 2;
+    const char* what = how == "kill" ? "killed" : how == "stop" ? "stopped" : "cut off";
+    std::cerr << "cluster_program: ps 1 " << what << "; join raised after " << seconds
               << " s (limit " << limit << " s): " << error << "\n";
     std::cout << "join raised UnavailableError naming ps 1: "
               << (error.find("/job:ps/replica:0/task:1") != std::string::npos) << "\n";
@@ -237,7 +240,8 @@ int run_rejoin(Strategy& strategy, const std::string& dir) {
 int main(int argc, char** argv) {
     Strategy strategy;
     const bool ps_loss = argc == 4 && std::string(argv[1]) == "--ps-loss";
-    if (ps_loss && strategy.task() == pss::TaskId{"ps", 1}) arm_ps_loss(argv[2], argv[3]);
+    const bool ps1_ends_itself = ps_loss && std::string(argv[2]) != "cut";  // a cut is the script's
+    if (ps1_ends_itself && strategy.task() == pss::TaskId{"ps", 1}) arm_ps_loss(argv[2], argv[3]);
     if (!strategy.is_chief()) {
         strategy.join();  // ps and workers serve until the chief ends the cluster
         return 0;

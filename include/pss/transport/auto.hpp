@@ -1,8 +1,10 @@
 // pss/transport/auto.hpp: AutoTransport, in-process for the embedded cluster and TCP for a real one.
 #pragma once
 
+#include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <variant>
 
@@ -52,6 +54,12 @@ public:
     }
     void shutdown() {
         std::visit([](auto& link) { link->shutdown(); }, link_);
+    }
+
+    /// @brief TcpTransport::chief_heard; empty for the embedded cluster (its chief is this process).
+    [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> chief_heard() const {
+        if (in_process()) return std::nullopt;
+        return std::get<1>(link_)->chief_heard();
     }
 
     /// @brief True when the tasks are threads of this process.

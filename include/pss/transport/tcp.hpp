@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -291,6 +292,17 @@ public:
         if (it == served_.end())
             throw NotFoundError("pss: TcpTransport: task " + task.to_string() + " is not served by this transport");
         return it->second->endpoint;
+    }
+
+    /// @brief When a chief last sent a whole frame (a heartbeat counts) to a task this transport serves;
+    /// empty until one has. Over plaintext links a task cannot tell who sent a frame: any task's count.
+    [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> chief_heard() const {
+        std::lock_guard lock(mutex_);
+        std::chrono::steady_clock::rep latest = 0;
+        for (const auto& [task, served] : served_)
+            latest = std::max(latest, served->chief_heard.load(std::memory_order_relaxed));
+        if (latest == 0) return std::nullopt;
+        return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(latest));
     }
 
     [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return spec_; }

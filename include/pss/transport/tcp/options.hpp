@@ -116,18 +116,6 @@ inline TcpHostPort parse_host_port(const std::string& address, const TaskId& tas
     return {host, static_cast<std::uint16_t>(port)};
 }
 
-/// "30 s", "0.25 s": a duration as the messages print it.
-inline std::string format_seconds(std::chrono::milliseconds ms) {
-    const auto count = ms.count();
-    std::string out = std::to_string(count / 1000);
-    if (count % 1000 != 0) {
-        std::string frac = std::to_string(1000 + count % 1000).substr(1);
-        while (frac.back() == '0') frac.pop_back();
-        out += "." + frac;
-    }
-    return out + " s";
-}
-
 inline std::future<Reply> ready_reply(Reply reply) {
     std::promise<Reply> promise;
     promise.set_value(std::move(reply));

@@ -161,6 +161,9 @@ struct TcpServedTask : std::enable_shared_from_this<TcpServedTask> {
     /// Set by close_all, once no thread runs the io context: a late reply is dropped from then on, so that
     /// a handler answering after the transport is gone does not reach its strand.
     std::atomic<bool> stopped{false};
+    /// When a chief (any task, over plaintext) last sent this task a whole frame, in steady-clock ticks;
+    /// 0 until one has. Read by the task's `join()`, which ends when it is older than the chief timeout.
+    std::atomic<std::chrono::steady_clock::rep> chief_heard{0};
 };
 
 /// The server side of one connection: reads request frames, runs the task's handler, writes replies.
@@ -373,6 +376,9 @@ private:
         proven_ = true;
         clear_deadline();
         end_frame();
+        if (!peer_ || peer_->type == "chief")
+            task_->chief_heard.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                                     std::memory_order_relaxed);
         // Only a shard operation's reply may hand the spent request payload back (elided).
         const bool hands_back = header_.request_kind() == RequestKind::operation && !reply_carries_value(header_.op());
         const std::uint64_t id = header_.request_id;
