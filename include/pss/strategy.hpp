@@ -510,13 +510,7 @@ public:
 
     /// @brief A chief ends the cluster (as join() does); a ps or worker process stops serving at once.
     ~ParameterServerStrategy() override {
-        try {
-            std::call_once(joined_, [&] {
-                if (is_chief()) channel_->join();
-                channel_->shutdown();
-            });
-        } catch (...) {  // a destructor does not throw; the tasks end when their connections close
-        }
+        (void)end_once(is_chief());  // a destructor does not throw; the tasks end when their connections close
     }
 
     /// @brief Where this process's part of the cluster ends.
@@ -531,10 +525,7 @@ public:
     /// destructor ends the cluster when it was not called.
     /// @throws UnavailableError (a ps or worker task) `pss: /job:ps/replica:0/task:1: no chief was heard from for 600 s (PSS_CHIEF_TIMEOUT); ...`
     void join() {
-        std::call_once(joined_, [&] {
-            channel_->join();
-            channel_->shutdown();
-        });
+        if (std::exception_ptr error = end_once(true)) std::rethrow_exception(error);
     }
 
     /// @brief This process's task: ("chief", 0) when the whole cluster runs here, else the resolver's.
@@ -635,6 +626,26 @@ private:
     bool distributed_ = false;
     std::shared_ptr<detail::StrategyChannel> channel_;
     std::once_flag joined_;
+
+    /// Ends this process's part of the cluster, once (joining the channel first when `join`); returns
+    /// what that threw. Nothing is thrown through std::call_once: after a call that threw, ThreadSanitizer's
+    /// pthread_once (and libstdc++'s call_once on some targets, GCC PR 66146) hangs the next call.
+    std::exception_ptr end_once(bool join) noexcept {
+        std::exception_ptr error;
+        std::call_once(joined_, [&] {
+            try {
+                if (join) channel_->join();
+            } catch (...) {
+                error = std::current_exception();
+            }
+            try {
+                channel_->shutdown();
+            } catch (...) {
+                if (!error) error = std::current_exception();
+            }
+        });
+        return error;
+    }
     std::atomic<std::uint64_t> next_shard_{0};
     std::atomic<std::uint64_t> next_id_{1};
     mutable std::mutex variables_mutex_;

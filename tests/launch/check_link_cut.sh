@@ -17,8 +17,13 @@ if ! ip netns add "$bridge" 2>"$work/netns.err"; then
   echo "skipped: network namespaces cannot be made here (ip netns add: $(cat "$work/netns.err"))"
   exit 77
 fi
-tasks=(chief:0 ps:0 ps:1 worker:0 worker:1)
 namespaces=("$bridge")
+if ! ip netns exec "$bridge" true 2>"$work/netns.err" || ! ip -n "$bridge" link add br0 type bridge 2>>"$work/netns.err"; then
+  ip netns del "$bridge" 2>/dev/null || true
+  echo "skipped: a network namespace cannot be entered or given a bridge here ($(cat "$work/netns.err"))"
+  exit 77
+fi
+tasks=(chief:0 ps:0 ps:1 worker:0 worker:1)
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -26,7 +31,6 @@ cleanup() {
   for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-ip -n "$bridge" link add br0 type bridge
 ip -n "$bridge" link set br0 up
 for i in "${!tasks[@]}"; do
   ns=$prefix${tasks[$i]/:/}
