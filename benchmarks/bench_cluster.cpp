@@ -5,8 +5,15 @@
 //   per second, from the first schedule to the last join, beside a raw Asio stream moving the same
 //   bytes in 4 MiB writes in the same run (one connection: what one pair of tasks can do);
 // - flat memory: the chief pushes (assign_add) a 64 MiB value 40 times to a ps; the ps's peak RSS
-//   (VmHWM) after 8 pushes and after 40 must be the same (buffers reused, nothing per message kept).
-// Run: build-bench/benchmarks/bench_cluster (tools/bench.sh bench_cluster). No arguments.
+//   (VmHWM) after 8 pushes and after 40 must be the same (buffers reused, nothing per message kept);
+// - failures: steps per second of small steps (closures of 16 pushes and pulls of 4 KiB) with heartbeats
+//   off, on at the default 1 s interval, and on every 10 ms (goal: on at 1 s, within 1% of off); the time
+//   from a worker's death (SIGKILL) to its closure running on the other worker, beside the time a raw
+//   loopback socket takes to see its peer process killed (the kernel's floor for noticing a death); the
+//   time from a ps's death to the chief's UnavailableError naming it, beside the heartbeat timeout (a
+//   lost task has that long to come back, by design).
+// Run: build-bench/benchmarks/bench_cluster (tools/bench.sh bench_cluster); `bench_cluster failures` runs
+// the failure figures only.
 #include <spawn.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -18,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -114,18 +122,29 @@ struct Cluster {
 
 using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::SimpleClusterResolver>;
 
+/// This process as the chief of a Cluster, with `count` float variables of `elements` zeros on its ps
+/// tasks (round-robin: the second is on ps 1). SGD with rate 0: the tasks run the same (the handshake
+/// refuses another configuration), and values stay put.
+struct Chief {
+    Cluster cluster;
+    Strategy strategy;
+    pss::ClusterCoordinator coordinator;
+    std::vector<pss::Variable> variables;
+
+    Chief(const char* self, int workers, int count, std::size_t elements)
+        : cluster(self, workers),
+          strategy(pss::SimpleClusterResolver(cluster.spec, "chief", 0), {}, pss::SGD(0.0f)),
+          coordinator(strategy) {
+        auto scope = strategy.scope();
+        for (int i = 0; i < count; ++i)
+            variables.emplace_back(xt::xarray<float>(xt::zeros<float>({elements})), "v" + std::to_string(i));
+    }
+};
+
 /// Aggregate bytes per second of `workers` worker processes pushing and pulling against 2 ps.
 double aggregate(const char* self, int workers) {
-    Cluster cluster(self, workers);
-    Strategy strategy(pss::SimpleClusterResolver(cluster.spec, "chief", 0), {}, pss::SGD(0.0f));
-    pss::ClusterCoordinator coordinator(strategy);
-    std::vector<pss::Variable> variables;
-    {
-        auto scope = strategy.scope();
-        for (int i = 0; i < workers; ++i)
-            variables.emplace_back(xt::xarray<float>(xt::zeros<float>({value_bytes / sizeof(float)})),
-                                   "v" + std::to_string(i));
-    }
+    Chief chief(self, workers, workers, value_bytes / sizeof(float));
+    auto& [cluster, strategy, coordinator, variables] = chief;
     // A first round on every worker: connections up, buffers allocated.
     for (auto& v : variables) (void)coordinator.schedule(push_pull_function, v, std::int64_t{2});
     coordinator.join();
@@ -163,6 +182,185 @@ double raw_stream() {
     return static_cast<double>(total_bytes) / seconds;
 }
 
+long long wall_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+/// A small step: 16 pushes and pulls of a 4 KiB variable.
+int small_step(pss::Variable v) {
+    xt::xarray<float> gradient = xt::ones<float>({1024});
+    xt::xarray<float> value = xt::zeros<float>({1024});
+    for (int i = 0; i < 16; ++i) {
+        gradient = std::move(v.apply_gradient(std::move(gradient)).get<float>());
+        v.read_into(value);
+    }
+    return 16;
+}
+const auto small_step_function = pss::register_function("bench_cluster.small_step", &small_step);
+
+/// Worker 1 notes the time in `marker` and kills itself; any other worker returns the time it started.
+long long die_on_worker_1(std::string marker) {
+    const long long now = wall_ns();
+    if (pss::worker_index() == 1) {
+        std::ofstream(marker) << now << "\n" << std::flush;
+        std::raise(SIGKILL);
+    }
+    return now;
+}
+const auto die_function = pss::register_function("bench_cluster.die_on_worker_1", &die_on_worker_1);
+
+/// Sets (or, for nullptr, unsets) an environment variable the tasks started next inherit.
+void set_env(const char* name, const char* value) {
+    if (value != nullptr) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+}
+
+/// Small steps per second of 2 worker processes against 2 ps, with the heartbeat settings of the environment.
+double small_steps_per_second(const char* self) {
+    Chief chief(self, 2, 2, 1024);
+    auto& [cluster, strategy, coordinator, variables] = chief;
+    for (int i = 0; i < 20; ++i) (void)coordinator.schedule(small_step_function, variables[i % 2]);
+    coordinator.join();
+    const auto begin = Clock::now();
+    int steps = 0;
+    while (Clock::now() - begin < std::chrono::milliseconds(2500)) {
+        for (int i = 0; i < 40; ++i, ++steps) (void)coordinator.schedule(small_step_function, variables[i % 2]);
+        coordinator.join();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    strategy.join();
+    return steps / seconds;
+}
+
+/// Seconds from a child process's death (SIGKILL, the time noted just before) to this process's blocking
+/// read on a loopback connection to it returning end of file: the kernel's floor for noticing a death.
+double raw_death_notice() {
+    asio::io_context io;
+    asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+    int stamp_pipe[2];
+    if (::pipe(stamp_pipe) != 0) return 0;
+    const pid_t child = ::fork();
+    if (child == 0) {
+        asio::io_context child_io;
+        asio::ip::tcp::socket s(child_io);
+        s.connect(acceptor.local_endpoint());
+        const long long now = wall_ns();
+        (void)!::write(stamp_pipe[1], &now, sizeof now);
+        std::raise(SIGKILL);
+    }
+    asio::ip::tcp::socket s(io);
+    acceptor.accept(s);
+    char byte = 0;
+    std::error_code ec;
+    (void)s.read_some(asio::buffer(&byte, 1), ec);
+    const long long seen = wall_ns();
+    long long died = 0;
+    (void)!::read(stamp_pipe[0], &died, sizeof died);
+    ::waitpid(child, nullptr, 0);
+    ::close(stamp_pipe[0]);
+    ::close(stamp_pipe[1]);
+    return static_cast<double>(seen - died) * 1e-9;
+}
+
+/// Seconds from worker 1's death in its closure to that closure starting on worker 0.
+double worker_death_to_rerun(const char* self) {
+    Chief chief(self, 2, 0, 0);
+    auto& [cluster, strategy, coordinator, variables] = chief;
+    const auto marker = std::filesystem::temp_directory_path() / ("bench_cluster_death_" + std::to_string(::getpid()));
+    std::filesystem::remove(marker);
+    auto rerun = coordinator.schedule_on(1, die_function, marker.string());
+    const long long started = rerun.fetch();
+    long long died = 0;
+    std::ifstream(marker) >> died;
+    std::filesystem::remove(marker);
+    strategy.join();
+    return died > 0 ? static_cast<double>(started - died) * 1e-9 : -1;
+}
+
+/// Seconds from ps 1's death (SIGKILL, sent here) to the chief's join raising UnavailableError naming it,
+/// while closures use a variable on it.
+double ps_death_to_error(const char* self) {
+    Chief chief(self, 1, 2, 1024);
+    auto& [cluster, strategy, coordinator, variables] = chief;
+    (void)coordinator.schedule(small_step_function, variables[1]);  // the second variable is on ps 1
+    coordinator.join();
+    const auto died = Clock::now();
+    ::kill(cluster.pids[1], SIGKILL);
+    double seconds = -1;
+    while (Clock::now() - died < std::chrono::seconds(60)) {
+        (void)coordinator.schedule(small_step_function, variables[1]);
+        try {
+            coordinator.join();
+        } catch (const pss::UnavailableError& e) {
+            if (std::string(e.what()).find("/job:ps/replica:0/task:1") != std::string::npos)
+                seconds = std::chrono::duration<double>(Clock::now() - died).count();
+            break;
+        }
+    }
+    strategy.join();
+    return seconds;
+}
+
+/// The failure figures (see the top of this file).
+void failures(const char* self) {
+    std::printf("\n%-56s %10s %10s %8s\n", "failures: heartbeats", "steps/s", "off", "ratio");
+    // Alternating runs, the best of each: the machines are shared.
+    double off = 0, on = 0, often = 0;
+    for (int round = 0; round < 3; ++round) {
+        set_env("PSS_HEARTBEAT_TIMEOUT", "0");
+        set_env("PSS_HEARTBEAT_INTERVAL", nullptr);
+        off = std::max(off, small_steps_per_second(self));
+        set_env("PSS_HEARTBEAT_TIMEOUT", nullptr);
+        on = std::max(on, small_steps_per_second(self));
+        set_env("PSS_HEARTBEAT_TIMEOUT", "0.1");
+        set_env("PSS_HEARTBEAT_INTERVAL", "0.01");
+        often = std::max(often, small_steps_per_second(self));
+    }
+    set_env("PSS_HEARTBEAT_TIMEOUT", nullptr);
+    set_env("PSS_HEARTBEAT_INTERVAL", nullptr);
+    std::printf("%-56s %10.0f %10.0f %8.3f%s\n", "small steps, heartbeats every 1 s (default; goal >= 0.99)", on, off,
+                on / off, on / off >= 0.99 ? "" : "  MISS");
+    std::printf("%-56s %10.0f %10.0f %8.3f\n", "small steps, heartbeats every 10 ms", often, off, often / off);
+
+    const double raw = raw_death_notice();
+    const double rerun = worker_death_to_rerun(self);
+    std::printf("\n%-56s %10s %10s %8s\n", "failures: deaths", "pss ms", "limit ms", "ratio");
+    std::printf("%-56s %10.2f %10.2f %8.1f\n", "worker killed -> its closure running on another (raw EOF)",
+                rerun * 1e3, raw * 1e3, rerun / raw);
+    set_env("PSS_HEARTBEAT_TIMEOUT", "2");
+    set_env("PSS_HEARTBEAT_INTERVAL", "0.2");
+    const double error = ps_death_to_error(self);
+    set_env("PSS_HEARTBEAT_TIMEOUT", nullptr);
+    set_env("PSS_HEARTBEAT_INTERVAL", nullptr);
+    std::printf("%-56s %10.0f %10.0f %8.2f\n", "ps killed -> the chief's error (heartbeat timeout 2 s)", error * 1e3,
+                2000.0, error / 2.0);
+}
+
+/// A CA and certificates for every task a benchmark cluster has, in a directory named by PSS_TLS_DIR
+/// (inherited by the tasks) while this object lives; nothing when the environment chose already.
+struct TlsDirectory {
+    std::filesystem::path path;
+    TlsDirectory() {
+#if PSS_HAS_TLS
+        if (std::getenv("PSS_TLS_DIR") != nullptr || std::getenv("PSS_TLS") != nullptr) return;
+        std::string pattern = (std::filesystem::temp_directory_path() / "bench_cluster_tls_XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) return;
+        path = pattern;
+        std::vector<pss::TaskId> tasks{{"chief", 0}, {"ps", 0}, {"ps", 1}};
+        for (int i = 0; i < 4; ++i) tasks.push_back({"worker", i});
+        pss::TlsAuthority("bench_cluster CA").write_directory(path, tasks);
+        ::setenv("PSS_TLS_DIR", path.c_str(), 1);
+#endif
+    }
+    ~TlsDirectory() {
+        std::error_code ignored;
+        if (!path.empty()) std::filesystem::remove_all(path, ignored);
+    }
+    TlsDirectory(const TlsDirectory&) = delete;
+    TlsDirectory& operator=(const TlsDirectory&) = delete;
+};
+
 /// VmHWM (peak RSS) of process `pid`, in MiB.
 double peak_rss_mib(pid_t pid) {
     std::ifstream status("/proc/" + std::to_string(pid) + "/status");
@@ -173,10 +371,18 @@ double peak_rss_mib(pid_t pid) {
 
 }  // namespace
 
-int main(int, char** argv) {
+int main(int argc, char** argv) {
     if (std::getenv("TF_CONFIG") != nullptr) {  // a ps or worker task of a cluster started below
-        pss::ClusterStrategy<> strategy;
+        // The chief's configuration (the handshake refuses another): SGD with rate 0, so values stay put.
+        pss::ClusterStrategy<> strategy({}, {}, pss::SGD(0.0f));
         strategy.join();
+        return 0;
+    }
+    // Links are TLS, as users run them: a throwaway CA for this run's tasks (PSS_TLS=off or a PSS_TLS_DIR
+    // of the caller's choosing are kept).
+    const TlsDirectory tls;
+    if (argc == 2 && std::string(argv[1]) == "failures") {
+        failures(argv[0]);
         return 0;
     }
     const double raw = raw_stream();
@@ -190,7 +396,7 @@ int main(int, char** argv) {
 
     // Flat memory under a stream of 64 MiB pushes.
     Cluster cluster(argv[0], 1);
-    Strategy strategy(pss::SimpleClusterResolver(cluster.spec, "chief", 0));
+    Strategy strategy(pss::SimpleClusterResolver(cluster.spec, "chief", 0), {}, pss::SGD(0.0f));
     auto scope = strategy.scope();
     constexpr std::size_t big = (64u << 20) / sizeof(float);
     pss::Variable v(xt::xarray<float>(xt::zeros<float>({big})), "big");
@@ -207,5 +413,6 @@ int main(int, char** argv) {
                 after_8, after_40, after_40 - after_8, after_40 - after_8 < 1.0 ? "" : "  MISS",
                 exact ? "" : "  (WRONG VALUE)");
     strategy.join();
+    failures(argv[0]);
     return 0;
 }
