@@ -6259,10 +6259,8 @@ private:
     std::deque<std::shared_ptr<Outgoing>> queue_;  // taken, not yet written
     bool writing_ = false;
     bool timer_armed_ = false;
-#if PSS_HAS_TLS
     bool attempting_ = false;         // the backoff timer bounds the connect attempt meanwhile
     bool attempt_timed_out_ = false;  // it ended the attempt
-#endif
     TcpWriteBatch batch_;
     std::string where_text_;
     Clock::time_point connect_started_, connect_deadline_, next_wait_report_;
