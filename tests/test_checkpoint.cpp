@@ -848,6 +848,112 @@ bool same_weights(const std::vector<pss::Tensor>& a, const std::vector<pss::Tens
 
 }  // namespace
 
+TEST_SUITE("coordinator.hpp") {
+    /// Two variables, "a" on ps 0 and "b" on ps 1, a coordinator of 2 workers recovering from `manager`,
+    /// and a closure adding 1 to both.
+    struct Recovery {
+        TempDir dir;
+        Strat<pss::SGD, 2, pss::Asynchronous, 2> strategy{{}, pss::FixedShardsPartitioner(1), pss::SGD(0.1)};
+        pss::Checkpoint<decltype(strategy)> checkpoint{strategy};
+        pss::CheckpointManager<decltype(strategy)> manager{checkpoint, dir / "ckpt"};
+        pss::ClusterCoordinator coordinator{strategy};
+        pss::Variable a = make("a"), b = make("b");
+
+        Recovery() { coordinator.recover_ps_from(manager); }
+        pss::Variable make(const std::string& name) {
+            auto scope = strategy.scope();
+            return pss::Variable(xt::xarray<float>{0}, name);
+        }
+        void add_both(int times) {
+            for (int i = 0; i < times; ++i)
+                (void)coordinator.schedule([this] {
+                    a.assign_add(xt::xarray<float>{1});
+                    b.assign_add(xt::xarray<float>{1});
+                });
+            coordinator.join();
+        }
+        /// ps 1 forgets b's shard, as a ps task started again after a loss holds nothing.
+        void lose_ps1_shards() {
+            pss::Request destroy;
+            destroy.op = pss::Op::destroy;
+            destroy.key = {b.info_ptr()->id, 0};
+            REQUIRE(b.info_ptr()->channel->send(1, std::move(destroy)).get().ok());
+        }
+        /// A closure that finds ps 1 lost on its first run (as a worker's request to a killed ps does).
+        pss::RemoteValue<float> lost_once(std::atomic<int>& runs) {
+            return coordinator.schedule([this, &runs] {
+                if (runs++ == 0) throw pss::UnavailableError("pss: /job:ps/replica:0/task:1 was lost (test)");
+                a.assign_add(xt::xarray<float>{1});
+                b.assign_add(xt::xarray<float>{1});
+                return b.read<float>()(0);
+            });
+        }
+    };
+
+    TEST_CASE_FIXTURE(Recovery, "recover_ps_from: a lost ps that lost its shards gets them back from the latest "
+                                "checkpoint, every variable is restored, and the failed closure runs again") {
+        CHECK(b.device() == "/job:ps/replica:0/task:1/device:CPU:0");
+        add_both(5);
+        (void)manager.save();
+        add_both(3);  // lost with the ps: the model goes back to the checkpoint's whole
+        lose_ps1_shards();
+        std::atomic<int> runs{0};
+        auto value = lost_once(runs);
+        coordinator.join();
+        CHECK(runs == 2);
+        CHECK(value.fetch() == 6.0f);
+        CHECK(a.read<float>()(0) == 6.0f);  // ps 0's newer value went back to the checkpoint's too
+        CHECK(b.read<float>()(0) == 6.0f);
+        add_both(2);
+        CHECK(a.read<float>()(0) == 8.0f);
+        CHECK(b.read<float>()(0) == 8.0f);
+    }
+
+    TEST_CASE_FIXTURE(Recovery, "recover_ps_from: a ps that answers again holding its shards is not restored; "
+                                "the failed closure runs again") {
+        add_both(5);
+        (void)manager.save();
+        add_both(3);
+        std::atomic<int> runs{0};
+        auto value = lost_once(runs);
+        coordinator.join();
+        CHECK(runs == 2);
+        CHECK(value.fetch() == 9.0f);
+        CHECK(a.read<float>()(0) == 9.0f);
+    }
+
+    TEST_CASE_FIXTURE(Recovery, "recover_ps_from: without a checkpoint the loss is raised by join, naming the task") {
+        add_both(2);
+        lose_ps1_shards();
+        std::atomic<int> runs{0};
+        auto value = lost_once(runs);
+        CHECK_THROWS_WITH_AS(coordinator.join(),
+                             ("pss: /job:ps/replica:0/task:1 started again without its shards, and " + (dir / "ckpt") +
+                              " holds no checkpoint to restore them from (CheckpointManager::save one before a loss)")
+                                 .c_str(),
+                             pss::UnavailableError);
+        CHECK(runs == 1);
+        CHECK_THROWS_AS((void)value.fetch(), pss::CancelledError);
+        coordinator.join();  // raised once; scheduling works again
+        add_both(1);
+        CHECK(a.read<float>()(0) == 3.0f);
+        CHECK(b.read<float>()(0) == 1.0f);  // created again as zeros
+    }
+
+    TEST_CASE("recover_ps_from: a manager of another strategy is refused") {
+        TempDir dir;
+        Strat<pss::SGD, 2, pss::Asynchronous, 2> one({}, pss::FixedShardsPartitioner(1), pss::SGD(0.1));
+        Strat<pss::SGD, 2, pss::Asynchronous, 2> other({}, pss::FixedShardsPartitioner(1), pss::SGD(0.1));
+        pss::Checkpoint checkpoint(other);
+        pss::CheckpointManager manager(checkpoint, dir / "ckpt");
+        pss::ClusterCoordinator coordinator(one);
+        CHECK_THROWS_WITH_AS(coordinator.recover_ps_from(manager),
+                             "pss: ClusterCoordinator::recover_ps_from: the checkpoint manager's strategy is not this "
+                             "coordinator's",
+                             pss::InvalidArgumentError);
+    }
+}
+
 TEST_SUITE("keras/model.hpp") {
     TEST_CASE("Sequential::save_weights on 2 ps, load_weights into 3 ps: the same weights, and the next epoch gives the same bits") {
         TempDir dir;

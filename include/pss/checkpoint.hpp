@@ -228,6 +228,9 @@ public:
     Checkpoint(const Checkpoint&) = delete;
     Checkpoint& operator=(const Checkpoint&) = delete;
 
+    /// @brief The strategy whose variables this checkpoint saves.
+    [[nodiscard]] StrategyType& strategy() const noexcept { return *strategy_; }
+
     /// @brief The step counter saved with the variables (restored by restore()).
     [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
     void set_step(std::uint64_t step) noexcept { step_ = step; }
@@ -314,6 +317,8 @@ public:
 
     [[nodiscard]] const std::string& directory() const noexcept { return directory_; }
 
+    /// @brief What this manager saves and restores.
+    [[nodiscard]] Checkpoint<StrategyType>& checkpoint() const noexcept { return *checkpoint_; }
     /// @brief The newest complete checkpoint's directory, as `latest` names it; nullopt before the first
     /// save (TensorFlow's `latest_checkpoint`).
     [[nodiscard]] std::optional<std::string> latest() const {

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstddef>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -185,6 +186,14 @@ public:
     }
 
     [[nodiscard]] int num_workers() const noexcept { return static_cast<int>(workers_.size()); }
+    [[nodiscard]] Strategy* strategy() const noexcept { return strategy_; }
+
+    /// Set by ClusterCoordinator::recover_ps_from: makes lost ps task `task` serve this run again (or
+    /// throws); an empty function raises ps failures again.
+    void set_ps_recovery(std::function<void(int)> recover) {
+        std::lock_guard lock(mutex_);
+        ps_recovery_ = std::move(recover);
+    }
 
     // The operations of ClusterCoordinator, which documents them.
     template <class F, class... Args>
@@ -384,18 +393,16 @@ private:
         }
     }
 
-    /// True when `error` is an UnavailableError naming ps tasks (TensorFlow tells a ps failure so, by its
-    /// message) and no named ps task has failed `transient_ps_failures_` times yet (counted here, under
-    /// the lock). A closure whose ps task restarted or whose link broke for a moment so runs again.
-    bool transient_ps_failure(const std::exception_ptr& error) {
-        if (transient_ps_failures_ <= 0) return false;
+    /// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none
+    /// for any other error.
+    static std::set<int> unavailable_ps_tasks(const std::exception_ptr& error) {
         std::string message;
         try {
             std::rethrow_exception(error);
         } catch (const UnavailableError& e) {
             message = e.what();
         } catch (...) {
-            return false;
+            return {};
         }
         constexpr std::string_view prefix = "/job:ps/replica:0/task:";
         std::set<int> tasks;
@@ -405,10 +412,55 @@ private:
             if (const auto task = detail::parse_int(std::string_view(message).substr(at + prefix.size(), end - at - prefix.size())))
                 tasks.insert(*task);
         }
+        return tasks;
+    }
+
+    /// True when `tasks` (the ps tasks a failure named) is not empty and none of them has failed
+    /// `transient_ps_failures_` times yet (counted here, under the lock). A closure whose ps task
+    /// restarted or whose link broke for a moment so runs again.
+    bool transient_ps_failure(const std::set<int>& tasks) {
+        if (transient_ps_failures_ <= 0) return false;
         bool transient = !tasks.empty();
         for (const int task : tasks)
             if (++ps_failures_[task] >= transient_ps_failures_) transient = false;
         return transient;
+    }
+
+    /// With recover_ps_from (under the lock, by the worker thread whose closure found a ps lost): no
+    /// closure starts and the running ones end (each failure put back), then each lost ps task is made
+    /// to serve again and the closures put back run again. When a task cannot be recovered, its error is
+    /// raised as a closure's would be.
+    void recover_lost_ps(std::unique_lock<std::mutex>& lock) {
+        recovering_ = true;
+        idle_.wait(lock, [&] { return running_ == 0; });
+        std::exception_ptr failed;
+        while (!lost_ps_.empty() && !failed) {
+            const int task = *lost_ps_.begin();
+            lost_ps_.erase(lost_ps_.begin());
+            const auto recover = ps_recovery_;
+            lock.unlock();
+            try {
+                recover(task);
+            } catch (...) {
+                failed = std::current_exception();
+            }
+            lock.lock();
+        }
+        lost_ps_.clear();
+        recovering_ = false;
+        std::deque<Closure> cancelled;
+        if (failed) {
+            if (!error_) error_ = failed;
+            ++failures_;
+            cancelled = take_queued();
+            unfinished_ -= cancelled.size();
+        }
+        lock.unlock();
+        for (auto& c : cancelled) c->fail(cancellation());
+        work_.notify_all();
+        finished_.notify_all();
+        space_.notify_all();
+        lock.lock();
     }
 
     static std::exception_ptr cancellation() {
@@ -459,7 +511,9 @@ private:
         for (;;) {
             // After an error no new closure starts: the queued ones wait to be cancelled by the call
             // that raises the error (TensorFlow's semantics), and resume if it never comes to that.
-            work_.wait(lock, [&] { return ((!own.empty() || !queue_.empty()) && !error_) || stopping_; });
+            work_.wait(lock, [&] {
+                return !recovering_ && (((!own.empty() || !queue_.empty()) && !error_) || stopping_);
+            });
             if ((own.empty() && queue_.empty()) || error_) return;  // stopping
             const bool was_full = queued_ >= max_queue_;
             auto& from = own.empty() ? queue_ : own;  // its own closures first, in the order they came
@@ -506,15 +560,26 @@ private:
                 continue;
             } catch (...) {
                 auto e = std::current_exception();
+                const std::set<int> lost_ps = unavailable_ps_tasks(e);
                 lock.lock();
-                if (!error_ && transient_ps_failure(e)) {
-                    // TensorFlow's transient ps failure: the closure runs again; the next failure of
-                    // that ps task past the threshold is raised.
-                    queue_.push_front(closure);
+                if (!error_ && ps_recovery_ && (recovering_ || !lost_ps.empty())) {
+                    // recover_ps_from: the closure runs again once its ps serves again (and any failure
+                    // meanwhile is the loss's: the variables are restored before anything runs again).
+                    from.push_front(closure);
+                    ++queued_;
+                    lost_ps_.insert(lost_ps.begin(), lost_ps.end());
+                    if (--running_ == 0) idle_.notify_all();
+                    if (!recovering_) recover_lost_ps(lock);
+                    continue;
+                }
+                if (!error_ && transient_ps_failure(lost_ps)) {
+                    // TensorFlow's transient ps failure: the closure runs again (first, and on the worker
+                    // it was scheduled on); the next failure of that ps task past the threshold is raised.
+                    from.push_front(closure);
                     ++queued_;
                     --running_;
                     lock.unlock();
-                    work_.notify_one();
+                    work_.notify_all();
                     lock.lock();
                     continue;
                 }
@@ -541,7 +606,7 @@ private:
             }
             lock.lock();  // held into the next wait: one lock per closure
             if (--unfinished_ == 0) finished_.notify_all();
-            if (--running_ == 0 && error_) idle_.notify_all();
+            if (--running_ == 0 && (error_ || recovering_)) idle_.notify_all();
         }
     }
 
@@ -564,6 +629,9 @@ private:
     static constexpr std::string_view transient_ps_failures_variable = "TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES";
     int transient_ps_failures_ = 3;  // TensorFlow's default
     std::map<int, int> ps_failures_;  // ps task -> its failures so far
+    std::function<void(int)> ps_recovery_;  // recover_ps_from's
+    bool recovering_ = false;               // no closure starts while lost ps tasks are recovered
+    std::set<int> lost_ps_;                 // to recover
     std::atomic<std::uint64_t> failures_{0};
     bool stopping_ = false;
     std::vector<std::thread> workers_;  // last: started after everything they use
@@ -660,6 +728,62 @@ public:
 
     /// @brief True when every scheduled closure has run. @throws the first error of a closure.
     [[nodiscard]] bool done() { return pool_->done(); }
+
+    /// @brief Beyond TensorFlow: a lost ps task is waited for and restored from `manager`'s latest
+    /// checkpoint, instead of raised.
+    ///
+    /// From this call on (for every handle of this coordinator, Sequential::fit's included), when a
+    /// closure fails with an UnavailableError naming ps tasks: no closure starts, the running ones end
+    /// (each failure put back to run again), and for each such task the chief waits for it to answer
+    /// again (restarted with its task identity by `pss-launch --restart-failed`, Kubernetes or Slurm;
+    /// for the start-up timeout), greets it as at start-up, creates its shards again and restores every
+    /// variable of the strategy from the latest checkpoint, so that the model is the checkpoint's
+    /// whole (not a mix of newer shards and restored ones); then the closures put back run again. The
+    /// steps lost are those since the checkpoint. A task that answers again holding its shards (its
+    /// link broke for a moment) is not restored: its closures run again. A closure that ran
+    /// while a ps was lost runs again, so execution stays at least once. Each loss and recovery prints
+    /// one line on stderr. Asynchronous training only: a synchronous step's count per shard is not in a
+    /// checkpoint.
+    /// @param manager of a Checkpoint of this coordinator's strategy; it must outlive the coordinator
+    /// @throws InvalidArgumentError when the manager's strategy is not this coordinator's. Afterwards,
+    /// `join`, `schedule` and `done` raise the recovery's error: UnavailableError naming the task when it
+    /// does not come back within the start-up timeout, or when there is no checkpoint yet; the
+    /// handshake's FailedPreconditionError when it came back with another configuration; a restore's
+    /// errors.
+    template <class Manager>
+        requires requires(Manager& m, int task) {
+            { m.checkpoint().strategy().recreate_shards(task) } -> std::convertible_to<std::size_t>;
+            { m.restore_or_initialize() } -> std::same_as<std::optional<std::string>>;
+            { m.directory() } -> std::convertible_to<std::string>;
+        }
+    void recover_ps_from(Manager& manager) {
+        using StrategyType = std::remove_reference_t<decltype(manager.checkpoint().strategy())>;
+        static_assert(!StrategyType::synchronous,
+                      "pss: recover_ps_from: synchronous training cannot resume on restored shards (a shard's count "
+                      "of applied steps is not in a checkpoint); restart the cluster and restore instead");
+        if (static_cast<Strategy*>(&manager.checkpoint().strategy()) != pool_->strategy())
+            throw InvalidArgumentError("pss: ClusterCoordinator::recover_ps_from: the checkpoint manager's strategy "
+                                       "is not this coordinator's");
+        pool_->set_ps_recovery([&manager](int task) {
+            const std::string ps = "/job:ps/replica:0/task:" + std::to_string(task);
+            std::fprintf(stderr, "pss: %s was lost; waiting for it to start again, then restoring every variable "
+                                 "from the latest checkpoint in %s\n", ps.c_str(), std::string(manager.directory()).c_str());
+            const std::size_t created = manager.checkpoint().strategy().recreate_shards(task);
+            if (created == 0) {
+                std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", ps.c_str());
+                return;
+            }
+            const auto restored = manager.restore_or_initialize();
+            if (!restored)
+                throw UnavailableError("pss: " + ps + " started again without its shards, and " +
+                                       std::string(manager.directory()) +
+                                       " holds no checkpoint to restore them from (CheckpointManager::save one "
+                                       "before a loss)");
+            std::fprintf(stderr, "pss: %s is back: %zu shard%s created again, every variable restored from %s; "
+                                 "training goes on\n", ps.c_str(), created, created == 1 ? "" : "s",
+                         restored->c_str());
+        });
+    }
 
     /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
     template <class F>

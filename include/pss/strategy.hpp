@@ -74,6 +74,9 @@ public:
     virtual void join() {}
     virtual void shutdown() = 0;
     virtual RemoteWorkers* remote_workers() noexcept { return nullptr; }
+    /// Waits for ps task `task`, lost and started again, to answer (the start-up timeout), and greets it
+    /// as at start-up. Nothing to do when the ps tasks are threads of this process.
+    virtual void greet_again(int /*task*/) {}
 };
 
 /// The whole cluster in this process: its transport and the servers of every ps task.
@@ -244,6 +247,14 @@ public:
                     if (reply.ok()) begin_run(r.values);
                     return respond(std::move(reply));
                 }
+                // Variables are created after the chief's greeting; before it, this task started again
+                // after a loss, and a worker still working on the last run's shards is told so (it is the
+                // ps's loss, not a missing variable; ClusterCoordinator::recover_ps_from waits for it).
+                if (!ps_run_ && r.kind == RequestKind::operation)
+                    return respond(Reply::error(ErrorCode::unavailable,
+                                                "pss: " + self_.to_string() +
+                                                    " started again and holds no shard of this run: the chief "
+                                                    "has not reached it since"));
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
@@ -278,21 +289,34 @@ public:
     /// @throws FailedPreconditionError naming each part that differs, as each task runs it
     void handshake() {
         if (self_.type == "ps") return;
-        nlohmann::json hello_json = {{"task", self_.to_string()}, {"fingerprint", fingerprint_}};
-        if (self_.type == "chief") hello_json["run"] = run_;
-        const auto hello = nlohmann::json::to_cbor(hello_json);
         std::vector<std::future<Reply>> replies;
-        for (int i = 0; i < spec_.num_tasks("ps"); ++i) {
-            Request request;
-            request.kind = RequestKind::call;
-            request.name = std::string(handshake_call);
-            request.values.cbor = hello;
-            replies.push_back(client_->send(TaskId{"ps", i}, std::move(request)));
-        }
+        for (int i = 0; i < spec_.num_tasks("ps"); ++i) replies.push_back(greet(i));
         for (auto& reply : replies) {
             Reply r = reply.get();
             if (!r.ok()) throw_error(r.code, r.message);
         }
+    }
+
+    /// The chief: waits for ps task `task` to answer a heartbeat (asked every heartbeat interval, for the
+    /// start-up timeout), then greets it.
+    /// @throws UnavailableError naming the task when it does not answer in time
+    void greet_again(int task) override {
+        const TaskId ps{"ps", task};
+        const auto interval = std::max(timeouts_.heartbeat_interval, std::chrono::milliseconds(100));
+        const auto started = std::chrono::steady_clock::now();
+        for (;;) {
+            Request probe;
+            probe.kind = RequestKind::heartbeat;
+            Reply answer = client_->send(ps, std::move(probe)).get();
+            if (answer.ok()) break;
+            if (timeouts_.startup.count() > 0 && std::chrono::steady_clock::now() - started >= timeouts_.startup)
+                throw UnavailableError("pss: " + ps.to_string() + " was lost and did not start again within " +
+                                       format_seconds(timeouts_.startup) + " (PSS_STARTUP_TIMEOUT); last: " +
+                                       answer.message);
+            std::this_thread::sleep_for(interval);
+        }
+        Reply r = greet(task).get();
+        if (!r.ok()) throw_error(r.code, r.message);
     }
 
     std::future<Reply> send(int task, Request request) override {
@@ -359,6 +383,17 @@ private:
         } else {
             return false;
         }
+    }
+
+    /// This task's handshake to ps task `task`: its configuration, and a chief's run.
+    std::future<Reply> greet(int task) {
+        nlohmann::json hello = {{"task", self_.to_string()}, {"fingerprint", fingerprint_}};
+        if (self_.type == "chief") hello["run"] = run_;
+        Request request;
+        request.kind = RequestKind::call;
+        request.name = std::string(handshake_call);
+        request.values.cbor = nlohmann::json::to_cbor(hello);
+        return client_->send(TaskId{"ps", task}, std::move(request));
     }
 
     /// A ps task: a chief's handshake names its run; a chief of another run than the last (the chief
@@ -576,6 +611,42 @@ public:
         }
         if (hook) hook(variable);  // a deferred restore: if it throws, the new variable goes with `variable`
         return variable;
+    }
+
+    /// @brief Makes ps task `task`, lost and started again empty, hold its part of this run again: waits
+    /// for it to answer (the start-up timeout), greets it as at start-up (its configuration must be this
+    /// one), and creates on it, as zeros, the shards of this strategy's variables it held. Returns how many
+    /// it created: 0 when the task still held them (it was not restarted). Their values come from a
+    /// checkpoint next: ClusterCoordinator::recover_ps_from does both.
+    /// @throws UnavailableError naming the task when it does not come back in time; the errors of the
+    /// handshake (FailedPreconditionError naming what differs) and of creating a variable
+    std::size_t recreate_shards(int task) {
+        if (task < 0 || task >= num_ps())
+            throw InvalidArgumentError("pss: recreate_shards: ps task " + std::to_string(task) + " is not in [0, " +
+                                       std::to_string(num_ps()) + ")");
+        channel_->greet_again(task);
+        std::vector<std::future<Reply>> replies;
+        for (const Variable& v : variables()) {
+            const detail::VariableInfo& info = *v.info_ptr();
+            for (const auto& shard : info.shards) {
+                if (shard.task != task) continue;
+                Request request;
+                request.op = Op::create;
+                request.key = {info.id, shard.index};
+                request.name = detail::shard_name(info, shard.index);
+                request.payload = Tensor::zeros(info.dtype, shard.shape);
+                replies.push_back(channel_->send(task, std::move(request)));
+            }
+        }
+        std::size_t created = 0;
+        std::optional<Reply> failed;
+        for (auto& f : replies) {
+            Reply r = f.get();
+            if (r.ok()) ++created;
+            else if (r.code != ErrorCode::already_exists && !failed) failed = std::move(r);
+        }
+        if (failed) throw_error(failed->code, failed->message);
+        return created;
     }
 
     /// @brief The variables this strategy created that still have a handle, in creation order (what

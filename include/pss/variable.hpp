@@ -270,6 +270,12 @@ using ShardedVariable = Variable;
 namespace detail {
 
 /// Creates a variable's shards through `channel`: shard i holds rows_of[i] rows and lives on task tasks[i].
+/// The name a ps task knows shard `index` of `info` by, in errors: the variable's name when it has
+/// one shard, else "name/part_<index>" (TensorFlow's).
+inline std::string shard_name(const VariableInfo& info, std::uint32_t index) {
+    return info.shards.size() == 1 ? info.name : info.name + "/part_" + std::to_string(index);
+}
+
 inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name,
                                Tensor initial_value, const std::vector<std::size_t>& rows_of,
                                const std::vector<int>& tasks) {
@@ -281,6 +287,7 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
     info->dtype = initial_value.dtype();
     info->id = id;
     info->channel = channel;
+    std::vector<Request> requests;
     std::vector<std::future<Reply>> futures;
     std::size_t offset = 0;
     for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
@@ -289,16 +296,18 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
         request.op = Op::create;
         request.key = {id, i};
         if (rows_of.size() == 1) {
-            request.name = info->name;
             request.payload = std::move(initial_value);
         } else {
             shard.shape[0] = rows_of[i];
-            request.name = info->name + "/part_" + std::to_string(i);
             request.payload = slice_rows(initial_value, offset, rows_of[i]);
         }
         offset += rows_of[i];
         info->shards.push_back(std::move(shard));
-        futures.push_back(channel->send(tasks[i], std::move(request)));
+        requests.push_back(std::move(request));
+    }
+    for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
+        requests[i].name = shard_name(*info, i);
+        futures.push_back(channel->send(tasks[i], std::move(requests[i])));
     }
     std::vector<Reply> replies;
     for (auto& f : futures) replies.push_back(f.get());

@@ -4,7 +4,8 @@
 #   -DLAUNCH=<pss-launch> -DPROGRAM=<program> -DEXPECTED=<golden file> -DWORK_DIR=<scratch dir> -DMODE=<mode>
 #   [-DARGS=<program arguments, ;-separated>] [-DEXPECT_LOST_WORKER=ON: the chief announces one lost worker]
 #   [-DLAUNCH_ARGS=<more pss-launch options>] [-DEXPECT_REJOIN=ON: worker:1 is killed, started again by the
-#   launcher, and announced back on the chief]
+#   launcher, and announced back on the chief] [-DEXPECT_PS_RECOVERY=ON: ps:1 is killed, started again by the
+#   launcher, and restored by the chief from its checkpoint ckpt-1]
 cmake_minimum_required(VERSION 3.21)
 include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
 
@@ -39,6 +40,15 @@ endif()
 if(MODE STREQUAL "launched" AND EXPECT_REJOIN)
   foreach(line "pss-launch: worker:1 was killed by signal 9 \\(Killed\\); starting it again \\(1 of [0-9]+ restarts\\)"
                "\\[chief\\] pss: /job:worker/replica:0/task:1 at 127\\.0\\.0\\.1:[0-9]+ is back")
+    if(NOT err MATCHES "${line}")
+      message(FATAL_ERROR "launched run: stderr has no line matching ${line}\nstderr:\n${err}")
+    endif()
+  endforeach()
+endif()
+if(MODE STREQUAL "launched" AND EXPECT_PS_RECOVERY)
+  foreach(line "pss-launch: ps:1 was killed by signal 9 \\(Killed\\); starting it again \\(1 of [0-9]+ restarts\\)"
+               "\\[chief\\] pss: /job:ps/replica:0/task:1 was lost; waiting for it to start again, then restoring every variable from the latest checkpoint in [^\n]*/ckpt\n"
+               "\\[chief\\] pss: /job:ps/replica:0/task:1 is back: 1 shard created again, every variable restored from [^\n]*/ckpt/ckpt-1; training goes on\n")
     if(NOT err MATCHES "${line}")
       message(FATAL_ERROR "launched run: stderr has no line matching ${line}\nstderr:\n${err}")
     endif()

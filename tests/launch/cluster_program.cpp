@@ -14,6 +14,11 @@
 // (check_link_cut.sh, each task in a network namespace of its own): ps 1 runs on, and the script cuts its
 // link when DIR/go appears and notes the time in DIR/died; the chief's limit is that of a stopped ps.
 //
+// `cluster_program --ps-recovery DIR` (under `pss-launch --restart-failed`, golden file ps_recovery.expected):
+// the chief recovers lost ps tasks from its checkpoints (ClusterCoordinator::recover_ps_from); it saves at 5
+// closures, runs 3 more, and ps 1 kills itself; the launcher starts it again, the chief restores every
+// variable from the checkpoint, and the 4 closures scheduled after the loss give 5 + 4 on both ps tasks.
+//
 // `cluster_program --chief-restart DIR` (check_chief_restart.sh, golden file chief_restart.expected): the
 // first chief saves a checkpoint, trains on and kills itself; the ps and worker tasks serve on, and a chief
 // started again with the same TF_CONFIG takes them over (the ps tasks drop the last run's shards), creates
@@ -83,6 +88,14 @@ int lose_first_worker(pss::Variable lost, pss::Variable runs) {
 }
 const auto lose = pss::register_function("cluster_program.lose_first_worker", &lose_first_worker);
 
+/// Adds `amount` to both variables: one closure that needs both ps tasks.
+int add_to_both(pss::Variable a, pss::Variable b, float amount) {
+    a.assign_add(xt::xarray<float>{amount});
+    b.assign_add(xt::xarray<float>{amount});
+    return pss::worker_index();
+}
+const auto add_both = pss::register_function("cluster_program.add_to_both", &add_to_both);
+
 /// Wall-clock nanoseconds: the one clock two processes of this machine share.
 long long wall_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -150,6 +163,43 @@ int run_ps_loss(Strategy& strategy, const std::string& how, const std::string& d
               << (error.find("/job:ps/replica:0/task:1") != std::string::npos) << "\n";
     std::cout << "within the limit: " << (died > 0 && seconds < limit) << "\n";
     std::cout << "ps 0 still serves: " << (on_ps0.assign_add(xt::xarray<float>{5}), on_ps0.read<float>()(0)) << "\n";
+    strategy.join();
+    return 0;
+}
+
+/// The chief of `--ps-recovery DIR`: see the top of this file.
+int run_ps_recovery(Strategy& strategy, const std::string& dir) {
+    pss::Checkpoint checkpoint(strategy);
+    pss::CheckpointManager manager(checkpoint, (std::filesystem::path(dir) / "ckpt").string(), 2);
+    pss::ClusterCoordinator coordinator(strategy);
+    coordinator.recover_ps_from(manager);
+    auto [on_ps0, on_ps1] = [&] {
+        auto scope = strategy.scope();
+        return std::pair{pss::Variable(xt::xarray<float>{0}, "on_ps0"), pss::Variable(xt::xarray<float>{0}, "on_ps1")};
+    }();
+    std::cout << "the second variable is on ps 1: " << (on_ps1.device() == "/job:ps/replica:0/task:1/device:CPU:0")
+              << "\n";
+    const auto add_times = [&](int n) {
+        for (int i = 0; i < n; ++i) (void)coordinator.schedule(add_both, on_ps0, on_ps1, 1.0f);
+        coordinator.join();
+    };
+    add_times(5);
+    (void)manager.save();
+    add_times(3);
+    std::cout << "before the loss: " << on_ps0.read<float>()(0) << " and " << on_ps1.read<float>()(0) << "\n";
+    std::ofstream(std::filesystem::path(dir) / "go") << "go\n";
+    const auto died_file = std::filesystem::path(dir) / "died";
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!std::filesystem::exists(died_file) && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its kill follows the file
+    add_times(4);
+    long long died = 0;
+    std::ifstream(died_file) >> died;
+    std::cerr << "cluster_program: ps 1 killed; 4 closures ran after its restart and restore, "
+              << static_cast<double>(wall_ns() - died) * 1e-9 << " s after the kill\n";
+    std::cout << "after ps 1 started again and every variable was restored, 4 more closures: "
+              << on_ps0.read<float>()(0) << " and " << on_ps1.read<float>()(0) << "\n";
     strategy.join();
     return 0;
 }
@@ -242,12 +292,17 @@ int main(int argc, char** argv) {
     const bool ps_loss = argc == 4 && std::string(argv[1]) == "--ps-loss";
     const bool ps1_ends_itself = ps_loss && std::string(argv[2]) != "cut";  // a cut is the script's
     if (ps1_ends_itself && strategy.task() == pss::TaskId{"ps", 1}) arm_ps_loss(argv[2], argv[3]);
+    // ps 1 of --ps-recovery kills itself once; the process started again in its place serves on.
+    if (argc == 3 && std::string(argv[1]) == "--ps-recovery" && strategy.task() == pss::TaskId{"ps", 1} &&
+        !std::filesystem::exists(std::filesystem::path(argv[2]) / "died"))
+        arm_ps_loss("kill", argv[2]);
     if (!strategy.is_chief()) {
         strategy.join();  // ps and workers serve until the chief ends the cluster
         return 0;
     }
     if (argc == 3 && std::string(argv[1]) == "--rejoin") return run_rejoin(strategy, argv[2]);
     if (argc == 3 && std::string(argv[1]) == "--chief-restart") return run_chief_restart(strategy, argv[2]);
+    if (argc == 3 && std::string(argv[1]) == "--ps-recovery") return run_ps_recovery(strategy, argv[2]);
     if (ps_loss)
         return run_ps_loss(strategy, argv[2], argv[3],
                            std::chrono::duration<double>(pss::Timeouts::from_environment().heartbeat_timeout).count());
