@@ -5,10 +5,14 @@
 #   [-DARGS=<program arguments, ;-separated>] [-DEXPECT_LOST_WORKER=ON: the chief announces one lost worker]
 #   [-DLAUNCH_ARGS=<more pss-launch options>] [-DEXPECT_REJOIN=ON: worker:1 is killed, started again by the
 #   launcher, and announced back on the chief] [-DEXPECT_PS_RECOVERY=ON: ps:1 is killed, started again by the
-#   launcher, and restored by the chief from its checkpoint ckpt-1]
+#   launcher, and restored by the chief from its checkpoint ckpt-1] [-DEXPECT_NO_LOSS=ON: no task is lost]
+#   [-DRUN_TIMEOUT=<seconds the launched run may take; 150>]
 cmake_minimum_required(VERSION 3.21)
 include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
 
+if(NOT RUN_TIMEOUT)
+  set(RUN_TIMEOUT 150)
+endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 if(MODE STREQUAL "embedded")
@@ -17,7 +21,7 @@ if(MODE STREQUAL "embedded")
   set(chief "${out}")
 else()
   execute_process(COMMAND "${LAUNCH}" --ps 2 --workers 2 --report-memory ${LAUNCH_ARGS} -- "${PROGRAM}" ${ARGS}
-    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 150)
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT ${RUN_TIMEOUT})
   pss_chief_lines(chief "${out}")
 endif()
 file(WRITE "${WORK_DIR}/stdout.txt" "${out}")
@@ -44,6 +48,9 @@ if(MODE STREQUAL "launched" AND EXPECT_REJOIN)
       message(FATAL_ERROR "launched run: stderr has no line matching ${line}\nstderr:\n${err}")
     endif()
   endforeach()
+endif()
+if(MODE STREQUAL "launched" AND EXPECT_NO_LOSS AND err MATCHES "pss: lost ")
+  message(FATAL_ERROR "launched run: a task was lost:\n${err}")
 endif()
 if(MODE STREQUAL "launched" AND EXPECT_PS_RECOVERY)
   foreach(line "pss-launch: ps:1 was killed by signal 9 \\(Killed\\); starting it again \\(1 of [0-9]+ restarts\\)"

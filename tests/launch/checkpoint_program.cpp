@@ -3,12 +3,25 @@
 // CheckpointManager in DIR, then trains one more; `restore DIR SHARDS` restores the latest checkpoint
 // before the model exists (deferred), builds it, then trains the same one more step. Both print the same
 // lines: the values after the save or restore, and after the next step.
+//
+// `fit DIR once|whole` (check_fit_restart.sh): a synchronous Sequential::fit of 4 epochs with
+// BackupAndRestore in DIR/backup, then the weights' bits. `once`: a chief that finds no DIR/first_chief_died
+// kills itself (SIGKILL) as soon as the backup of epoch 2 is committed, mid-fit; a chief started again
+// resumes from that backup. `whole`: the same fit, never stopped (the bits the resumed one must give).
+#include <bit>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <pss/keras.hpp>
 #include <pss/pss.hpp>
 
 namespace {
@@ -58,9 +71,59 @@ void print(const std::vector<pss::Variable>& vars, const char* when) {
 
 }  // namespace
 
+/// `fit DIR once|whole`: see the top of this file.
+int run_fit(const std::string& dir, bool die_once) {
+    pss::ClusterStrategy<pss::FixedShardsPartitioner, pss::Adam, pss::Synchronous> strategy(
+        {}, pss::FixedShardsPartitioner(2), pss::Adam(0.01));
+    if (!strategy.is_chief()) {
+        strategy.join();
+        return 0;
+    }
+    const std::filesystem::path work(dir);
+    if (die_once && !std::filesystem::exists(work / "first_chief_died")) {
+        std::thread([work] {
+            const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+            while (std::chrono::steady_clock::now() < give_up) {
+                std::ifstream latest(work / "backup" / "latest");
+                const auto json = nlohmann::json::parse(latest, nullptr, false);
+                if (!json.is_discarded() && json.value("latest", "") == "ckpt-2") {
+                    std::ofstream(work / "first_chief_died") << "1\n";
+                    std::raise(SIGKILL);
+                }
+                std::this_thread::sleep_for(std::chrono::microseconds(200));
+            }
+        }).detach();
+    }
+    constexpr std::size_t examples = 512;
+    xt::xarray<float> x = xt::xarray<float>::from_shape({examples, 4});
+    xt::xarray<float> y = xt::xarray<float>::from_shape({examples, 1});
+    for (std::size_t i = 0; i < examples; ++i) {
+        float target = 0.5f;
+        for (std::size_t j = 0; j < 4; ++j) {
+            x(i, j) = static_cast<float>(static_cast<double>((i * 7 + j * 13) % 17) / 8.0 - 1.0);
+            target += static_cast<float>(j + 1) * x(i, j);
+        }
+        y(i, 0) = target;
+    }
+    pss::Sequential model(strategy, {pss::Dense(8, "relu"), pss::Dense(1)}, /*seed=*/7);
+    model.compile(pss::Adam(0.01), "mse");
+    (void)model.fit(x, y, 4, 16, pss::BackupAndRestore{(work / "backup").string()}, true, true, std::cout);
+    std::string bits;
+    for (const auto& w : model.get_weights())
+        for (const float v : w.get<float>()) {
+            char word[10];
+            std::snprintf(word, sizeof word, " %08x", std::bit_cast<std::uint32_t>(v));
+            bits += word;
+        }
+    std::cout << "weights:" << bits << std::endl;
+    strategy.join();
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 4 && std::string(argv[1]) == "fit") return run_fit(argv[2], std::string(argv[3]) == "once");
     if (argc != 4) {
-        std::cerr << "usage: checkpoint_program save|restore DIR SHARDS\n";
+        std::cerr << "usage: checkpoint_program save|restore DIR SHARDS, or fit DIR once|whole\n";
         return 2;
     }
     const std::string mode = argv[1], dir = argv[2];

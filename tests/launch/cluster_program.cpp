@@ -19,6 +19,10 @@
 // closures, runs 3 more, and ps 1 kills itself; the launcher starts it again, the chief restores every
 // variable from the checkpoint, and the 4 closures scheduled after the loss give 5 + 4 on both ps tasks.
 //
+// `cluster_program --long-step SECONDS` (golden file long_step.expected, TensorFlow's heartbeat defaults: every
+// 1 s, lost after 10 s): one step of SECONDS (90 in the test) on a worker, while the other worker runs short
+// closures; the step completes and no task is lost (liveness comes from heartbeats, not from deadlines).
+//
 // `cluster_program --chief-restart DIR` (check_chief_restart.sh, golden file chief_restart.expected): the
 // first chief saves a checkpoint, trains on and kills itself; the ps and worker tasks serve on, and a chief
 // started again with the same TF_CONFIG takes them over (the ps tasks drop the last run's shards), creates
@@ -204,6 +208,32 @@ int run_ps_recovery(Strategy& strategy, const std::string& dir) {
     return 0;
 }
 
+/// The chief of `--long-step SECONDS`: see the top of this file.
+int run_long_step(Strategy& strategy, double seconds) {
+    pss::ClusterCoordinator coordinator(strategy);
+    pss::Variable v = [&] {
+        auto scope = strategy.scope();
+        return pss::Variable(xt::xarray<float>{0}, "v");
+    }();
+    const auto started = std::chrono::steady_clock::now();
+    auto step = coordinator.schedule_on(0, slow, seconds);
+    int short_ones = 0;
+    while (std::chrono::steady_clock::now() - started < std::chrono::duration<double>(seconds / 2)) {
+        (void)coordinator.schedule_on(1, add, v, 1.0f).fetch();
+        ++short_ones;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    const int result = step.fetch();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    coordinator.join();
+    std::cerr << "cluster_program: a step of " << seconds << " s took " << took << " s\n";
+    std::cout << "the long step returned " << result << " after at least its length: " << (took >= seconds) << "\n";
+    std::cout << "the other worker ran every short closure meanwhile: "
+              << (short_ones > 0 && v.read<float>()(0) == static_cast<float>(short_ones)) << "\n";
+    strategy.join();
+    return 0;
+}
+
 /// The chief of `--chief-restart DIR`: see the top of this file.
 int run_chief_restart(Strategy& strategy, const std::string& dir) {
     const auto first_life = std::filesystem::path(dir) / "first_chief_died";
@@ -303,6 +333,7 @@ int main(int argc, char** argv) {
     if (argc == 3 && std::string(argv[1]) == "--rejoin") return run_rejoin(strategy, argv[2]);
     if (argc == 3 && std::string(argv[1]) == "--chief-restart") return run_chief_restart(strategy, argv[2]);
     if (argc == 3 && std::string(argv[1]) == "--ps-recovery") return run_ps_recovery(strategy, argv[2]);
+    if (argc == 3 && std::string(argv[1]) == "--long-step") return run_long_step(strategy, std::stod(argv[2]));
     if (ps_loss)
         return run_ps_loss(strategy, argv[2], argv[3],
                            std::chrono::duration<double>(pss::Timeouts::from_environment().heartbeat_timeout).count());
