@@ -400,6 +400,9 @@ private:
         if (step == 0)
             throw FailedPreconditionError("pss: " + what +
                                           ": training is synchronous, so every push must name its step (1, 2, ...)");
+        // A proven sender's push to a step it pushed to already is a closure run again after its worker
+        // was lost (at least once): the first push counts, the same one again changes nothing.
+        if (request.sender && step <= state.applied) return;
         if (step <= state.applied)
             throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) +
                                        " is applied already; a worker pushed twice, or too late");
@@ -417,9 +420,7 @@ private:
         auto& pending = state.pending[step];
         if (request.sender) {  // a proven sender: one push per step, so that no one task completes a step alone
             if (std::find(pending.senders.begin(), pending.senders.end(), *request.sender) != pending.senders.end())
-                throw FailedPreconditionError("pss: " + what + ": " + request.sender->to_string() +
-                                              " pushed to step " + std::to_string(step) +
-                                              " already; a worker contributes one push per variable and step");
+                return;  // pushed again (see above)
             pending.senders.push_back(*request.sender);
         }
         auto& grad = request.payload.template get<T>();

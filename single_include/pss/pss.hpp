@@ -9987,6 +9987,9 @@ private:
         if (step == 0)
             throw FailedPreconditionError("pss: " + what +
                                           ": training is synchronous, so every push must name its step (1, 2, ...)");
+        // A proven sender's push to a step it pushed to already is a closure run again after its worker
+        // was lost (at least once): the first push counts, the same one again changes nothing.
+        if (request.sender && step <= state.applied) return;
         if (step <= state.applied)
             throw InvalidArgumentError("pss: " + what + ": step " + std::to_string(step) +
                                        " is applied already; a worker pushed twice, or too late");
@@ -10004,9 +10007,7 @@ private:
         auto& pending = state.pending[step];
         if (request.sender) {  // a proven sender: one push per step, so that no one task completes a step alone
             if (std::find(pending.senders.begin(), pending.senders.end(), *request.sender) != pending.senders.end())
-                throw FailedPreconditionError("pss: " + what + ": " + request.sender->to_string() +
-                                              " pushed to step " + std::to_string(step) +
-                                              " already; a worker contributes one push per variable and step");
+                return;  // pushed again (see above)
             pending.senders.push_back(*request.sender);
         }
         auto& grad = request.payload.template get<T>();
@@ -11720,6 +11721,8 @@ public:
             remote_ = strategy.remote_workers();
             strategy_ = &strategy;
         }
+        if constexpr (requires { StrategyType::synchronous; })
+            keep_pins_ = StrategyType::synchronous && remote_ != nullptr;
         if (max_queue_ == 0) throw InvalidArgumentError("pss: ClusterCoordinator: max_queue must be at least 1");
         if (const auto text = detail::process_environment(transient_ps_failures_variable)) {
             const auto n = detail::parse_int(*text);
@@ -11803,8 +11806,8 @@ private:
             if (queued_ < max_queue_) break;
             await_a_worker(lock);  // the queue is full and every worker is lost
         }
-        // A lost worker's closures go to the others (at least once).
-        const bool pinned = worker != any_worker && !pinned_[static_cast<std::size_t>(worker)].lost;
+        // A lost worker's closures go to the others (at least once), but a synchronous step's wait for it.
+        const bool pinned = worker != any_worker && (keep_pins_ || !pinned_[static_cast<std::size_t>(worker)].lost);
         (pinned ? pinned_[static_cast<std::size_t>(worker)].queue : queue_).push_back(task);
         ++queued_;
         ++unfinished_;
@@ -11932,8 +11935,18 @@ private:
 
     /// A lost worker of another process (without the lock): probes it every heartbeat interval until it
     /// answers (a process with its task identity started again: it rejoins) or the coordinator stops.
+    /// In synchronous training its closures wait for it: when it is not back within the start-up timeout,
+    /// they fail (the first error raised), and it is waited for on.
     /// @returns true when it is back
     bool await_rejoin(int index) {
+        std::optional<std::chrono::steady_clock::time_point> give_up;
+        if (keep_pins_ && remote_->timeouts().startup.count() > 0)
+            give_up = std::chrono::steady_clock::now() + remote_->timeouts().startup;
+        const auto gave_up = [&] {
+            if (!give_up || std::chrono::steady_clock::now() < *give_up) return;
+            give_up.reset();
+            fail_pinned(index);
+        };
         const Timeouts& timeouts = remote_->timeouts();
         const auto interval = timeouts.heartbeat_interval.count() > 0 ? timeouts.heartbeat_interval
                                                                       : std::chrono::milliseconds(1000);
@@ -11953,8 +11966,35 @@ private:
             }
             if (answer.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready && answer.get().ok())
                 return true;
+            gave_up();
             if (stopped(interval)) return false;
         }
+    }
+
+    /// The closures pinned to lost worker `index` (a synchronous run's) fail: it did not come back within
+    /// the start-up timeout, and no other worker may push for it.
+    void fail_pinned(int index) {
+        std::unique_lock lock(mutex_);
+        auto& own = pinned_[static_cast<std::size_t>(index)].queue;
+        if (own.empty()) return;
+        const auto ms = remote_->timeouts().startup.count();
+        auto e = std::make_exception_ptr(WorkerLostError(
+            "pss: worker " + std::to_string(index) + " was lost and did not come back within the start-up timeout of " +
+            (ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms") +
+            " (PSS_STARTUP_TIMEOUT); in synchronous training its steps wait for it, since no other worker may push "
+            "for it"));
+        if (!error_) error_ = e;
+        ++failures_;
+        std::deque<Closure> failed;
+        failed.swap(own);
+        std::deque<Closure> cancelled = take_queued();
+        unfinished_ -= failed.size() + cancelled.size();
+        lock.unlock();
+        for (auto& c : failed) c->fail(e);
+        for (auto& c : cancelled) c->fail(cancellation());
+        finished_.notify_all();
+        space_.notify_all();
+        work_.notify_all();
     }
 
     /// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none
@@ -12095,17 +12135,20 @@ private:
                 lock.lock();
                 // At least once: another worker runs it, and the closures that were this worker's; unless
                 // an error is pending, which cancels what has not run (as TensorFlow's put_back does).
+                // In synchronous training this worker's closures wait for it to rejoin instead: each
+                // pushes its worker's part of a step, which no other worker may push.
                 const bool cancel = error_ != nullptr;
                 if (cancel) {
                     closure->fail(cancellation());  // before it stops counting as running, as below
                     --unfinished_;
                 } else {
-                    queue_.push_front(closure);
+                    (keep_pins_ ? from : queue_).push_front(closure);
                     ++queued_;
                 }
-                queue_.insert(queue_.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
-                queued_ += own.size();
-                own.clear();
+                if (!keep_pins_) {
+                    queue_.insert(queue_.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
+                    own.clear();
+                }
                 pinned.lost = true;
                 --alive_;
                 if (--running_ == 0) idle_.notify_all();
@@ -12188,6 +12231,7 @@ private:
         bool lost = false;  // its worker is gone: closures for it go to queue_
     };
     std::vector<Pinned> pinned_;  // one per worker (schedule_on)
+    bool keep_pins_ = false;      // synchronous, workers of other processes: a lost worker's closures wait for it
     std::size_t queued_ = 0;      // in queue_ and pinned_
     std::exception_ptr error_;
     static constexpr std::string_view transient_ps_failures_variable = "TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES";
@@ -12278,7 +12322,9 @@ public:
     /// Synchronous training schedules a step as one closure per worker this way: each worker
     /// contributes one push to the step, which one queue for all would not ensure (a worker that ended
     /// its closure early could take the step's next one too). A closure whose worker is lost runs on
-    /// another worker, as with schedule().
+    /// another worker, as with schedule(); in synchronous training with workers of other processes it
+    /// waits for its worker to rejoin instead (its push is that worker's part of the step, which the ps
+    /// takes from no other), for the start-up timeout, after which it fails with WorkerLostError.
     /// @throws InvalidArgumentError when `worker` is not in [0, num_workers()); the errors of schedule()
     template <class F, class... Args>
     auto schedule_on(int worker, F&& fn, Args&&... args) {

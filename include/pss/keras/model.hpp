@@ -19,6 +19,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -41,6 +42,7 @@
 #include <pss/checkpoint.hpp>
 #include <pss/config.hpp>
 #include <pss/coordinator.hpp>
+#include <pss/detail/environment.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
 #include <pss/message.hpp>
@@ -281,6 +283,13 @@ inline bool is_remote_model_unknown(const Error& e) {
     const std::string_view message = e.what();
     return e.code() == ErrorCode::not_found && message.starts_with(remote_model_unknown) &&
            message.find(remote_model_unknown_tail) != std::string_view::npos;
+}
+
+/// The worker that answered `e` (is_remote_model_unknown), as its message names it; nullopt when it
+/// names none.
+inline std::optional<int> remote_model_unknown_worker(const Error& e) {
+    const std::string_view message = std::string_view(e.what()).substr(remote_model_unknown.size());
+    return parse_int(message.substr(0, message.find(remote_model_unknown_tail)));
 }
 
 /// A model's description as Sequential sends it: `{"class_name": "Sequential", "config": {"name":
@@ -757,12 +766,16 @@ private:
     /// The registered build call to every worker task, at once; a worker that is lost is left to the
     /// coordinator (its steps run elsewhere).
     /// @throws the error a worker answered (an InvalidArgumentError for a description it rejects).
-    void send_remote_model() {
+    /// Sends the model to every worker, or to worker `only`. A worker runs one call at a time: in
+    /// synchronous training one still in a step waits for a step that another worker must run again,
+    /// so after a loss the model goes only to the workers that say they lack it.
+    void send_remote_model(std::optional<int> only = std::nullopt) {
         detail::RemoteWorkers& workers = *strategy_->remote_workers();
         const std::string& name = detail::keras_remote_build_function.name();
         const Values arguments = detail::encode_values(remote_->id, remote_->description, remote_->weights);
         std::vector<std::future<Reply>> replies;
         for (int w = 0; w < strategy_->num_workers(); ++w) {
+            if (only && w != *only) continue;
             Request request;
             request.kind = RequestKind::call;
             request.name = name;
@@ -914,10 +927,16 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         };
         std::deque<Closure> window;
         // A worker process that lost the model: send the model again and rerun, in the window's order,
-        // the closures that failed for it or were cancelled after it (none of them pushed). The error is
-        // cleared without waiting for the closures still running: a synchronous step's closure on
-        // another worker may wait for one that is rerun here.
-        auto recover = [&] {
+        // the closures that failed for it or were cancelled after it (a rerun's pushes to a step it
+        // pushed to already change nothing). The error is cleared without waiting for the closures still
+        // running: a synchronous step's closure on another worker may wait for one that is rerun here.
+        // The model goes to the workers that said they lack it (`lost`, then each closure's), each once.
+        auto recover = [&](std::optional<int> lost) {
+            std::set<int> sent;
+            const auto send_to = [&](std::optional<int> w) {
+                if (!w) send_remote_model();
+                else if (sent.insert(*w).second) send_remote_model(*w);
+            };
             for (bool again = true; again;) {
                 again = false;
                 for (;;) {
@@ -929,7 +948,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                     } catch (const Error&) {  // each closure's own error is looked at below
                     }
                 }
-                send_remote_model();
+                if (lost) send_to(lost);
                 for (auto& c : window) {
                     try {
                         (void)c.value.fetch();
@@ -937,6 +956,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                     } catch (const CancelledError&) {
                     } catch (const NotFoundError& e) {
                         if (!detail::is_remote_model_unknown(e)) throw;
+                        send_to(detail::remote_model_unknown_worker(e));
                     }
                     try {
                         c.value = schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
@@ -955,7 +975,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         auto recover_or_throw = [&](const NotFoundError& e) {
             if (!remote || !detail::is_remote_model_unknown(e) || rebuilds_left == 0) throw e;
             --rebuilds_left;
-            recover();
+            recover(detail::remote_model_unknown_worker(e));
         };
         auto schedule_closure = [&](Closure c) {
             for (;;) {
@@ -988,7 +1008,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                 } catch (const CancelledError&) {  // cancelled by another closure's failure: maybe a lost model
                     if (!remote || rebuilds_left == 0) throw;
                     --rebuilds_left;
-                    recover();
+                    recover(std::nullopt);
                 }
             }
         };
