@@ -846,8 +846,9 @@ struct RemoteWorkersStub final : pss::Strategy, pss::detail::RemoteWorkers {
         }
         return reply.get_future();
     }
-    std::future<pss::Reply> probe(int) override {
+    std::future<pss::Reply> probe(int worker) override {
         ++probes;
+        if (up) answered_up[static_cast<std::size_t>(worker)] = true;
         std::promise<pss::Reply> reply;
         reply.set_value(up ? pss::Reply{} : pss::Reply::error(pss::ErrorCode::unavailable, "pss: stub: not up"));
         return reply.get_future();
@@ -857,6 +858,7 @@ struct RemoteWorkersStub final : pss::Strategy, pss::detail::RemoteWorkers {
                          std::chrono::milliseconds(0)};
     std::atomic<bool> up{false};
     std::atomic<int> probes{0};
+    std::array<std::atomic<bool>, 2> answered_up{};  // a probe found the worker up: it rejoins
     std::mutex mutex;
     int calls = 0;
     std::array<int, 2> calls_up{};
@@ -951,6 +953,11 @@ TEST_SUITE("ClusterCoordinator") {
         strategy.up = true;
         coordinator.join();
         CHECK(first.fetch() == 2);
+        // Until a worker has rejoined, closures scheduled on it go to the other: wait for both.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!(strategy.answered_up[0] && strategy.answered_up[1]) && std::chrono::steady_clock::now() < give_up)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // from its probe's answer to taking work
         std::vector<pss::RemoteValue<int>> more;
         for (int i = 0; i < 40; ++i) more.push_back(coordinator.schedule_on(i % 2, plus_one_call, i));
         coordinator.join();
