@@ -177,10 +177,13 @@ int run_ps_recovery(Strategy& strategy, const std::string& dir) {
     pss::CheckpointManager manager(checkpoint, (std::filesystem::path(dir) / "ckpt").string(), 2);
     pss::ClusterCoordinator coordinator(strategy);
     coordinator.recover_ps_from(manager);
-    auto [on_ps0, on_ps1] = [&] {
+    // Named variables, not a structured binding: clang 14 cannot capture one in a lambda.
+    auto both = [&] {
         auto scope = strategy.scope();
         return std::pair{pss::Variable(xt::xarray<float>{0}, "on_ps0"), pss::Variable(xt::xarray<float>{0}, "on_ps1")};
     }();
+    pss::Variable& on_ps0 = both.first;
+    pss::Variable& on_ps1 = both.second;
     std::cout << "the second variable is on ps 1: " << (on_ps1.device() == "/job:ps/replica:0/task:1/device:CPU:0")
               << "\n";
     const auto add_times = [&](int n) {
