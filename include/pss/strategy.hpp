@@ -191,10 +191,9 @@ nlohmann::json cluster_fingerprint(const OptimizerPolicy& optimizer, const SyncO
             {"cluster", std::move(jobs)}};
 }
 
-/// The answer of a ps to a handshake: ok when `theirs` (sent by task `peer`) is `ours`, else the
-/// differences, each part as both tasks run it.
-inline Reply answer_handshake(const nlohmann::json& ours, const TaskId& self, const Values& values) {
-    nlohmann::json sent = nlohmann::json::from_cbor(values.cbor, true, false);
+/// The answer of a ps to a handshake `sent` (its CBOR, parsed): ok when the fingerprint the peer sent
+/// is `ours`, else the differences, each part as both tasks run it.
+inline Reply answer_handshake(const nlohmann::json& ours, const TaskId& self, const nlohmann::json& sent) {
     if (!sent.is_object() || !sent.contains("fingerprint") || !sent.contains("task") || !sent["task"].is_string())
         return Reply::error(ErrorCode::invalid_argument,
                             "pss: a handshake to " + self.to_string() + " must carry {\"task\", \"fingerprint\"}");
@@ -243,8 +242,9 @@ public:
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
                 if (r.kind == RequestKind::call && r.name == handshake_call) {
-                    Reply reply = answer_handshake(fingerprint_, self_, r.values);
-                    if (reply.ok()) begin_run(r.values);
+                    const auto sent = nlohmann::json::from_cbor(r.values.cbor, true, false);  // discarded: refused
+                    Reply reply = answer_handshake(fingerprint_, self_, sent);
+                    if (reply.ok()) begin_run(sent);
                     return respond(std::move(reply));
                 }
                 // Variables are created after the chief's greeting; before it, this task started again
@@ -400,8 +400,7 @@ private:
     /// was started again while this task served on) begins a new run here: the last run's shards are
     /// dropped, so the new chief creates its variables again and restores them from its checkpoint.
     /// On the task's strand, as every request.
-    void begin_run(const Values& values) {
-        const nlohmann::json sent = nlohmann::json::from_cbor(values.cbor, true, false);
+    void begin_run(const nlohmann::json& sent) {
         if (!sent.contains("run") || !sent["run"].is_number_unsigned()) return;  // a worker's
         const auto run = sent["run"].get<std::uint64_t>();
         if (ps_run_ && *ps_run_ != run) {
