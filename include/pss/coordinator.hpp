@@ -358,12 +358,9 @@ private:
         }
         if (!waiting()) return;
         std::string why;
-        if (remote_ != nullptr) {
-            const auto ms = remote_->timeouts().startup.count();
-            why = " (none came back within the start-up timeout of " +
-                  (ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms") +
+        if (remote_ != nullptr)
+            why = " (none came back within the start-up timeout of " + startup_timeout_text() +
                   "; PSS_STARTUP_TIMEOUT sets it)";
-        }
         throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
                                " closures are waiting; no worker is left to run them" + why);
     }
@@ -406,24 +403,27 @@ private:
         }
     }
 
+    /// The start-up timeout of the workers of another process, as errors name it: "60 s", "300 ms".
+    [[nodiscard]] std::string startup_timeout_text() const {
+        const auto ms = remote_->timeouts().startup.count();
+        return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+    }
+
     /// The closures pinned to lost worker `index` (a synchronous run's) fail: it did not come back within
     /// the start-up timeout, and no other worker may push for it.
     void fail_pinned(int index) {
         std::unique_lock lock(mutex_);
         auto& own = pinned_[static_cast<std::size_t>(index)].queue;
         if (own.empty()) return;
-        const auto ms = remote_->timeouts().startup.count();
         auto e = std::make_exception_ptr(WorkerLostError(
             "pss: worker " + std::to_string(index) + " was lost and did not come back within the start-up timeout of " +
-            (ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms") +
+            startup_timeout_text() +
             " (PSS_STARTUP_TIMEOUT); in synchronous training its steps wait for it, since no other worker may push "
             "for it"));
-        if (!error_) error_ = e;
-        ++failures_;
         std::deque<Closure> failed;
         failed.swap(own);
-        std::deque<Closure> cancelled = take_queued();
-        unfinished_ -= failed.size() + cancelled.size();
+        unfinished_ -= failed.size();
+        std::deque<Closure> cancelled = record_failure(e);
         lock.unlock();
         for (auto& c : failed) c->fail(e);
         for (auto& c : cancelled) c->fail(cancellation());
@@ -488,12 +488,7 @@ private:
         lost_ps_.clear();
         recovering_ = false;
         std::deque<Closure> cancelled;
-        if (failed) {
-            if (!error_) error_ = failed;
-            ++failures_;
-            cancelled = take_queued();
-            unfinished_ -= cancelled.size();
-        }
+        if (failed) cancelled = record_failure(failed);
         lock.unlock();
         for (auto& c : cancelled) c->fail(cancellation());
         work_.notify_all();
@@ -524,6 +519,17 @@ private:
         work_.notify_all();  // the workers take closures again
         for (auto& c : cancelled) c->fail(cancellation());
         std::rethrow_exception(error);
+    }
+
+    /// A closure's failure (under the lock): `error` becomes the error to raise unless one is pending, the
+    /// count of failures moves (running closures see the cancellation), and every queued closure is
+    /// taken out, to be cancelled by the caller once the lock is released.
+    std::deque<Closure> record_failure(std::exception_ptr error) {
+        if (!error_) error_ = std::move(error);
+        ++failures_;
+        std::deque<Closure> cancelled = take_queued();
+        unfinished_ -= cancelled.size();
+        return cancelled;
     }
 
     /// Every queued closure, shared and pinned, taken out of the queues (under the lock).
@@ -632,10 +638,7 @@ private:
                 // is set (once its fetch has raised, every closure still running sees the cancellation),
                 // and the value is set before the closure stops counting as running (once join has
                 // raised, every RemoteValue of the closures that ran is ready).
-                if (!error_) error_ = e;
-                ++failures_;
-                std::deque<Closure> cancelled = take_queued();
-                unfinished_ -= cancelled.size();
+                std::deque<Closure> cancelled = record_failure(e);
                 lock.unlock();
                 closure->fail(e);
                 for (auto& c : cancelled) c->fail(cancellation());

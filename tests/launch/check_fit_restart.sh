@@ -16,34 +16,7 @@ status=0
 if ! timeout 120 "$program" fit "$work/whole" whole >"$work/whole.out" 2>"$work/whole.err"; then
   echo "the embedded reference fit failed:"; cat "$work/whole.err"; exit 1
 fi
-"$launch" --ps 2 --workers 2 --write-certificates "$work/tls" >/dev/null
-export PSS_TLS_DIR=$work/tls
-unset PSS_TLS_CA PSS_TLS_CERT PSS_TLS_KEY
-tf_config() { echo "{\"cluster\": $cluster, \"task\": {\"type\": \"$1\", \"index\": $2}}"; }
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT
-for task in ps:0 ps:1 worker:0 worker:1; do
-  type=${task%%:*} index=${task##*:}
-  TF_CONFIG=$(tf_config "$type" "$index") timeout 120 "$program" fit "$work/once" once \
-    >"$work/$type$index.out" 2>"$work/$type$index.err" &
-  pids+=($!)
-done
-set +e
-TF_CONFIG=$(tf_config chief 0) timeout 120 "$program" fit "$work/once" once >"$work/chief_first.out" 2>"$work/chief_first.err"
-first=$?
-set -e
-if [[ $first -ne 137 ]]; then echo "the first chief exited with $first, not 137 (SIGKILL):"; cat "$work/chief_first.err"; status=1; fi
-for i in "${!pids[@]}"; do
-  if ! kill -0 "${pids[$i]}" 2>/dev/null; then echo "task $i ended with the first chief"; status=1; fi
-done
-if ! TF_CONFIG=$(tf_config chief 0) timeout 120 "$program" fit "$work/once" once >"$work/chief_second.out" 2>"$work/chief_second.err"; then
-  echo "the second chief failed:"; cat "$work/chief_second.err"; status=1
-fi
-for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then echo "task $i exited with an error:"; cat "$work"/*.err; status=1; fi
-done
-pids=()
+run_chief_twice "$launch" "$work" "$program" fit "$work/once" once
 # The first chief dies as soon as it sees the backup of epoch 2 committed; on a loaded machine it may see
 # it only once epoch 3's is (both are a resume mid-fit): the second chief resumes after the backup it finds.
 restored=$(sed -n '1s/^Restored the backup of epoch \([23]\) from .*$/\1/p' "$work/chief_second.out")
