@@ -468,6 +468,10 @@ TEST_SUITE("Remote calls") {
               malformed + "a tensor reference 0 names no tensor of the 1 sent, or one taken already");
         CHECK(decode_error<pss::Tensor>(values_of({{{"tensor", -1}}}, {pss::Tensor(xt::xarray<float>{1})})) ==
               malformed + "a tensor reference -1 names no tensor of the 1 sent, or one taken already");
+        // Text that is not UTF-8 (nlohmann's dump() throws for it) is named with U+FFFD in its place (found by
+        // tools/fuzz.sh: it was an internal error).
+        CHECK(decode_error<pss::Tensor>(values_of({{{"tensor", std::string("\xa1")}}}, {pss::Tensor(xt::xarray<float>{1})})) ==
+              malformed + "a tensor reference \"\xef\xbf\xbd\" names no tensor of the 1 sent, or one taken already");
         CHECK(decode_error<pss::Tensor>(values_of({{{"tensor", 0}}}, {pss::Tensor(xt::xarray<float>{1}),
                                                                         pss::Tensor(xt::xarray<float>{2})})) ==
               malformed + "tensor 1 of the 2 sent is not used");

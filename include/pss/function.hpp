@@ -23,6 +23,7 @@
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
+#include <pss/detail/json_text.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/partitioner/shard_rows.hpp>
@@ -132,7 +133,7 @@ public:
             fail(std::string("expected a tensor, found ") + describe(item) + "; " + same_signature);
         if (ref->is_null()) return {};
         if (!ref->is_number_unsigned() || ref->get<std::uint64_t>() >= tensors_.size() || taken_[ref->get<std::size_t>()])
-            fail("a tensor reference " + ref->dump() + " names no tensor of the " + std::to_string(tensors_.size()) +
+            fail("a tensor reference " + dumped(*ref) + " names no tensor of the " + std::to_string(tensors_.size()) +
                  " sent, or one taken already");
         taken_[ref->get<std::size_t>()] = true;
         return std::move(tensors_[ref->get<std::size_t>()]);
@@ -449,7 +450,7 @@ R decode_result(Values&& answer, const std::string& name) {
                                                                                           : ErrorCode::internal,
                     message);
     }
-    if (status != call_succeeded) reader.fail("the status " + status.dump() + " is neither 0 (ok) nor 1 (error)");
+    if (status != call_succeeded) reader.fail("the status " + dumped(status) + " is neither 0 (ok) nor 1 (error)");
     if constexpr (std::is_void_v<R>) {
         reader.finish();
     } else {

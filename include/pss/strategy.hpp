@@ -34,6 +34,7 @@
 #include <pss/concepts/transport.hpp>
 #include <pss/config.hpp>
 #include <pss/consistency.hpp>
+#include <pss/detail/json_text.hpp>
 #include <pss/detail/closure_context.hpp>
 #include <pss/distribute.hpp>
 #include <pss/errors.hpp>
@@ -204,8 +205,8 @@ inline Reply answer_handshake(const nlohmann::json& ours, const TaskId& self, co
     for (const auto& [part, value] : ours.items()) {
         const nlohmann::json other = theirs.is_object() && theirs.contains(part) ? theirs[part] : nlohmann::json();
         if (other == value) continue;
-        differences += (differences.empty() ? "" : "; ") + part + " " + other.dump() + " on " + peer + ", " +
-                       value.dump() + " on " + self.to_string();
+        differences += (differences.empty() ? "" : "; ") + part + " " + dumped(other) + " on " + peer + ", " +
+                       dumped(value) + " on " + self.to_string();
     }
     return Reply::error(ErrorCode::failed_precondition,
                         "pss: " + peer + " and " + self.to_string() + " run different configurations: " + differences +

@@ -32,6 +32,7 @@
 #include <xtensor/xnpy.hpp>
 
 #include <pss/config.hpp>
+#include <pss/detail/json_text.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/tensor.hpp>
@@ -355,13 +356,13 @@ template <std::integral T>
     }
     throw std::invalid_argument(std::string(what) + " must be an integer from " +
                                 std::to_string(std::numeric_limits<T>::min()) + " to " +
-                                std::to_string(std::numeric_limits<T>::max()) + ", not " + j.dump());
+                                std::to_string(std::numeric_limits<T>::max()) + ", not " + dumped(j));
 }
 
 /// An untrusted JSON array of integers of type T (json_integer for each).
 template <std::integral T>
 [[nodiscard]] std::vector<T> json_integers(const nlohmann::json& j, std::string_view what) {
-    if (!j.is_array()) throw std::invalid_argument(std::string(what) + " must be an array, not " + j.dump());
+    if (!j.is_array()) throw std::invalid_argument(std::string(what) + " must be an array, not " + dumped(j));
     std::vector<T> out;
     out.reserve(j.size());
     for (const auto& item : j) out.push_back(json_integer<T>(item, what));
@@ -370,7 +371,7 @@ template <std::integral T>
 
 /// An untrusted JSON object of counters: {"iterations": 7}.
 [[nodiscard]] inline std::map<std::string, std::int64_t> json_counters(const nlohmann::json& j) {
-    if (!j.is_object()) throw std::invalid_argument("\"counters\" must be an object, not " + j.dump());
+    if (!j.is_object()) throw std::invalid_argument("\"counters\" must be an object, not " + dumped(j));
     std::map<std::string, std::int64_t> out;
     for (const auto& [name, value] : j.items()) out[name] = json_integer<std::int64_t>(value, "counter \"" + name + "\"");
     return out;
@@ -753,7 +754,7 @@ inline constexpr std::uint64_t max_saved_bytes = std::uint64_t{1} << 62;
             v.name = jv.at("name").get<std::string>();
             v.shape = json_integers<std::size_t>(jv.at("shape"), "\"shape\"");
             const auto dtype = dtype_from_name(jv.at("dtype").get<std::string>());
-            if (!dtype) throw bad("variable '" + v.name + "' has an unknown dtype " + jv.at("dtype").dump());
+            if (!dtype) throw bad("variable '" + v.name + "' has an unknown dtype " + dumped(jv.at("dtype")));
             v.dtype = *dtype;
             // Shapes are untrusted: none may describe more bytes than a file can hold (no size overflows).
             auto check_shape = [&](const Shape& shape, const std::string& what) {
