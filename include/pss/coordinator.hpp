@@ -371,12 +371,13 @@ private:
     /// they fail (the first error raised), and it is waited for on.
     /// @returns true when it is back
     bool await_rejoin(int index) {
-        std::optional<std::chrono::steady_clock::time_point> give_up;
+        // max(): never (a time_point, not an optional: GCC 12 at -O3 warns that an optional's may be unset).
+        auto give_up = std::chrono::steady_clock::time_point::max();
         if (keep_pins_ && remote_->timeouts().startup.count() > 0)
             give_up = std::chrono::steady_clock::now() + remote_->timeouts().startup;
         const auto gave_up = [&] {
-            if (!give_up || std::chrono::steady_clock::now() < *give_up) return;
-            give_up.reset();
+            if (std::chrono::steady_clock::now() < give_up) return;
+            give_up = std::chrono::steady_clock::time_point::max();
             fail_pinned(index);
         };
         const Timeouts& timeouts = remote_->timeouts();
