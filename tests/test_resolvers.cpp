@@ -545,6 +545,40 @@ TEST_SUITE("AutoClusterResolver") {
         CHECK(resolver.rpc_layer() == "grpc");
     }
 
+    TEST_CASE("AutoClusterResolver: PSS_NUM_PS and PSS_PORT_BASE lay out Slurm's and MPI's clusters; an argument wins") {
+        auto variables = five_tasks("2");
+        variables["PSS_NUM_PS"] = "2";
+        variables["PSS_PORT_BASE"] = "20000";
+        const pss::AutoClusterResolver slurm(environment(variables));
+        CHECK(slurm.cluster_spec() == ClusterSpec{{"chief", {"t02n13:20000"}},
+                                                  {"ps", {"t02n13:20001", "t02n41:20000"}},
+                                                  {"worker", {"t02n41:20001", "t02n43:20000"}}});
+        CHECK(slurm.task() == TaskId{"ps", 1});
+        const pss::AutoClusterResolver argument(environment(variables), 1);
+        CHECK(argument.cluster_spec() == ClusterSpec{{"chief", {"t02n13:20000"}},
+                                                     {"ps", {"t02n13:20001"}},
+                                                     {"worker", {"t02n41:20000", "t02n41:20001", "t02n43:20000"}}});
+        const pss::AutoClusterResolver mpi(environment(
+            {{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "5"}, {"PSS_NUM_PS", "2"}, {"PSS_PORT_BASE", "3000"}}));
+        CHECK(mpi.cluster_spec() == ClusterSpec{{"chief", {"127.0.0.1:3000"}},
+                                                {"ps", {"127.0.0.1:3001", "127.0.0.1:3002"}},
+                                                {"worker", {"127.0.0.1:3003", "127.0.0.1:3004"}}});
+        CHECK(mpi.task() == TaskId{"worker", 1});
+        // The local cluster and TF_CONFIG say their own: the variables are not read there.
+        CHECK(pss::AutoClusterResolver(environment({{"PSS_NUM_PS", "3"}})).cluster_spec() ==
+              pss::LocalClusterResolver<2, 2>{}.cluster_spec());
+        const auto error = [](std::map<std::string, std::string, std::less<>> variables) {
+            return error_of<pss::InvalidArgumentError>([&] { (void)pss::AutoClusterResolver(environment(variables)); });
+        };
+        CHECK(error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "5"}, {"PSS_NUM_PS", "two"}}) ==
+              R"(pss: AutoClusterResolver: PSS_NUM_PS is "two" but must be a whole number from 1 to 1000000 (the number of ps tasks under Slurm or MPI))");
+        CHECK(error({{"SLURM_PROCID", "0"}, {"PSS_PORT_BASE", "0"}}) ==
+              R"(pss: AutoClusterResolver: PSS_PORT_BASE is "0" but must be a whole number from 1 to 65535 (the port of the first task on each node under Slurm or MPI))");
+        CHECK(error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"PSS_NUM_PS", "2"}}) ==
+              "pss: MpiClusterResolver: the MPI world has 3 processes but 1 chief, 2 ps and at least 1 worker need 4; start "
+              "more (mpirun -n 4) or give fewer ps tasks");
+    }
+
     TEST_CASE("AutoClusterResolver: MPI, when only MPI rank variables are set, as MpiClusterResolver(num_ps)") {
         const pss::AutoClusterResolver resolver(
             environment({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"TF_CONFIG", ""}}));

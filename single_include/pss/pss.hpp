@@ -1588,6 +1588,9 @@ inline std::optional<int> parse_int(std::string_view text) noexcept {
     return value;
 }
 
+/// @brief `text` in double quotes, as an error message shows a variable's value.
+inline std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
+
 }  // namespace detail
 
 PSS_NAMESPACE_END
@@ -1685,12 +1688,10 @@ public:
 private:
     static constexpr std::string_view where = "pss: MpiClusterResolver: ";
 
-    static std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
-
     static int to_int(std::string_view name, const std::string& text, std::string_view meaning) {
         const auto value = detail::parse_int(text);
         if (!value || *value < 0) {
-            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + quoted(text) +
+            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + detail::quoted(text) +
                                        " but must be a whole number (" + std::string(meaning) + ")");
         }
         return *value;
@@ -1966,10 +1967,8 @@ private:
     static constexpr std::size_t max_expanded = std::size_t{1} << 20;  // hosts or nodes a list may expand to
     static constexpr std::string_view where = "pss: SlurmClusterResolver: ";
 
-    static std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
-
     [[noreturn]] static void throw_bad_hostlist(std::string_view what, std::string_view text, const std::string& reason) {
-        throw InvalidArgumentError(std::string(where) + std::string(what) + " " + quoted(text) +
+        throw InvalidArgumentError(std::string(where) + std::string(what) + " " + detail::quoted(text) +
                                    " is not a valid Slurm hostlist: " + reason +
                                    "; write it as Slurm does, e.g. \"n[1-2],m5,o[3-4,6,7-9]\"");
     }
@@ -1997,11 +1996,11 @@ private:
             const auto high = number(high_text);
             if (!low || !high) {
                 throw_bad_hostlist(what, text, "the range at position " + std::to_string(position) + " has " +
-                                                   quoted(item) + ", which is not N or N-M with N and M numbers");
+                                                   detail::quoted(item) + ", which is not N or N-M with N and M numbers");
             }
             if (*high < *low) {
                 throw_bad_hostlist(what, text, "the range at position " + std::to_string(position) + " has " +
-                                                   quoted(item) + ", which goes down");
+                                                   detail::quoted(item) + ", which goes down");
             }
             if (*high - *low >= max_expanded || values.size() + (*high - *low) >= max_expanded) {
                 throw_bad_hostlist(what, text, "it has more than " + std::to_string(max_expanded) + " hosts");
@@ -2070,7 +2069,7 @@ private:
 
     static std::vector<int> expand_tasks_per_node(std::string_view text, std::string_view what) {
         const auto bad = [&](const std::string& reason) {
-            return InvalidArgumentError(std::string(where) + std::string(what) + " " + quoted(text) + " is not valid: " +
+            return InvalidArgumentError(std::string(where) + std::string(what) + " " + detail::quoted(text) + " is not valid: " +
                                         reason + "; write it as Slurm does, e.g. \"3(x2),2,1\"");
         };
         const auto number = [](std::string_view digits) -> std::optional<int> {
@@ -2090,7 +2089,7 @@ private:
             } else {
                 tasks = number(part);
             }
-            if (!tasks || !repeat) throw bad(quoted(part) + " is not N or N(xR)");
+            if (!tasks || !repeat) throw bad(detail::quoted(part) + " is not N or N(xR)");
             if (counts.size() + static_cast<std::size_t>(*repeat) > max_expanded) {
                 throw bad("it has more than " + std::to_string(max_expanded) + " nodes");
             }
@@ -2114,7 +2113,7 @@ private:
         const std::string text = require(environment, name);
         const auto value = detail::parse_int(text);
         if (!value || *value < 0) {
-            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + quoted(text) +
+            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + detail::quoted(text) +
                                        " but must be a whole number (" + std::string(meaning) + ")");
         }
         return *value;
@@ -2133,7 +2132,7 @@ private:
         std::string asked_list;
         for (const auto& [job, count] : jobs) {
             if (count < 0) {
-                throw InvalidArgumentError(at + "job " + quoted(job) + " asks for " + std::to_string(count) +
+                throw InvalidArgumentError(at + "job " + detail::quoted(job) + " asks for " + std::to_string(count) +
                                            " tasks; give each job 0 tasks or more");
             }
             asked += count;
@@ -2158,8 +2157,8 @@ private:
         std::set<std::string_view> seen;
         for (const auto& host : hosts_) {
             if (!seen.insert(host).second) {
-                throw InvalidArgumentError(at + "SLURM_STEP_NODELIST " + quoted(nodelist) + " lists node " +
-                                           quoted(host) + " twice; each node must appear once");
+                throw InvalidArgumentError(at + "SLURM_STEP_NODELIST " + detail::quoted(nodelist) + " lists node " +
+                                           detail::quoted(host) + " twice; each node must appear once");
             }
         }
         std::string placement;  // says where the task counts came from, for the messages
@@ -2175,11 +2174,11 @@ private:
             const std::string text = require(environment, "SLURM_STEP_TASKS_PER_NODE");
             tasks_per_node_ = expand_tasks_per_node(text, "SLURM_STEP_TASKS_PER_NODE");
             if (tasks_per_node_.size() != hosts_.size()) {
-                throw InvalidArgumentError(at + "SLURM_STEP_TASKS_PER_NODE " + quoted(text) + " gives " +
+                throw InvalidArgumentError(at + "SLURM_STEP_TASKS_PER_NODE " + detail::quoted(text) + " gives " +
                                            std::to_string(tasks_per_node_.size()) + " nodes but SLURM_STEP_NODELIST " +
-                                           quoted(nodelist) + " has " + std::to_string(hosts_.size()));
+                                           detail::quoted(nodelist) + " has " + std::to_string(hosts_.size()));
             }
-            placement = "SLURM_STEP_TASKS_PER_NODE " + quoted(text);
+            placement = "SLURM_STEP_TASKS_PER_NODE " + detail::quoted(text);
         }
         long long placed = 0;
         for (const int count : tasks_per_node_) placed += count;
@@ -2556,11 +2555,14 @@ PSS_NAMESPACE_BEGIN
 /// | ------- | -------------------------------------------------------- | ------------------------------------------------------------------------- | ----------- |
 /// | 1       | `TF_CONFIG` is set and not blank                         | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
 /// | 2       | `SLURM_PROCID` is set                                    | `SlurmClusterResolver` with jobs chief 1, ps `num_ps`, worker the rest    | "slurm"     |
-/// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps)`                                              | "mpi"       |
+/// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps, {}, port_base)`                               | "mpi"       |
 /// | 4       | none of these                                            | the embedded cluster of `LocalClusterResolver<2, 2>`                      | "local"     |
 ///
 /// Under Slurm and MPI the layout is the same: rank 0 is the chief, ranks 1 to `num_ps` the ps tasks,
-/// the rest workers. Slurm comes before MPI because `srun --mpi=...` sets the PMI variables too. The
+/// the rest workers. `num_ps` is the constructor's argument, else `PSS_NUM_PS`, else 1; the first task
+/// of each node listens on `PSS_PORT_BASE` (8888 when unset, as TensorFlow's), the next ones on the
+/// next ports: `srun --export=ALL,PSS_NUM_PS=2,PSS_PORT_BASE=20000 -n 5 ./train`, or
+/// `mpirun -x PSS_NUM_PS=2 -np 5 ./train`. Slurm comes before MPI because `srun --mpi=...` sets the PMI variables too. The
 /// chosen resolver's errors are thrown as they are: a program started by srun with a bad Slurm
 /// environment fails rather than running alone. The answers are copied from the chosen resolver when
 /// the AutoClusterResolver is made.
@@ -2583,20 +2585,31 @@ public:
     ///        cluster has 2)
     /// @throws Error whatever the chosen resolver throws, and InvalidArgumentError
     ///         `pss: AutoClusterResolver: the Slurm step has 2 tasks but 1 chief, 1 ps and at least 1 worker need 3;
-    ///         run srun -n 3 or more, or give fewer ps tasks`
+    ///         run srun -n 3 or more, or give fewer ps tasks`, or naming a malformed `PSS_NUM_PS` or
+    ///         `PSS_PORT_BASE`
     explicit AutoClusterResolver(int num_ps)
         : AutoClusterResolver(EnvironmentLookup(detail::process_environment), num_ps) {}
-    /// @brief The same with 1 ps task for the Slurm and MPI layouts.
-    AutoClusterResolver() : AutoClusterResolver(1) {}
+    /// @brief The same with `PSS_NUM_PS` ps tasks for the Slurm and MPI layouts (1 when unset).
+    AutoClusterResolver() : AutoClusterResolver(EnvironmentLookup(detail::process_environment)) {}
 
     /// @brief The same, reading the variables through `environment` instead of the process environment.
-    /// An empty function reads the process environment.
-    explicit AutoClusterResolver(EnvironmentLookup environment, int num_ps = 1) {
+    /// An empty function reads the process environment; no `num_ps` reads `PSS_NUM_PS` (1 when unset).
+    explicit AutoClusterResolver(EnvironmentLookup environment, std::optional<int> ps_tasks = std::nullopt) {
         if (!environment) environment = detail::process_environment;
-        if (num_ps < 1) {
-            throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(num_ps) +
+        // Read only for the layouts that use them: a TF_CONFIG or the local cluster says its own.
+        if (ps_tasks && *ps_tasks < 1) {
+            throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(*ps_tasks) +
                                        " but a ParameterServerStrategy needs at least 1 ps task");
         }
+        const auto num_ps = [&] {
+            return ps_tasks ? *ps_tasks
+                            : variable(environment, "PSS_NUM_PS", 1, 1, 1'000'000,
+                                       "the number of ps tasks under Slurm or MPI");
+        };
+        const auto port_base = [&] {
+            return variable(environment, "PSS_PORT_BASE", 8888, 1, 65535,
+                            "the port of the first task on each node under Slurm or MPI");
+        };
         if (const auto tf_config = environment("TF_CONFIG");
             tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
             const TFConfigClusterResolver resolver(*tf_config);
@@ -2609,9 +2622,11 @@ public:
                     "whole cluster in one process needs no TF_CONFIG");
             take("tf_config", resolver);
         } else if (environment("SLURM_PROCID")) {
-            take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps)));
+            const int port = port_base();
+            take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps()), port));
         } else if (MpiClusterResolver::launched_by_mpi(environment)) {
-            take("mpi", MpiClusterResolver(environment, num_ps));
+            const int ps = num_ps();
+            take("mpi", MpiClusterResolver(environment, ps, {}, port_base()));
         } else {
             take("local", LocalResolver{});
         }
@@ -2628,6 +2643,19 @@ private:
         task_type_ = resolver.task_type();
         task_id_ = resolver.task_id();
         rpc_layer_ = resolver.rpc_layer();
+    }
+
+    /// The whole number in variable `name` (`fallback` when unset), from `low` to `high`.
+    static int variable(const EnvironmentLookup& environment, const char* name, int fallback, int low, int high,
+                        const char* meaning) {
+        const auto text = environment(name);
+        if (!text) return fallback;
+        const auto value = detail::parse_int(*text);
+        if (!value || *value < low || *value > high)
+            throw InvalidArgumentError(std::string("pss: AutoClusterResolver: ") + name + " is " + detail::quoted(*text) +
+                                       " but must be a whole number from " + std::to_string(low) + " to " +
+                                       std::to_string(high) + " (" + meaning + ")");
+        return *value;
     }
 
     /// Chief 1, ps num_ps, worker the rest of the step; empty (so that SlurmClusterResolver reports the
@@ -11954,12 +11982,13 @@ private:
     /// they fail (the first error raised), and it is waited for on.
     /// @returns true when it is back
     bool await_rejoin(int index) {
-        std::optional<std::chrono::steady_clock::time_point> give_up;
+        // max(): never (a time_point, not an optional: GCC 12 at -O3 warns that an optional's may be unset).
+        auto give_up = std::chrono::steady_clock::time_point::max();
         if (keep_pins_ && remote_->timeouts().startup.count() > 0)
             give_up = std::chrono::steady_clock::now() + remote_->timeouts().startup;
         const auto gave_up = [&] {
-            if (!give_up || std::chrono::steady_clock::now() < *give_up) return;
-            give_up.reset();
+            if (std::chrono::steady_clock::now() < give_up) return;
+            give_up = std::chrono::steady_clock::time_point::max();
             fail_pinned(index);
         };
         const Timeouts& timeouts = remote_->timeouts();

@@ -25,11 +25,14 @@ PSS_NAMESPACE_BEGIN
 /// | ------- | -------------------------------------------------------- | ------------------------------------------------------------------------- | ----------- |
 /// | 1       | `TF_CONFIG` is set and not blank                         | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
 /// | 2       | `SLURM_PROCID` is set                                    | `SlurmClusterResolver` with jobs chief 1, ps `num_ps`, worker the rest    | "slurm"     |
-/// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps)`                                              | "mpi"       |
+/// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps, {}, port_base)`                               | "mpi"       |
 /// | 4       | none of these                                            | the embedded cluster of `LocalClusterResolver<2, 2>`                      | "local"     |
 ///
 /// Under Slurm and MPI the layout is the same: rank 0 is the chief, ranks 1 to `num_ps` the ps tasks,
-/// the rest workers. Slurm comes before MPI because `srun --mpi=...` sets the PMI variables too. The
+/// the rest workers. `num_ps` is the constructor's argument, else `PSS_NUM_PS`, else 1; the first task
+/// of each node listens on `PSS_PORT_BASE` (8888 when unset, as TensorFlow's), the next ones on the
+/// next ports: `srun --export=ALL,PSS_NUM_PS=2,PSS_PORT_BASE=20000 -n 5 ./train`, or
+/// `mpirun -x PSS_NUM_PS=2 -np 5 ./train`. Slurm comes before MPI because `srun --mpi=...` sets the PMI variables too. The
 /// chosen resolver's errors are thrown as they are: a program started by srun with a bad Slurm
 /// environment fails rather than running alone. The answers are copied from the chosen resolver when
 /// the AutoClusterResolver is made.
@@ -52,20 +55,31 @@ public:
     ///        cluster has 2)
     /// @throws Error whatever the chosen resolver throws, and InvalidArgumentError
     ///         `pss: AutoClusterResolver: the Slurm step has 2 tasks but 1 chief, 1 ps and at least 1 worker need 3;
-    ///         run srun -n 3 or more, or give fewer ps tasks`
+    ///         run srun -n 3 or more, or give fewer ps tasks`, or naming a malformed `PSS_NUM_PS` or
+    ///         `PSS_PORT_BASE`
     explicit AutoClusterResolver(int num_ps)
         : AutoClusterResolver(EnvironmentLookup(detail::process_environment), num_ps) {}
-    /// @brief The same with 1 ps task for the Slurm and MPI layouts.
-    AutoClusterResolver() : AutoClusterResolver(1) {}
+    /// @brief The same with `PSS_NUM_PS` ps tasks for the Slurm and MPI layouts (1 when unset).
+    AutoClusterResolver() : AutoClusterResolver(EnvironmentLookup(detail::process_environment)) {}
 
     /// @brief The same, reading the variables through `environment` instead of the process environment.
-    /// An empty function reads the process environment.
-    explicit AutoClusterResolver(EnvironmentLookup environment, int num_ps = 1) {
+    /// An empty function reads the process environment; no `num_ps` reads `PSS_NUM_PS` (1 when unset).
+    explicit AutoClusterResolver(EnvironmentLookup environment, std::optional<int> ps_tasks = std::nullopt) {
         if (!environment) environment = detail::process_environment;
-        if (num_ps < 1) {
-            throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(num_ps) +
+        // Read only for the layouts that use them: a TF_CONFIG or the local cluster says its own.
+        if (ps_tasks && *ps_tasks < 1) {
+            throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(*ps_tasks) +
                                        " but a ParameterServerStrategy needs at least 1 ps task");
         }
+        const auto num_ps = [&] {
+            return ps_tasks ? *ps_tasks
+                            : variable(environment, "PSS_NUM_PS", 1, 1, 1'000'000,
+                                       "the number of ps tasks under Slurm or MPI");
+        };
+        const auto port_base = [&] {
+            return variable(environment, "PSS_PORT_BASE", 8888, 1, 65535,
+                            "the port of the first task on each node under Slurm or MPI");
+        };
         if (const auto tf_config = environment("TF_CONFIG");
             tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
             const TFConfigClusterResolver resolver(*tf_config);
@@ -78,9 +92,11 @@ public:
                     "whole cluster in one process needs no TF_CONFIG");
             take("tf_config", resolver);
         } else if (environment("SLURM_PROCID")) {
-            take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps)));
+            const int port = port_base();
+            take("slurm", SlurmClusterResolver(environment, slurm_jobs(environment, num_ps()), port));
         } else if (MpiClusterResolver::launched_by_mpi(environment)) {
-            take("mpi", MpiClusterResolver(environment, num_ps));
+            const int ps = num_ps();
+            take("mpi", MpiClusterResolver(environment, ps, {}, port_base()));
         } else {
             take("local", LocalResolver{});
         }
@@ -97,6 +113,19 @@ private:
         task_type_ = resolver.task_type();
         task_id_ = resolver.task_id();
         rpc_layer_ = resolver.rpc_layer();
+    }
+
+    /// The whole number in variable `name` (`fallback` when unset), from `low` to `high`.
+    static int variable(const EnvironmentLookup& environment, const char* name, int fallback, int low, int high,
+                        const char* meaning) {
+        const auto text = environment(name);
+        if (!text) return fallback;
+        const auto value = detail::parse_int(*text);
+        if (!value || *value < low || *value > high)
+            throw InvalidArgumentError(std::string("pss: AutoClusterResolver: ") + name + " is " + detail::quoted(*text) +
+                                       " but must be a whole number from " + std::to_string(low) + " to " +
+                                       std::to_string(high) + " (" + meaning + ")");
+        return *value;
     }
 
     /// Chief 1, ps num_ps, worker the rest of the step; empty (so that SlurmClusterResolver reports the

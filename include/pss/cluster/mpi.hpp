@@ -109,12 +109,10 @@ public:
 private:
     static constexpr std::string_view where = "pss: MpiClusterResolver: ";
 
-    static std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
-
     static int to_int(std::string_view name, const std::string& text, std::string_view meaning) {
         const auto value = detail::parse_int(text);
         if (!value || *value < 0) {
-            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + quoted(text) +
+            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + detail::quoted(text) +
                                        " but must be a whole number (" + std::string(meaning) + ")");
         }
         return *value;

@@ -154,10 +154,8 @@ private:
     static constexpr std::size_t max_expanded = std::size_t{1} << 20;  // hosts or nodes a list may expand to
     static constexpr std::string_view where = "pss: SlurmClusterResolver: ";
 
-    static std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
-
     [[noreturn]] static void throw_bad_hostlist(std::string_view what, std::string_view text, const std::string& reason) {
-        throw InvalidArgumentError(std::string(where) + std::string(what) + " " + quoted(text) +
+        throw InvalidArgumentError(std::string(where) + std::string(what) + " " + detail::quoted(text) +
                                    " is not a valid Slurm hostlist: " + reason +
                                    "; write it as Slurm does, e.g. \"n[1-2],m5,o[3-4,6,7-9]\"");
     }
@@ -185,11 +183,11 @@ private:
             const auto high = number(high_text);
             if (!low || !high) {
                 throw_bad_hostlist(what, text, "the range at position " + std::to_string(position) + " has " +
-                                                   quoted(item) + ", which is not N or N-M with N and M numbers");
+                                                   detail::quoted(item) + ", which is not N or N-M with N and M numbers");
             }
             if (*high < *low) {
                 throw_bad_hostlist(what, text, "the range at position " + std::to_string(position) + " has " +
-                                                   quoted(item) + ", which goes down");
+                                                   detail::quoted(item) + ", which goes down");
             }
             if (*high - *low >= max_expanded || values.size() + (*high - *low) >= max_expanded) {
                 throw_bad_hostlist(what, text, "it has more than " + std::to_string(max_expanded) + " hosts");
@@ -258,7 +256,7 @@ private:
 
     static std::vector<int> expand_tasks_per_node(std::string_view text, std::string_view what) {
         const auto bad = [&](const std::string& reason) {
-            return InvalidArgumentError(std::string(where) + std::string(what) + " " + quoted(text) + " is not valid: " +
+            return InvalidArgumentError(std::string(where) + std::string(what) + " " + detail::quoted(text) + " is not valid: " +
                                         reason + "; write it as Slurm does, e.g. \"3(x2),2,1\"");
         };
         const auto number = [](std::string_view digits) -> std::optional<int> {
@@ -278,7 +276,7 @@ private:
             } else {
                 tasks = number(part);
             }
-            if (!tasks || !repeat) throw bad(quoted(part) + " is not N or N(xR)");
+            if (!tasks || !repeat) throw bad(detail::quoted(part) + " is not N or N(xR)");
             if (counts.size() + static_cast<std::size_t>(*repeat) > max_expanded) {
                 throw bad("it has more than " + std::to_string(max_expanded) + " nodes");
             }
@@ -302,7 +300,7 @@ private:
         const std::string text = require(environment, name);
         const auto value = detail::parse_int(text);
         if (!value || *value < 0) {
-            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + quoted(text) +
+            throw InvalidArgumentError(std::string(where) + std::string(name) + " is " + detail::quoted(text) +
                                        " but must be a whole number (" + std::string(meaning) + ")");
         }
         return *value;
@@ -321,7 +319,7 @@ private:
         std::string asked_list;
         for (const auto& [job, count] : jobs) {
             if (count < 0) {
-                throw InvalidArgumentError(at + "job " + quoted(job) + " asks for " + std::to_string(count) +
+                throw InvalidArgumentError(at + "job " + detail::quoted(job) + " asks for " + std::to_string(count) +
                                            " tasks; give each job 0 tasks or more");
             }
             asked += count;
@@ -346,8 +344,8 @@ private:
         std::set<std::string_view> seen;
         for (const auto& host : hosts_) {
             if (!seen.insert(host).second) {
-                throw InvalidArgumentError(at + "SLURM_STEP_NODELIST " + quoted(nodelist) + " lists node " +
-                                           quoted(host) + " twice; each node must appear once");
+                throw InvalidArgumentError(at + "SLURM_STEP_NODELIST " + detail::quoted(nodelist) + " lists node " +
+                                           detail::quoted(host) + " twice; each node must appear once");
             }
         }
         std::string placement;  // says where the task counts came from, for the messages
@@ -363,11 +361,11 @@ private:
             const std::string text = require(environment, "SLURM_STEP_TASKS_PER_NODE");
             tasks_per_node_ = expand_tasks_per_node(text, "SLURM_STEP_TASKS_PER_NODE");
             if (tasks_per_node_.size() != hosts_.size()) {
-                throw InvalidArgumentError(at + "SLURM_STEP_TASKS_PER_NODE " + quoted(text) + " gives " +
+                throw InvalidArgumentError(at + "SLURM_STEP_TASKS_PER_NODE " + detail::quoted(text) + " gives " +
                                            std::to_string(tasks_per_node_.size()) + " nodes but SLURM_STEP_NODELIST " +
-                                           quoted(nodelist) + " has " + std::to_string(hosts_.size()));
+                                           detail::quoted(nodelist) + " has " + std::to_string(hosts_.size()));
             }
-            placement = "SLURM_STEP_TASKS_PER_NODE " + quoted(text);
+            placement = "SLURM_STEP_TASKS_PER_NODE " + detail::quoted(text);
         }
         long long placed = 0;
         for (const int count : tasks_per_node_) placed += count;

@@ -38,6 +38,9 @@ inline std::optional<int> parse_int(std::string_view text) noexcept {
     return value;
 }
 
+/// @brief `text` in double quotes, as an error message shows a variable's value.
+inline std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
+
 }  // namespace detail
 
 PSS_NAMESPACE_END
