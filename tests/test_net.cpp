@@ -1292,8 +1292,32 @@ TEST_SUITE("net") {
               xt::xarray<float>(xt::ones<float>({8})));
     }
 
+    TEST_CASE("TcpTransport: a host name that does not resolve is named: in the wait's lines and error when "
+              "connecting, and in the error when listening" *
+              doctest::timeout(30)) {
+        const pss::ClusterSpec spec{{"ps", {"no-such-host.invalid:2222"}}};  // .invalid never resolves (RFC 6761)
+        auto options = plaintext();
+        options.timeouts.startup = std::chrono::milliseconds(300);
+        pss::TcpTransport transport(spec, options);
+        const pss::Reply reply = transport.send({"ps", 0}, pss::Request{}).get();
+        CHECK(reply.code == pss::ErrorCode::unavailable);
+        CHECK(reply.message.starts_with("pss: TcpTransport: could not connect to /job:ps/replica:0/task:0 at "
+                                        "no-such-host.invalid:2222 within the start-up timeout of 0.3 s ("));
+        CHECK(reply.message.find(" attempts; last: the host name \"no-such-host.invalid\" does not resolve: ") !=
+              std::string::npos);
+        pss::TcpTransport server(spec, plaintext());
+        std::string error = "(no error)";
+        try {
+            server.serve({"ps", 0}, pss::answer_at_once([](pss::Request&&) { return pss::Reply{}; }));
+        } catch (const pss::UnavailableError& e) {
+            error = e.what();
+        }
+        CHECK(error.starts_with("pss: TcpTransport: cannot listen on no-such-host.invalid:2222 for "
+                                "/job:ps/replica:0/task:0: the host name \"no-such-host.invalid\" does not resolve ("));
+    }
+
     TEST_CASE("TcpTransport: plaintext, asked for, listens only on the address the task's host name resolves to; "
-              "TLS listens on every interface" *
+              "TLS on every interface when the name resolves to loopback" *
               doctest::timeout(30)) {
         const std::string host = asio::ip::host_name();
         asio::io_context io;

@@ -134,10 +134,13 @@ inline TcpSecurity tcp_security(const TcpOptions& options, [[maybe_unused]] cons
 /// peer's; a client checks that the task it reached is the one it meant. A served task refuses a
 /// request the peer's role may not make (see `role_refusal`), logs it and closes the connection.
 ///
-/// A listening host that is an IP address is bound as it is; "localhost" binds 127.0.0.1. Over TLS, any
-/// other name binds every interface (0.0.0.0), as TensorFlow's server does, since a name may resolve to
-/// an address others do not reach (Debian maps the host name to 127.0.1.1); over plaintext, only the
-/// address the name resolves to.
+/// A listening host that is an IP address is bound as it is; "localhost" binds 127.0.0.1. Any other name
+/// is resolved through the system resolver and bound where it resolves, so a task listens on its own
+/// address only; a name that does not resolve is an UnavailableError naming it. Over TLS, where a name
+/// resolves only to loopback (Debian maps the host name to 127.0.1.1, while other hosts reach it by
+/// another address), does not resolve yet (a Kubernetes service published after its pod starts), or
+/// resolves to an address that is not this machine's (a NAT's), every interface (0.0.0.0) is bound, as
+/// TensorFlow's server does; the peer's certificate, not the address, says who may talk.
 ///
 /// Models the Transport concept.
 class TcpTransport {
@@ -192,18 +195,31 @@ public:
                                                              options_.serve, std::move(context));
         std::error_code ec;
         asio::ip::address address = asio::ip::make_address(where.host, ec);
+        bool anywhere_if_not_mine = false;  // bound to a name's address, which may not be this machine's
         if (where.host == "localhost") {
             address = asio::ip::address_v4::loopback();
-        } else if (ec && tls_) {
-            address = asio::ip::address_v4::any();
-        } else if (ec) {  // plaintext listens where the name resolves only
+        } else if (ec) {
             asio::ip::tcp::resolver resolver(io_);
             const auto results = resolver.resolve(where.host, std::to_string(where.port), ec);
-            if (ec || results.empty())
+            if (!tls_ && (ec || results.empty()))
                 throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
-                                       task.to_string() + ": the name \"" + where.host + "\" does not resolve (" +
+                                       task.to_string() + ": the host name \"" + where.host + "\" does not resolve (" +
                                        ec.message() + ")");
-            address = results.begin()->endpoint().address();
+            if (!tls_) {
+                address = results.begin()->endpoint().address();  // plaintext listens where the name resolves only
+            } else {
+                // Over TLS a name is bound where it resolves when that is not loopback (only its own
+                // address); a loopback answer (Debian maps the host name to 127.0.1.1) or none means
+                // others reach this host by an address it cannot know: every interface, as TensorFlow.
+                address = asio::ip::address_v4::any();
+                if (!ec)
+                    for (const auto& result : results)
+                        if (!result.endpoint().address().is_loopback()) {
+                            address = result.endpoint().address();
+                            anywhere_if_not_mine = true;
+                            break;
+                        }
+            }
         }
         const asio::ip::tcp::endpoint endpoint(address, where.port);
         auto& acceptor = served->acceptor;
@@ -212,12 +228,19 @@ public:
                 throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
                                        task.to_string() + " (" + step + "): " + ec.message());
         };
-        ec.clear();
-        acceptor.open(endpoint.protocol(), ec);
-        check("open");
-        acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
-        check("reuse_address");
-        acceptor.bind(endpoint, ec);
+        const auto bind = [&](const asio::ip::tcp::endpoint& at) {
+            ec.clear();
+            if (acceptor.is_open()) acceptor.close(ec);
+            acceptor.open(at.protocol(), ec);
+            check("open");
+            acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+            check("reuse_address");
+            acceptor.bind(at, ec);
+        };
+        bind(endpoint);
+        // The name resolves to an address of another machine (a NAT's, a load balancer's): every interface.
+        if (ec == std::errc::address_not_available && anywhere_if_not_mine)
+            bind(asio::ip::tcp::endpoint(asio::ip::address_v4::any(), where.port));
         check("bind");
         acceptor.listen(asio::socket_base::max_listen_connections, ec);
         check("listen");

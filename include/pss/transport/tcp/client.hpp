@@ -260,6 +260,7 @@ private:
         resolver_->async_resolve(
             where.host, std::to_string(where.port),
             [self = shared_from_this()](std::error_code ec2, asio::ip::tcp::resolver::results_type results) {
+                self->unresolved_ = static_cast<bool>(ec2);
                 if (ec2) return self->retry(self->end_attempt(ec2));
                 asio::async_connect(self->stream_.socket(), results,
                                     [self](std::error_code ec3, const asio::ip::tcp::endpoint&) { self->on_connect(ec3); });
@@ -390,24 +391,25 @@ private:
         const auto now = Clock::now();
         if (probe_)
             return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() + " is not up (" +
-                        ec.message() + ")" + (lost_at_ ? "; it was lost and has not come back" : ""));
+                        failure_text(ec) + ")" + (lost_at_ ? "; it was lost and has not come back" : ""));
         if (now >= connect_deadline_ && lost_at_)
             return fail("pss: TcpTransport: " + task_.to_string() + " at " + address_text() +
                         " was lost and did not come back within " +
                         format_seconds(options_.timeouts.heartbeats() ? options_.timeouts.heartbeat_timeout
                                                                       : options_.timeouts.startup) +
-                        " (" + std::to_string(attempts_) + " attempts; last: " + ec.message() +
+                        " (" + std::to_string(attempts_) + " attempts; last: " + failure_text(ec) +
                         "); PSS_HEARTBEAT_TIMEOUT sets how long a lost task has to come back");
         if (now >= connect_deadline_)
             return fail("pss: TcpTransport: could not connect to " + task_.to_string() + " at " + address_text() +
                         " within the start-up timeout of " + format_seconds(options_.timeouts.startup) + " (" +
-                        std::to_string(attempts_) + " attempts; last: " + ec.message() +
+                        std::to_string(attempts_) + " attempts; last: " + failure_text(ec) +
                         "). Is the task running, at that address? PSS_STARTUP_TIMEOUT sets the wait");
         if (now >= next_wait_report_) {
             next_wait_report_ = now + wait_report_interval;
             const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - connect_started_);
-            std::fprintf(stderr, "pss: waiting for %s at %s (attempt %d, %lld s)\n", task_.to_string().c_str(),
-                         address_text().c_str(), attempts_, static_cast<long long>(waited.count()));
+            std::fprintf(stderr, "pss: waiting for %s at %s (attempt %d, %lld s%s)\n", task_.to_string().c_str(),
+                         address_text().c_str(), attempts_, static_cast<long long>(waited.count()),
+                         unresolved_ ? ("; " + failure_text(ec)).c_str() : "");
         }
         const auto wait = std::min<Clock::duration>(std::chrono::ceil<std::chrono::microseconds>(backoff_),
                                                     connect_deadline_ - now);
@@ -417,6 +419,14 @@ private:
         backoff_timer_.async_wait([self = shared_from_this()](std::error_code ec2) {
             if (!ec2) self->attempt();
         });
+    }
+
+    /// Why an attempt failed, naming the host when its name did not resolve (a typo in TF_CONFIG, or a
+    /// Kubernetes service whose DNS name is not published yet).
+    std::string failure_text(std::error_code ec) const {
+        if (!unresolved_) return ec.message();
+        const auto colon = where_text_.rfind(':');
+        return "the host name \"" + where_text_.substr(0, colon) + "\" does not resolve: " + ec.message();
     }
 
     // ---- deadlines ----
@@ -584,6 +594,7 @@ private:
     TcpStrand strand_;
     TcpStream stream_;
     std::unique_ptr<asio::ip::tcp::resolver> resolver_;
+    bool unresolved_ = false;  // the last attempt failed in resolving the task's host name
     asio::steady_timer backoff_timer_;
     asio::steady_timer deadline_timer_;
     asio::steady_timer heartbeat_timer_;
