@@ -21,7 +21,7 @@ if [[ $mode == all ]]; then
 fi
 compiler=() extra=() packages=()
 case "$mode" in
-    plain) build=build; sanitize=""; packages=(python3-numpy iproute2) ;;
+    plain) build=build; sanitize=""; packages=(python3-numpy python3-yaml iproute2 slurm-wlm munge openmpi-bin) ;;
     clang) build=build-clang; sanitize=""; packages=(clang python3-numpy iproute2)
            compiler=(-DCMAKE_CXX_COMPILER=clang++)
            # The g++ build covers the examples, header checks, benchmarks and consumers; clang proves the

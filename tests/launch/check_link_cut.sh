@@ -11,37 +11,16 @@
 set -euo pipefail
 program=$1 launch=$2 expected=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
-prefix=pss$$
-bridge=${prefix}br
-if ! ip netns add "$bridge" 2>"$work/netns.err"; then
-  echo "skipped: network namespaces cannot be made here (ip netns add: $(cat "$work/netns.err"))"
-  exit 77
-fi
-namespaces=("$bridge")
-if ! ip netns exec "$bridge" true 2>"$work/netns.err" || ! ip -n "$bridge" link add br0 type bridge 2>>"$work/netns.err"; then
-  ip netns del "$bridge" 2>/dev/null || true
-  echo "skipped: a network namespace cannot be entered or given a bridge here ($(cat "$work/netns.err"))"
-  exit 77
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/netns.sh"
 tasks=(chief:0 ps:0 ps:1 worker:0 worker:1)
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  remove_hosts
 }
 trap cleanup EXIT
-ip -n "$bridge" link set br0 up
-for i in "${!tasks[@]}"; do
-  ns=$prefix${tasks[$i]/:/}
-  ip netns add "$ns"
-  namespaces+=("$ns")
-  ip -n "$bridge" link add "port$i" type veth peer name eth0 netns "$ns"
-  ip -n "$bridge" link set "port$i" master br0 up
-  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-done
+make_hosts "$work" chief0 ps0 ps1 worker0 worker1
 port=4000
 cluster="{\"chief\": [\"10.77.0.1:$port\"], \"ps\": [\"10.77.0.2:$port\", \"10.77.0.3:$port\"], \"worker\": [\"10.77.0.4:$port\", \"10.77.0.5:$port\"]}"
 "$launch" --ps 2 --workers 2 --write-certificates "$work/tls" >/dev/null
@@ -52,7 +31,7 @@ declare -A pid_of
 for task in "${tasks[@]:1}"; do
   type=${task%%:*} index=${task##*:}
   TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
-    ip netns exec "$prefix$type$index" timeout 120 "$program" --ps-loss cut "$work" \
+    ip netns exec "${host_ns[$type$index]}" timeout 120 "$program" --ps-loss cut "$work" \
     >"$work/$type$index.out" 2>"$work/$type$index.err" &
   pids+=($!)
   pid_of[$task]=$!
@@ -60,13 +39,13 @@ done
 # The link cut: when the chief says go, the bridge port of ps 1 goes down.
 (
   for _ in $(seq 1200); do [[ -e $work/go ]] && break; sleep 0.1; done
-  ip -n "$bridge" link set port2 down
+  ip -n "$bridge" link set "${host_port[ps1]}" down
   date +%s%N >"$work/died"
 ) &
 cutter=$!
 status=0
 if ! TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"chief\", \"index\": 0}}" \
-  ip netns exec "${prefix}chief0" timeout 120 "$program" --ps-loss cut "$work" >"$work/chief.out" 2>"$work/chief.err"; then
+  ip netns exec "${host_ns[chief0]}" timeout 120 "$program" --ps-loss cut "$work" >"$work/chief.out" 2>"$work/chief.err"; then
   echo "the chief failed:"; cat "$work/chief.err"; status=1
 fi
 wait "$cutter" || true
