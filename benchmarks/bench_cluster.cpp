@@ -13,7 +13,10 @@
 //   time from a ps's death to the chief's UnavailableError naming it, beside the heartbeat timeout (a
 //   lost task has that long to come back, by design).
 // Run: build-bench/benchmarks/bench_cluster (tools/bench.sh bench_cluster); `bench_cluster failures` runs
-// the failure figures only.
+// the failure figures only. On hosts: with PSS_BENCH_HOSTS="NS=ADDRESS,..." (7 of them: the chief's,
+// ps 0's, ps 1's, workers 0 to 3's) this process runs in the first namespace, each task it starts in its
+// own (`ip netns exec NS`, as root) at its address, and the raw stream goes to a sink on ps 0's host:
+// tools/bench_hosts.sh makes the hosts (network namespaces on a bridge) and runs it there.
 #include <spawn.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -45,6 +48,61 @@ constexpr std::size_t value_bytes = 4u << 20;
 constexpr std::uint64_t total_bytes = 2ull << 30;
 using Clock = std::chrono::steady_clock;
 
+/// A host of PSS_BENCH_HOSTS: a network namespace and this task's address in it.
+struct Host {
+    std::string ns;
+    std::string address;
+};
+
+/// The hosts of PSS_BENCH_HOSTS ("NS=ADDRESS,..."); empty when unset (every task on 127.0.0.1).
+const std::vector<Host>& hosts() {
+    static const std::vector<Host> parsed = [] {
+        std::vector<Host> result;
+        const char* text = std::getenv("PSS_BENCH_HOSTS");
+        std::string rest = text != nullptr ? text : "";
+        while (!rest.empty()) {
+            const auto comma = rest.find(',');
+            const std::string item = rest.substr(0, comma);
+            rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+            const auto equals = item.find('=');
+            if (equals == std::string::npos) {
+                std::fprintf(stderr, "bench_cluster: PSS_BENCH_HOSTS item \"%s\" is not NS=ADDRESS\n", item.c_str());
+                std::exit(2);
+            }
+            result.push_back({item.substr(0, equals), item.substr(equals + 1)});
+        }
+        if (!result.empty() && result.size() != 7) {
+            std::fprintf(stderr, "bench_cluster: PSS_BENCH_HOSTS names %zu hosts, not 7 (chief, 2 ps, 4 workers)\n",
+                         result.size());
+            std::exit(2);
+        }
+        return result;
+    }();
+    return parsed;
+}
+
+/// Starts `self` with `args` and the extra environment entry `extra`, in host `host`'s namespace when
+/// there are hosts. Returns its pid (`ip netns exec` runs the program in its own process).
+pid_t spawn(const char* self, std::size_t host, std::vector<std::string> args, const std::string& extra) {
+    std::vector<std::string> command;
+    if (!hosts().empty()) command = {"ip", "netns", "exec", hosts()[host].ns};
+    command.emplace_back(self);
+    for (auto& a : args) command.push_back(std::move(a));
+    std::vector<char*> argv;
+    for (auto& c : command) argv.push_back(c.data());
+    argv.push_back(nullptr);
+    std::vector<char*> env;
+    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+    if (!extra.empty()) env.push_back(const_cast<char*>(extra.c_str()));
+    env.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), env.data()) != 0) {
+        std::perror("bench_cluster: posix_spawnp");
+        std::exit(1);
+    }
+    return pid;
+}
+
 /// A worker's part: `rounds` pushes and pulls of its variable. Returns the bytes moved.
 double push_pull(pss::Variable v, std::int64_t rounds) {
     xt::xarray<float> gradient = xt::ones<float>({value_bytes / sizeof(float)});
@@ -75,8 +133,15 @@ struct Cluster {
     std::vector<std::string> names;
 
     Cluster(const char* self, int workers) {
-        auto ports = free_ports(3 + workers);
-        auto address = [&](std::size_t i) { return "127.0.0.1:" + std::to_string(ports[i]); };
+        // On hosts each task has an address of its own: one port serves all, a new one per cluster (the
+        // last cluster's sockets may linger).
+        static int generation = 0;
+        std::vector<std::uint16_t> ports;
+        if (hosts().empty()) ports = free_ports(3 + workers);
+        else ports.assign(static_cast<std::size_t>(3 + workers), static_cast<std::uint16_t>(4100 + generation++ % 500));
+        auto address = [&](std::size_t i) {
+            return (hosts().empty() ? std::string("127.0.0.1") : hosts()[i].address) + ":" + std::to_string(ports[i]);
+        };
         std::vector<std::string> ps{address(1), address(2)}, worker;
         for (int i = 0; i < workers; ++i) worker.push_back(address(3 + static_cast<std::size_t>(i)));
         spec = pss::ClusterSpec{{"chief", {address(0)}}, {"ps", ps}, {"worker", worker}};
@@ -87,26 +152,15 @@ struct Cluster {
             cluster.append("\"").append(worker[i]).append("\"");
         }
         cluster += "]}";
-        auto start = [&](const std::string& type, int index) {
-            const std::string tf_config =
-                "TF_CONFIG={\"cluster\": " + cluster + ", \"task\": {\"type\": \"" + type + "\", \"index\": " +
-                std::to_string(index) + "}}";
-            std::vector<char*> env;
-            for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
-            env.push_back(const_cast<char*>(tf_config.c_str()));
-            env.push_back(nullptr);
-            char* argv[] = {const_cast<char*>(self), nullptr};
-            pid_t pid = 0;
-            if (posix_spawn(&pid, self, nullptr, nullptr, argv, env.data()) != 0) {
-                std::perror("bench_cluster: posix_spawn");
-                std::exit(1);
-            }
-            pids.push_back(pid);
+        auto start = [&](const std::string& type, int index, std::size_t host) {
+            pids.push_back(spawn(self, host, {},
+                                 "TF_CONFIG={\"cluster\": " + cluster + ", \"task\": {\"type\": \"" + type +
+                                     "\", \"index\": " + std::to_string(index) + "}}"));
             names.push_back(type + ":" + std::to_string(index));
         };
-        start("ps", 0);
-        start("ps", 1);
-        for (int i = 0; i < workers; ++i) start("worker", i);
+        start("ps", 0, 1);
+        start("ps", 1, 2);
+        for (int i = 0; i < workers; ++i) start("worker", i, 3 + static_cast<std::size_t>(i));
     }
     ~Cluster() {
         for (pid_t pid : pids) {  // after join() they have exited; a stuck one is ended by its pid
@@ -159,26 +213,50 @@ double aggregate(const char* self, int workers) {
     return bytes / seconds;
 }
 
-/// Raw Asio: one connection, 4 MiB writes, the same total bytes.
-double raw_stream() {
+/// The raw stream's receiving end: reads from one connection on `endpoint` until it ends.
+void raw_sink(asio::io_context& io, asio::ip::tcp::acceptor& acceptor) {
+    asio::ip::tcp::socket s(io);
+    acceptor.accept(s);
+    std::vector<char> buffer(value_bytes);
+    std::error_code ec;
+    while (!ec) asio::read(s, asio::buffer(buffer), ec);
+}
+
+/// Raw Asio: one connection, 4 MiB writes, the same total bytes; on hosts, to a sink process on ps 0's
+/// host (what one pair of tasks' link can do), else to a thread of this process over loopback.
+double raw_stream(const char* self) {
     asio::io_context io;
-    asio::ip::tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
-    std::thread server([&] {
-        asio::ip::tcp::socket s(io);
-        acceptor.accept(s);
-        std::vector<char> buffer(value_bytes);
-        std::error_code ec;
-        while (!ec) asio::read(s, asio::buffer(buffer), ec);
-    });
     asio::ip::tcp::socket client(io);
-    client.connect(acceptor.local_endpoint());
+    std::thread server;
+    asio::ip::tcp::acceptor acceptor(io);
+    pid_t sink = 0;
+    if (hosts().empty()) {
+        acceptor = asio::ip::tcp::acceptor(io, {asio::ip::address_v4::loopback(), 0});
+        server = std::thread([&] { raw_sink(io, acceptor); });
+        client.connect(acceptor.local_endpoint());
+    } else {
+        const asio::ip::tcp::endpoint at(asio::ip::make_address(hosts()[1].address), 4099);
+        sink = spawn(self, 1, {"raw-sink", hosts()[1].address}, "");
+        std::error_code ec;
+        for (int i = 0; i < 200; ++i) {  // until the sink listens, at most 10 s
+            client.close(ec);
+            if (!client.connect(at, ec)) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        if (ec) {
+            std::fprintf(stderr, "bench_cluster: the raw sink on %s did not answer: %s\n", hosts()[1].address.c_str(),
+                         ec.message().c_str());
+            std::exit(1);
+        }
+    }
     std::vector<char> buffer(value_bytes, 1);
     for (int i = 0; i < 8; ++i) asio::write(client, asio::buffer(buffer));
     const auto begin = Clock::now();
     for (std::uint64_t sent = 0; sent < total_bytes; sent += value_bytes) asio::write(client, asio::buffer(buffer));
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     client.close();
-    server.join();
+    if (server.joinable()) server.join();
+    if (sink != 0) ::waitpid(sink, nullptr, 0);
     return static_cast<double>(total_bytes) / seconds;
 }
 
@@ -372,6 +450,12 @@ double peak_rss_mib(pid_t pid) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc == 3 && std::string(argv[1]) == "raw-sink") {  // raw_stream's receiving end on another host
+        asio::io_context io;
+        asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address(argv[2]), 4099});
+        raw_sink(io, acceptor);
+        return 0;
+    }
     if (std::getenv("TF_CONFIG") != nullptr) {  // a ps or worker task of a cluster started below
         // The chief's configuration (the handshake refuses another): SGD with rate 0, so values stay put.
         pss::ClusterStrategy<> strategy({}, {}, pss::SGD(0.0f));
@@ -385,7 +469,7 @@ int main(int argc, char** argv) {
         failures(argv[0]);
         return 0;
     }
-    const double raw = raw_stream();
+    const double raw = raw_stream(argv[0]);
     std::printf("%-44s %10s %10s %8s\n", "figure", "pss GB/s", "raw GB/s", "ratio");
     for (int workers : {1, 2, 4}) {
         const double figure = aggregate(argv[0], workers);

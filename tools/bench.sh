@@ -3,6 +3,8 @@
 #
 #   tools/bench.sh                     all benchmarks
 #   tools/bench.sh bench_adam          only those whose name is given
+#   tools/bench.sh bench_cluster_hosts bench_cluster on 7 hosts (as root): each task in a network namespace
+#                                      of its own with its own address on a bridge (tests/launch/netns.sh)
 #   PSS_BENCHMARK_FLAGS=-march=x86-64-v3 tools/bench.sh    extra compile flags for the benchmarks
 #   PSS_BENCH_ARGS="--benchmark_repetitions=3" tools/bench.sh   arguments for each benchmark program
 set -euo pipefail
@@ -28,7 +30,27 @@ if ((${#names[@]} == 0)); then
     echo "pss: no benchmarks/*.cpp to run"
     exit 0
 fi
+# bench_cluster on hosts: the chief in the first namespace; it starts each task in its own.
+bench_cluster_hosts() {
+    local work
+    work=$(mktemp -d)
+    source tests/launch/netns.sh
+    trap 'remove_hosts; rm -rf "$work"' EXIT
+    make_hosts "$work" chief ps-0 ps-1 worker-0 worker-1 worker-2 worker-3
+    local list="" host
+    for host in chief ps-0 ps-1 worker-0 worker-1 worker-2 worker-3; do
+        list+="${list:+,}${host_ns[$host]}=${host_ip[$host]}"
+    done
+    ip netns exec "${host_ns[chief]}" env PSS_BENCH_HOSTS="$list" ./build-bench/benchmarks/bench_cluster "${bench_args[@]}"
+    remove_hosts
+    rm -rf "$work"
+    trap - EXIT
+}
 for name in "${names[@]}"; do
     echo "==== $name ===="
-    "./build-bench/benchmarks/$name" "${bench_args[@]}"
+    if [[ $name == bench_cluster_hosts ]]; then
+        bench_cluster_hosts
+    else
+        "./build-bench/benchmarks/$name" "${bench_args[@]}"
+    fi
 done
