@@ -2,7 +2,8 @@
 # tests/engines/check_slurm.sh EXAMPLES_BIN_DIR EXAMPLES_SRC_DIR PSS_LAUNCH WORK_DIR: runs each cluster
 # example under a real single-node Slurm (Debian's slurm-wlm and munge) and compares rank 0's output (the
 # chief's) with the example's golden file from the embedded run. The script starts its own munged,
-# slurmctld and slurmd, all of them configured, logging and keeping state in WORK_DIR (nothing under
+# slurmctld and slurmd, all of them configured, logging and keeping state in WORK_DIR (their Unix sockets in
+# a short directory under /tmp, removed at exit; nothing under
 # /etc, /run or /var is used), runs `srun -n 5 --label` for each example, then submits
 # EXAMPLES_SRC_DIR/slurm/train.sbatch with `sbatch --wait` and checks its output the same way.
 # pss does not link Slurm: each task finds its place in the variables srun sets (pss::AutoClusterResolver
@@ -157,7 +158,7 @@ for ((i = 0; i < 100; i++)); do [[ -S $sockets/munge && -s $work/munge/munged.pi
 # A node of 8 CPUs on a 2-core machine: config_overrides makes slurmd take the declared CPUs (else the node
 # is invalid), and OverSubscribe lets five tasks of one step and a batch job share them.
 cat >"$conf" <<EOF
-# Written by tests/engines/check_slurm.sh for one test run; every path is in $work.
+# Written by tests/engines/check_slurm.sh for one test run: its files are in $work, its sockets in $sockets.
 ClusterName=psstest
 SlurmctldHost=$node
 SlurmctldPort=$ctld_port
