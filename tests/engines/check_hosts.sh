@@ -11,6 +11,7 @@
 set -euo pipefail
 bin=$1 src=$2 launch=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
+# shellcheck source=../launch/netns.sh
 source "$(dirname "$(dirname "${BASH_SOURCE[0]}")")/launch/netns.sh"
 pids=()
 cleanup() {

@@ -16,7 +16,7 @@ command -v mpirun >/dev/null || skip "mpirun is not installed (Debian: openmpi-b
 port_base=$(python3 -c '
 import socket, random
 for _ in range(200):
-    base = random.randrange(20000, 32000)  # below the kernel's ephemeral ports, which connections take
+    base = random.randrange(20000, 32000)  # below the ephemeral ports, which connections take
     socks = []
     try:
         for p in range(base, base + 5):

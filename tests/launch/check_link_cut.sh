@@ -11,6 +11,7 @@
 set -euo pipefail
 program=$1 launch=$2 expected=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
+# shellcheck source=netns.sh
 source "$(dirname "${BASH_SOURCE[0]}")/netns.sh"
 tasks=(chief:0 ps:0 ps:1 worker:0 worker:1)
 pids=()

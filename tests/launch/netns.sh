@@ -1,4 +1,6 @@
 # tests/launch/netns.sh: sourced by the scripts that run a cluster on several "hosts" of one machine.
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # host_ns, host_ip and host_port are read by the scripts that source this file
 # make_hosts WORK NAME...: one network namespace per NAME, each with its own address 10.77.0.1, .2, ... on a
 # veth pair to one bridge, the bridge in a namespace of its own too (nothing of the machine's network is
 # touched). Each host also gets a hosts file (/etc/netns/NS/hosts, which `ip netns exec` shows as
