@@ -507,17 +507,24 @@ TEST_SUITE("ParameterServerStrategy") {
         // The next variable continues the round-robin where the shards stopped.
         CHECK(pss::Variable(xt::xarray<float>{1.0f}).shard_tasks() == std::vector<int>{0});
     }
-    TEST_CASE("ParameterServerStrategy: a partitioner answering 0, or more shards than rows, is refused") {
+    TEST_CASE("ParameterServerStrategy: a partitioner answering 0 is refused; more shards than rows are a shard "
+              "per row, as TensorFlow's min(num_partitions, shape[0])") {
         using S = pss::ParameterServerStrategy<pss::InProcessTransport, AnswerPartitioner>;
         S zero({}, AnswerPartitioner{0});
         auto scope = zero.scope();
         CHECK_THROWS_WITH_AS(pss::Variable(xt::xarray<float>{1, 2, 3}, "w"),
-                             "pss: variable 'w' of shape (3,): the partitioner answered 0 shards; it must answer "
-                             "between 1 and shape[0] = 3",
+                             "pss: variable 'w' of shape (3,): the partitioner answered 0 shards; it must answer at "
+                             "least 1",
                              pss::InvalidArgumentError);
         S four({}, AnswerPartitioner{4});
         auto scope4 = four.scope();
-        CHECK_THROWS_AS(pss::Variable(xt::xarray<float>{1, 2, 3}, "w"), pss::InvalidArgumentError);
+        pss::Variable clamped(xt::xarray<float>{1, 2, 3}, "w");
+        CHECK(clamped.num_shards() == 3);
+        CHECK(clamped.shard_tasks() == std::vector<int>{0, 1, 0});
+        CHECK(clamped.read<float>() == xt::xarray<float>{1, 2, 3});
+        CHECK(clamped.shards()[2].shape() == pss::Shape{1});
+        // No rows: one empty shard.
+        CHECK(pss::Variable(xt::xarray<float>(xt::zeros<float>({0, 2})), "none").num_shards() == 1);
         // A scalar is never partitioned: the partitioner is not asked.
         CHECK(pss::Variable(xt::xarray<float>(2.0f), "s").num_shards() == 1);
     }

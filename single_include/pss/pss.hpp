@@ -11476,8 +11476,9 @@ public:
 
     [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
 
-    /// @brief Splits `initial_value` with the partitioner and places the shards round-robin.
-    /// @throws InvalidArgumentError when the partitioner answers 0 shards or more than shape[0].
+    /// @brief Splits `initial_value` with the partitioner and places the shards round-robin. An answer above
+    /// shape[0] is taken as shape[0] (a shard per row), as TensorFlow's `min(num_partitions, shape[0])`.
+    /// @throws InvalidArgumentError when the partitioner answers 0 shards.
     Variable create_variable(Tensor initial_value, std::string name) override {
         if (!is_chief())
             throw FailedPreconditionError("pss: variable '" + name + "': this process is task " + task_.to_string() +
@@ -11489,11 +11490,10 @@ public:
         std::size_t k = 1;
         if (!shape.empty()) {
             k = static_cast<std::size_t>(partitioner_(std::span<const std::size_t>(shape), initial_value.dtype()));
-            if (k == 0 || (k > shape[0] && k > 1))
+            if (k == 0)
                 throw InvalidArgumentError("pss: variable '" + name + "' of shape " + format_shape(shape) +
-                                           ": the partitioner answered " + std::to_string(k) +
-                                           " shards; it must answer between 1 and shape[0] = " +
-                                           std::to_string(shape[0]));
+                                           ": the partitioner answered 0 shards; it must answer at least 1");
+            k = std::min(k, std::max<std::size_t>(shape[0], 1));
         }
         std::vector<std::size_t> rows;
         std::vector<int> tasks;
