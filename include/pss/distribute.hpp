@@ -113,14 +113,7 @@ private:
 /// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
 class LocalChannel final : public Channel {
 public:
-    std::future<Reply> send(int, Request request) override {
-        std::promise<Reply> p;
-        {
-            std::lock_guard lock(mutex_);
-            p.set_value(server_.handle(std::move(request)));
-        }
-        return p.get_future();
-    }
+    PSS_INLINE std::future<Reply> send(int, Request request) override;  // the key function (see PSS_INLINE)
     [[nodiscard]] std::string device(int) const override { return LocalDevice::get(); }
 
 private:
@@ -135,7 +128,7 @@ private:
 /// coordinator, in this process.
 class DefaultStrategy final : public Strategy {
 public:
-    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
+    [[nodiscard]] PSS_INLINE int num_replicas_in_sync() const override;  // the key function (see PSS_INLINE)
     Variable create_variable(Tensor initial_value, std::string name) override {
         const std::uint64_t id = next_id_.fetch_add(1);
         return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {1}, {-1});
@@ -160,5 +153,18 @@ private:
 // Declared in variable.hpp: creating a variable from a value goes through the current strategy.
 inline Variable::Variable(Tensor initial_value, std::string name)
     : Variable(get_strategy().create_variable(std::move(initial_value), std::move(name))) {}
+
+#if PSS_DEFINITIONS
+// The key functions (see PSS_INLINE in pss/config.hpp).
+PSS_INLINE std::future<Reply> detail::LocalChannel::send(int, Request request) {
+    std::promise<Reply> p;
+    {
+        std::lock_guard lock(mutex_);
+        p.set_value(server_.handle(std::move(request)));
+    }
+    return p.get_future();
+}
+PSS_INLINE int DefaultStrategy::num_replicas_in_sync() const { return 1; }
+#endif
 
 PSS_NAMESPACE_END

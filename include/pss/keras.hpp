@@ -8,3 +8,9 @@
 #include <pss/keras/layers.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/keras/model.hpp>
+
+// The default configurations' models, instantiated once in the library under PSS_SEPARATE_COMPILATION.
+PSS_NAMESPACE_BEGIN
+PSS_INSTANTIATE(class Sequential<ParameterServerStrategy<>>)
+PSS_INSTANTIATE(class Sequential<ClusterStrategy<>>)
+PSS_NAMESPACE_END

@@ -51,3 +51,10 @@
 #include <pss/variable.hpp>
 #include <pss/wire.hpp>
 
+// The default configurations, instantiated once in the library under PSS_SEPARATE_COMPILATION.
+PSS_NAMESPACE_BEGIN
+PSS_INSTANTIATE(class ParameterServer<SGD>)
+PSS_INSTANTIATE(class ParameterServerStrategy<>)  // the embedded cluster
+PSS_INSTANTIATE(class ParameterServerStrategy<AutoTransport, NoPartitioner, SGD, AutoClusterResolver,
+                                              Asynchronous>)  // ClusterStrategy<>
+PSS_NAMESPACE_END

@@ -514,34 +514,7 @@ public:
     /// @throws UnavailableError naming the task when a ps task does not come up within the start-up timeout
     explicit ParameterServerStrategy(ClusterResolverPolicy cluster_resolver = {},
                                      PartitionerPolicy variable_partitioner = {}, OptimizerPolicy optimizer = {},
-                                     [[maybe_unused]] Timeouts timeouts = Timeouts::from_environment())
-        : resolver_(std::move(cluster_resolver)),
-          partitioner_(std::move(variable_partitioner)),
-          optimizer_(std::move(optimizer)),
-          spec_(validated(resolver_.cluster_spec())),
-          task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
-        const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
-                               ConsistencyPolicy::staleness};
-        // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded
-        // cluster), or no task named. Otherwise a Transport that crosses processes makes this process
-        // the one task the resolver names.
-        const bool whole_cluster_here = std::string(resolver_.rpc_layer()) == "inproc" || task_.type.empty();
-        if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
-            if (!whole_cluster_here) {
-                timeouts.validate();
-                auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
-                    spec_, task_, optimizer_, sync, timeouts);
-                channel->start();
-                channel->handshake();
-                channel_ = std::move(channel);
-                distributed_ = true;
-                detail::LocalDevice::set(task_.to_string() + "/device:CPU:0");  // variables outside any scope
-                return;
-            }
-        }
-        task_ = TaskId{"chief", 0};
-        channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
-    }
+                                     Timeouts timeouts = Timeouts::from_environment());
 
     /// @brief A chief ends the cluster (as join() does); a ps or worker process stops serving at once.
     ~ParameterServerStrategy() override {
@@ -723,5 +696,43 @@ private:
     std::vector<std::weak_ptr<const detail::VariableInfo>> variables_;
     std::function<void(const Variable&)> created_hook_;
 };
+
+// Defined outside the class: a member defined inside a class template is inline, and an extern template
+// (PSS_SEPARATE_COMPILATION) does not keep a program from instantiating an inline member.
+template <Transport TransportPolicy, Partitioner PartitionerPolicy, Optimizer OptimizerPolicy,
+          ClusterResolver ClusterResolverPolicy, Consistency ConsistencyPolicy>
+ParameterServerStrategy<TransportPolicy, PartitionerPolicy, OptimizerPolicy, ClusterResolverPolicy,
+                        ConsistencyPolicy>::ParameterServerStrategy(ClusterResolverPolicy cluster_resolver,
+                                                                    PartitionerPolicy variable_partitioner,
+                                                                    OptimizerPolicy optimizer,
+                                                                    [[maybe_unused]] Timeouts timeouts)
+    : resolver_(std::move(cluster_resolver)),
+      partitioner_(std::move(variable_partitioner)),
+      optimizer_(std::move(optimizer)),
+      spec_(validated(resolver_.cluster_spec())),
+      task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
+    const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
+                           ConsistencyPolicy::staleness};
+    // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded
+    // cluster), or no task named. Otherwise a Transport that crosses processes makes this process
+    // the one task the resolver names.
+    const bool whole_cluster_here = std::string(resolver_.rpc_layer()) == "inproc" || task_.type.empty();
+    if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
+        if (!whole_cluster_here) {
+            timeouts.validate();
+            auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
+                spec_, task_, optimizer_, sync, timeouts);
+            channel->start();
+            channel->handshake();
+            channel_ = std::move(channel);
+            distributed_ = true;
+            detail::LocalDevice::set(task_.to_string() + "/device:CPU:0");  // variables outside any scope
+            return;
+        }
+    }
+    task_ = TaskId{"chief", 0};
+    channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
+}
+
 
 PSS_NAMESPACE_END

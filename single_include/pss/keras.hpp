@@ -218,7 +218,7 @@ PSS_NAMESPACE_BEGIN
 /// no automatic differentiation. Losses are stateless, so one object serves every worker at once.
 class Loss {
 public:
-    virtual ~Loss() = default;
+    PSS_INLINE virtual ~Loss();  // the key function (see PSS_INLINE)
 
     /// @brief Keras' function name: "mean_squared_error", "binary_crossentropy", ...
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
@@ -304,25 +304,33 @@ protected:
 class MeanSquaredError final : public Loss {
 public:
     [[nodiscard]] std::string_view name() const noexcept override { return "mean_squared_error"; }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "MeanSquaredError"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
-    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
-            check_value_count(y, p);
-            return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
-        });
-    }
-    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
-            check_value_count(y, p);
-            const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
-            return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
-        });
-    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
     void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
     }
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view MeanSquaredError::class_name() const noexcept { return "MeanSquaredError"; }
+
+PSS_INLINE double MeanSquaredError::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
+    });
+}
+
+PSS_INLINE Tensor MeanSquaredError::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
+        return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
+    });
+}
+#endif
 
 /// @brief Keras' `BinaryCrossentropy()` from probabilities (`from_logits=False`):
 /// mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred, e, 1 - e) and e = 1e-7, Keras'
@@ -334,7 +342,7 @@ public:
     static constexpr double epsilon = 1e-7;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "binary_crossentropy"; }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "BinaryCrossentropy"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
     /// @brief `{"from_logits": false, "name": "binary_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
@@ -342,25 +350,8 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
-            check_value_count(y_in, p_in);
-            const T e = static_cast<T>(epsilon), one = T{1};
-            const auto y = as_shape_of(y_in, p_in);
-            const auto p = xt::clip(p_in, e, one - e);
-            return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
-        });
-    }
-    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
-            check_value_count(y_in, p);
-            const T e = static_cast<T>(epsilon), one = T{1};
-            const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
-            const auto y = as_shape_of(y_in, p);
-            return Tensor(xt::xarray<T>(
-                xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
-        });
-    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
     void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
         for (float y : y_true)
@@ -369,6 +360,31 @@ public:
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
     }
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view BinaryCrossentropy::class_name() const noexcept { return "BinaryCrossentropy"; }
+
+PSS_INLINE double BinaryCrossentropy::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
+        check_value_count(y_in, p_in);
+        const T e = static_cast<T>(epsilon), one = T{1};
+        const auto y = as_shape_of(y_in, p_in);
+        const auto p = xt::clip(p_in, e, one - e);
+        return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
+    });
+}
+
+PSS_INLINE Tensor BinaryCrossentropy::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
+        check_value_count(y_in, p);
+        const T e = static_cast<T>(epsilon), one = T{1};
+        const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+        const auto y = as_shape_of(y_in, p);
+        return Tensor(xt::xarray<T>(
+            xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
+    });
+}
+#endif
 
 /// @brief Keras' `SparseCategoricalCrossentropy()` from probabilities (`from_logits=False`): targets
 /// are class ids, predictions a distribution over the last axis (a softmax's output).
@@ -384,7 +400,7 @@ public:
     static constexpr double epsilon = 1e-7;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "sparse_categorical_crossentropy"; }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "SparseCategoricalCrossentropy"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
     /// @brief `{"from_logits": false, "name": "sparse_categorical_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
@@ -392,41 +408,8 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
-            const std::size_t classes = check_counts(y, probs);
-            const std::size_t rows = probs.size() / classes;
-            const T e = static_cast<T>(epsilon), high = T{1} - e;
-            double sum = 0;
-            for (std::size_t r = 0; r < rows; ++r) {
-                const T* p = probs.data() + r * classes;
-                T total = 0;
-                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
-                const auto t = static_cast<std::size_t>(y.data()[r]);
-                sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
-            }
-            return sum / static_cast<double>(rows);
-        });
-    }
-    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
-            const std::size_t classes = check_counts(y, probs);
-            const std::size_t rows = probs.size() / classes;
-            const T e = static_cast<T>(epsilon), high = T{1} - e;
-            xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
-            const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
-            for (std::size_t r = 0; r < rows; ++r) {
-                const T* p = probs.data() + r * classes;
-                T* g = out.data() + r * classes;
-                T total = 0;
-                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
-                const auto t = static_cast<std::size_t>(y.data()[r]);
-                for (std::size_t j = 0; j < classes; ++j)
-                    g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
-            }
-            return Tensor(std::move(out));
-        });
-    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
     void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         if (output_shape.empty() || got.empty() ||
@@ -458,6 +441,47 @@ private:
         return y_pred.shape().back();
     }
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view SparseCategoricalCrossentropy::class_name() const noexcept { return "SparseCategoricalCrossentropy"; }
+
+PSS_INLINE double SparseCategoricalCrossentropy::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+        const std::size_t classes = check_counts(y, probs);
+        const std::size_t rows = probs.size() / classes;
+        const T e = static_cast<T>(epsilon), high = T{1} - e;
+        double sum = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* p = probs.data() + r * classes;
+            T total = 0;
+            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+            const auto t = static_cast<std::size_t>(y.data()[r]);
+            sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
+        }
+        return sum / static_cast<double>(rows);
+    });
+}
+
+PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+        const std::size_t classes = check_counts(y, probs);
+        const std::size_t rows = probs.size() / classes;
+        const T e = static_cast<T>(epsilon), high = T{1} - e;
+        xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
+        const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* p = probs.data() + r * classes;
+            T* g = out.data() + r * classes;
+            T total = 0;
+            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+            const auto t = static_cast<std::size_t>(y.data()[r]);
+            for (std::size_t j = 0; j < classes; ++j)
+                g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
+        }
+        return Tensor(std::move(out));
+    });
+}
+#endif
 
 /// @brief The loss Keras names `name`: "mean_squared_error" (or "mse"), "binary_crossentropy",
 /// "sparse_categorical_crossentropy".
@@ -515,6 +539,11 @@ namespace detail {
 }
 
 }  // namespace detail
+
+#if PSS_DEFINITIONS
+// Loss's key function (see PSS_INLINE in pss/config.hpp).
+PSS_INLINE Loss::~Loss() = default;
+#endif
 
 PSS_NAMESPACE_END
 
@@ -722,7 +751,7 @@ inline void assign_weights(const std::vector<Variable>& vars, const std::vector<
 /// `do_bind`, and teach detail::parse_layer_config the class.
 class Layer {
 public:
-    virtual ~Layer() = default;
+    PSS_INLINE virtual ~Layer();  // the key function (see PSS_INLINE)
 
     /// @brief A copy sharing the variables (Variable handles), with its own per-step state.
     [[nodiscard]] virtual std::unique_ptr<Layer> clone() const = 0;
@@ -1002,7 +1031,7 @@ public:
     }
 
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Dense>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "Dense"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     [[nodiscard]] std::size_t units() const noexcept { return units_; }
     [[nodiscard]] Activation activation() const noexcept { return activation_; }
@@ -1025,25 +1054,9 @@ public:
         return {kernel_};
     }
 
-    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
-        require_built("forward");
-        const std::size_t in = inputs_features();
-        if (inputs.rank() < 2 || inputs.shape().back() != in)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
-                                       ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            return Tensor(forward_as<T>(std::move(inputs), step));
-        });
-    }
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
 
-    LayerGradients backward(const Tensor& grad_outputs) override {
-        require_built("backward");
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            detail::check_grad_shape(grad_outputs, Shape(state<T>().y.shape().begin(), state<T>().y.shape().end()),
-                                     describe());
-            return backward_as<T>(grad_outputs);
-        });
-    }
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
     /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "dtype": "float32", "name": "dense",
     /// "units": 4, "use_bias": true}`
@@ -1174,6 +1187,30 @@ private:
     State<double> f64_;
 };
 
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Dense::class_name() const noexcept { return "Dense"; }
+
+PSS_INLINE Tensor Dense::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    const std::size_t in = inputs_features();
+    if (inputs.rank() < 2 || inputs.shape().back() != in)
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
+                                   ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        return Tensor(forward_as<T>(std::move(inputs), step));
+    });
+}
+
+PSS_INLINE LayerGradients Dense::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        detail::check_grad_shape(grad_outputs, Shape(state<T>().y.shape().begin(), state<T>().y.shape().end()),
+                                 describe());
+        return backward_as<T>(grad_outputs);
+    });
+}
+#endif
+
 /// @brief A lookup table of `input_dim` rows of `output_dim` values (Keras' `Embedding(input_dim,
 /// output_dim)`): each input id becomes its row.
 ///
@@ -1206,7 +1243,7 @@ public:
     }
 
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Embedding>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "Embedding"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     [[nodiscard]] std::size_t input_dim() const noexcept { return input_dim_; }
     [[nodiscard]] std::size_t output_dim() const noexcept { return output_dim_; }
@@ -1220,62 +1257,9 @@ public:
         return {embeddings_};
     }
 
-    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
-        require_built("forward");
-        if (!inputs.has_value() || (inputs.dtype() != DType::float32 && inputs.dtype() != DType::float64))
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of dtype " +
-                                       (inputs.has_value() ? std::string(dtype_name(inputs.dtype())) : "none") +
-                                       "; an Embedding takes ids stored as float32 or float64");
-        detail::with_float_type(inputs.dtype(), [&]<class T>(std::type_identity<T>) {
-            const xt::xarray<T>& ids = inputs.get<T>();
-            check_ids(ids);
-            ids_.resize(ids.size());
-            std::transform(ids.begin(), ids.end(), ids_.begin(), [](T v) { return static_cast<std::int64_t>(v); });
-        });
-        // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
-        std::vector<std::int64_t> unique;
-        std::vector<std::size_t> slot_of(ids_.size());
-        std::unordered_map<std::int64_t, std::size_t> slot;
-        for (std::size_t i = 0; i < ids_.size(); ++i) {
-            auto [it, fresh] = slot.emplace(ids_[i], unique.size());
-            if (fresh) unique.push_back(ids_[i]);
-            slot_of[i] = it->second;
-        }
-        if (step != 0) {  // synchronous: touch every shard (see the class description)
-            const std::size_t shards = embeddings_.num_shards();
-            std::vector<bool> touched(shards, false);
-            for (std::int64_t id : unique) touched[embeddings_.shard_of_row(static_cast<std::size_t>(id)).shard] = true;
-            for (std::size_t s = 0; s < shards; ++s)
-                if (!touched[s]) unique.push_back(static_cast<std::int64_t>(shard_row_offset(input_dim_, shards, s)));
-        }
-        input_shape_seen_ = inputs.shape();
-        Shape out_shape = input_shape_seen_;
-        out_shape.push_back(output_dim_);
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            const Tensor pulled = unique.empty() ? Tensor(xt::xarray<T>(xt::zeros<T>({std::size_t{0}, output_dim_})))
-                                                 : embeddings_.sparse_read(std::span<const std::int64_t>(unique), step);
-            const xt::xarray<T>& rows = pulled.get<T>();
-            xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
-            for (std::size_t i = 0; i < ids_.size(); ++i)
-                std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
-            return Tensor(std::move(out));
-        });
-    }
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
 
-    LayerGradients backward(const Tensor& grad_outputs) override {
-        require_built("backward");
-        Shape expected = input_shape_seen_;
-        expected.push_back(output_dim_);
-        detail::check_grad_shape(grad_outputs, expected, describe());
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            LayerGradients out;
-            out.inputs = Tensor(xt::xarray<T>(xt::zeros<T>(input_shape_seen_)));
-            xt::xarray<T> rows = detail::take_as<T>(Tensor(grad_outputs));
-            rows.reshape({ids_.size(), output_dim_});
-            out.variables.push_back({embeddings_, Tensor(std::move(rows)), ids_, true});
-            return out;
-        });
-    }
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
     /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "input_dim": 5, "name": "embedding",
     /// "output_dim": 4}`
@@ -1330,43 +1314,78 @@ private:
     Shape input_shape_seen_;
 };
 
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Embedding::class_name() const noexcept { return "Embedding"; }
+
+PSS_INLINE Tensor Embedding::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    if (!inputs.has_value() || (inputs.dtype() != DType::float32 && inputs.dtype() != DType::float64))
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of dtype " +
+                                   (inputs.has_value() ? std::string(dtype_name(inputs.dtype())) : "none") +
+                                   "; an Embedding takes ids stored as float32 or float64");
+    detail::with_float_type(inputs.dtype(), [&]<class T>(std::type_identity<T>) {
+        const xt::xarray<T>& ids = inputs.get<T>();
+        check_ids(ids);
+        ids_.resize(ids.size());
+        std::transform(ids.begin(), ids.end(), ids_.begin(), [](T v) { return static_cast<std::int64_t>(v); });
+    });
+    // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
+    std::vector<std::int64_t> unique;
+    std::vector<std::size_t> slot_of(ids_.size());
+    std::unordered_map<std::int64_t, std::size_t> slot;
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+        auto [it, fresh] = slot.emplace(ids_[i], unique.size());
+        if (fresh) unique.push_back(ids_[i]);
+        slot_of[i] = it->second;
+    }
+    if (step != 0) {  // synchronous: touch every shard (see the class description)
+        const std::size_t shards = embeddings_.num_shards();
+        std::vector<bool> touched(shards, false);
+        for (std::int64_t id : unique) touched[embeddings_.shard_of_row(static_cast<std::size_t>(id)).shard] = true;
+        for (std::size_t s = 0; s < shards; ++s)
+            if (!touched[s]) unique.push_back(static_cast<std::int64_t>(shard_row_offset(input_dim_, shards, s)));
+    }
+    input_shape_seen_ = inputs.shape();
+    Shape out_shape = input_shape_seen_;
+    out_shape.push_back(output_dim_);
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        const Tensor pulled = unique.empty() ? Tensor(xt::xarray<T>(xt::zeros<T>({std::size_t{0}, output_dim_})))
+                                             : embeddings_.sparse_read(std::span<const std::int64_t>(unique), step);
+        const xt::xarray<T>& rows = pulled.get<T>();
+        xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
+        for (std::size_t i = 0; i < ids_.size(); ++i)
+            std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
+        return Tensor(std::move(out));
+    });
+}
+
+PSS_INLINE LayerGradients Embedding::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    Shape expected = input_shape_seen_;
+    expected.push_back(output_dim_);
+    detail::check_grad_shape(grad_outputs, expected, describe());
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        LayerGradients out;
+        out.inputs = Tensor(xt::xarray<T>(xt::zeros<T>(input_shape_seen_)));
+        xt::xarray<T> rows = detail::take_as<T>(Tensor(grad_outputs));
+        rows.reshape({ids_.size(), output_dim_});
+        out.variables.push_back({embeddings_, Tensor(std::move(rows)), ids_, true});
+        return out;
+    });
+}
+#endif
+
 /// @brief The mean over axis 1 (Keras' `GlobalAveragePooling1D`): (batch, steps, features) to
 /// (batch, features). After an Embedding it averages the rows of an example's ids.
 class GlobalAveragePooling1D final : public Layer {
 public:
     GlobalAveragePooling1D() = default;
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<GlobalAveragePooling1D>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "GlobalAveragePooling1D"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
-    Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
-        require_built("forward");
-        if (inputs.rank() != 3)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
-                                       "; it takes (batch, steps, features)");
-        const Shape shape = inputs.shape();
-        batch_ = shape[0];
-        steps_ = shape[1];
-        features_ = shape[2];
-        dtype_ = inputs.dtype();
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            const xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
-            if (steps_ == 0) return Tensor(xt::xarray<T>(xt::zeros<T>({batch_, features_})));
-            return Tensor(xt::xarray<T>(xt::mean<T>(x, {1})));
-        });
-    }
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override;
 
-    LayerGradients backward(const Tensor& grad_outputs) override {
-        require_built("backward");
-        detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
-            const T scale = steps_ == 0 ? T{0} : T{1} / static_cast<T>(steps_);
-            LayerGradients out;
-            out.inputs = Tensor(xt::xarray<T>(
-                xt::broadcast(xt::view(g, xt::all(), xt::newaxis(), xt::all()) * scale, {batch_, steps_, features_})));
-            return out;
-        });
-    }
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return output_shape_for(input_shape); }
@@ -1388,12 +1407,46 @@ private:
     DType dtype_ = DType::float32;  // the last inputs'
 };
 
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view GlobalAveragePooling1D::class_name() const noexcept { return "GlobalAveragePooling1D"; }
+
+PSS_INLINE Tensor GlobalAveragePooling1D::forward(Tensor inputs, std::uint64_t /*step*/) {
+    require_built("forward");
+    if (inputs.rank() != 3)
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
+                                   "; it takes (batch, steps, features)");
+    const Shape shape = inputs.shape();
+    batch_ = shape[0];
+    steps_ = shape[1];
+    features_ = shape[2];
+    dtype_ = inputs.dtype();
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        const xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
+        if (steps_ == 0) return Tensor(xt::xarray<T>(xt::zeros<T>({batch_, features_})));
+        return Tensor(xt::xarray<T>(xt::mean<T>(x, {1})));
+    });
+}
+
+PSS_INLINE LayerGradients GlobalAveragePooling1D::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
+        const T scale = steps_ == 0 ? T{0} : T{1} / static_cast<T>(steps_);
+        LayerGradients out;
+        out.inputs = Tensor(xt::xarray<T>(
+            xt::broadcast(xt::view(g, xt::all(), xt::newaxis(), xt::all()) * scale, {batch_, steps_, features_})));
+        return out;
+    });
+}
+#endif
+
 /// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
 class Flatten final : public Layer {
 public:
     Flatten() = default;
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "Flatten"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
         require_built("forward");
@@ -1511,6 +1564,13 @@ struct LayerConfig {
 }
 
 }  // namespace detail
+
+#if PSS_DEFINITIONS
+// Layer's and Flatten's key functions (each class's virtual table, with its virtual functions, is emitted
+// where its key function is defined: see PSS_INLINE in pss/config.hpp).
+PSS_INLINE Layer::~Layer() = default;
+PSS_INLINE std::string_view Flatten::class_name() const noexcept { return "Flatten"; }
+#endif
 
 PSS_NAMESPACE_END
 
@@ -1837,11 +1897,19 @@ inline std::optional<int> remote_model_unknown_worker(const Error& e) {
     return out;
 }
 
+/// Testing hook: forgets the models of worker task `worker` (all workers' for -1), as a restart would.
+inline void testing_forget_remote_models(int worker = -1) {
+    auto& store = RemoteModels::instance();
+    std::lock_guard lock(store.mutex);
+    std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
+}
+
+#if PSS_DEFINITIONS  // in the library only, under PSS_SEPARATE_COMPILATION: the registrations below reach every layer
 /// The registered "build" call: rebuilds the model `description` describes over `weights` and keeps it
 /// as `model_id` for this worker (replacing a model of that id), evicting the model used longest ago
 /// beyond remote_models_per_worker.
 /// @throws InvalidArgumentError for a description that is not one (it came from the network).
-inline void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights) {
+PSS_INLINE void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights) {
     std::shared_ptr<RemoteModel> model = parse_model_description(description, std::move(weights));
     auto& store = RemoteModels::instance();
     const int worker = worker_index();
@@ -1858,17 +1926,10 @@ inline void keras_remote_build(std::string model_id, std::string description, st
     if (kept > remote_models_per_worker) store.models.erase(oldest);
 }
 
-/// Testing hook: forgets the models of worker task `worker` (all workers' for -1), as a restart would.
-inline void testing_forget_remote_models(int worker = -1) {
-    auto& store = RemoteModels::instance();
-    std::lock_guard lock(store.mutex);
-    std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
-}
-
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
-inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale) {
+PSS_INLINE double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale) {
     std::shared_ptr<RemoteModel> model;
     {
         auto& store = RemoteModels::instance();
@@ -1887,6 +1948,10 @@ inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::u
     std::lock_guard lock(model->mutex);
     return keras_train_step(model->layers, *model->loss, std::move(x), std::move(y), step, scale);
 }
+#else
+void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights);
+double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale);
+#endif
 
 /// Registered in every program that includes this header, so that worker processes know them.
 inline const RegisteredFunction<void(std::string, std::string, std::vector<Variable>)> keras_remote_build_function =
@@ -2602,4 +2667,10 @@ xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, 
     return out;
 }
 
+PSS_NAMESPACE_END
+
+// The default configurations' models, instantiated once in the library under PSS_SEPARATE_COMPILATION.
+PSS_NAMESPACE_BEGIN
+PSS_INSTANTIATE(class Sequential<ParameterServerStrategy<>>)
+PSS_INSTANTIATE(class Sequential<ClusterStrategy<>>)
 PSS_NAMESPACE_END

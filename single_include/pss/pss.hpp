@@ -41,6 +41,33 @@
     }                     \
     }
 
+// Separate compilation. By default pss is header-only: every translation unit that includes it compiles
+// its runtime (a Keras program's takes about a minute). A program that defines PSS_SEPARATE_COMPILATION
+// in every translation unit (the CMake target pss::compiled does) compiles that runtime once, in one
+// source that also defines PSS_BUILD_LIBRARY (the library pss::compiled is that source), as Asio's
+// ASIO_SEPARATE_COMPILATION and spdlog's SPDLOG_COMPILED_LIB do:
+// - the default configurations' class templates (PSS_INSTANTIATE) are declared `extern` in the
+//   program's translation units and instantiated once in the library;
+// - the heavy virtual functions of the layers, losses and the default strategy's store are declared
+//   PSS_INLINE and defined outside their classes under PSS_DEFINITIONS. Compiled, the first of them is
+//   its class's key function, so the class's virtual table and virtual functions are emitted once, in the
+//   library, and a program that constructs the class instantiates none of them. Header-only they are
+//   inline, the class has no key function, and a translation unit emits them only where it uses the class;
+// - the functions that the registered calls reach are defined in the library only (PSS_DEFINITIONS).
+#if !defined(PSS_SEPARATE_COMPILATION)
+#define PSS_DEFINITIONS 1
+#define PSS_INLINE inline
+#define PSS_INSTANTIATE(...)
+#elif defined(PSS_BUILD_LIBRARY)
+#define PSS_DEFINITIONS 1
+#define PSS_INLINE
+#define PSS_INSTANTIATE(...) template __VA_ARGS__;
+#else
+#define PSS_DEFINITIONS 0
+#define PSS_INLINE
+#define PSS_INSTANTIATE(...) extern template __VA_ARGS__;
+#endif
+
 // pss/dtype.hpp: the element types a variable may hold, and their names as TensorFlow spells them.
 
 #include <concepts>
@@ -10412,14 +10439,7 @@ private:
 /// The coordinator's own store: a ParameterServer run by the calling thread, behind a lock.
 class LocalChannel final : public Channel {
 public:
-    std::future<Reply> send(int, Request request) override {
-        std::promise<Reply> p;
-        {
-            std::lock_guard lock(mutex_);
-            p.set_value(server_.handle(std::move(request)));
-        }
-        return p.get_future();
-    }
+    PSS_INLINE std::future<Reply> send(int, Request request) override;  // the key function (see PSS_INLINE)
     [[nodiscard]] std::string device(int) const override { return LocalDevice::get(); }
 
 private:
@@ -10434,7 +10454,7 @@ private:
 /// coordinator, in this process.
 class DefaultStrategy final : public Strategy {
 public:
-    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
+    [[nodiscard]] PSS_INLINE int num_replicas_in_sync() const override;  // the key function (see PSS_INLINE)
     Variable create_variable(Tensor initial_value, std::string name) override {
         const std::uint64_t id = next_id_.fetch_add(1);
         return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {1}, {-1});
@@ -10459,6 +10479,19 @@ private:
 // Declared in variable.hpp: creating a variable from a value goes through the current strategy.
 inline Variable::Variable(Tensor initial_value, std::string name)
     : Variable(get_strategy().create_variable(std::move(initial_value), std::move(name))) {}
+
+#if PSS_DEFINITIONS
+// The key functions (see PSS_INLINE in pss/config.hpp).
+PSS_INLINE std::future<Reply> detail::LocalChannel::send(int, Request request) {
+    std::promise<Reply> p;
+    {
+        std::lock_guard lock(mutex_);
+        p.set_value(server_.handle(std::move(request)));
+    }
+    return p.get_future();
+}
+PSS_INLINE int DefaultStrategy::num_replicas_in_sync() const { return 1; }
+#endif
 
 PSS_NAMESPACE_END
 
@@ -11415,34 +11448,7 @@ public:
     /// @throws UnavailableError naming the task when a ps task does not come up within the start-up timeout
     explicit ParameterServerStrategy(ClusterResolverPolicy cluster_resolver = {},
                                      PartitionerPolicy variable_partitioner = {}, OptimizerPolicy optimizer = {},
-                                     [[maybe_unused]] Timeouts timeouts = Timeouts::from_environment())
-        : resolver_(std::move(cluster_resolver)),
-          partitioner_(std::move(variable_partitioner)),
-          optimizer_(std::move(optimizer)),
-          spec_(validated(resolver_.cluster_spec())),
-          task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
-        const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
-                               ConsistencyPolicy::staleness};
-        // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded
-        // cluster), or no task named. Otherwise a Transport that crosses processes makes this process
-        // the one task the resolver names.
-        const bool whole_cluster_here = std::string(resolver_.rpc_layer()) == "inproc" || task_.type.empty();
-        if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
-            if (!whole_cluster_here) {
-                timeouts.validate();
-                auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
-                    spec_, task_, optimizer_, sync, timeouts);
-                channel->start();
-                channel->handshake();
-                channel_ = std::move(channel);
-                distributed_ = true;
-                detail::LocalDevice::set(task_.to_string() + "/device:CPU:0");  // variables outside any scope
-                return;
-            }
-        }
-        task_ = TaskId{"chief", 0};
-        channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
-    }
+                                     Timeouts timeouts = Timeouts::from_environment());
 
     /// @brief A chief ends the cluster (as join() does); a ps or worker process stops serving at once.
     ~ParameterServerStrategy() override {
@@ -11624,6 +11630,44 @@ private:
     std::vector<std::weak_ptr<const detail::VariableInfo>> variables_;
     std::function<void(const Variable&)> created_hook_;
 };
+
+// Defined outside the class: a member defined inside a class template is inline, and an extern template
+// (PSS_SEPARATE_COMPILATION) does not keep a program from instantiating an inline member.
+template <Transport TransportPolicy, Partitioner PartitionerPolicy, Optimizer OptimizerPolicy,
+          ClusterResolver ClusterResolverPolicy, Consistency ConsistencyPolicy>
+ParameterServerStrategy<TransportPolicy, PartitionerPolicy, OptimizerPolicy, ClusterResolverPolicy,
+                        ConsistencyPolicy>::ParameterServerStrategy(ClusterResolverPolicy cluster_resolver,
+                                                                    PartitionerPolicy variable_partitioner,
+                                                                    OptimizerPolicy optimizer,
+                                                                    [[maybe_unused]] Timeouts timeouts)
+    : resolver_(std::move(cluster_resolver)),
+      partitioner_(std::move(variable_partitioner)),
+      optimizer_(std::move(optimizer)),
+      spec_(validated(resolver_.cluster_spec())),
+      task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
+    const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
+                           ConsistencyPolicy::staleness};
+    // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded
+    // cluster), or no task named. Otherwise a Transport that crosses processes makes this process
+    // the one task the resolver names.
+    const bool whole_cluster_here = std::string(resolver_.rpc_layer()) == "inproc" || task_.type.empty();
+    if constexpr (detail::transport_crosses_processes<TransportPolicy>) {
+        if (!whole_cluster_here) {
+            timeouts.validate();
+            auto channel = std::make_shared<detail::ClusterTaskChannel<TransportPolicy, OptimizerPolicy>>(
+                spec_, task_, optimizer_, sync, timeouts);
+            channel->start();
+            channel->handshake();
+            channel_ = std::move(channel);
+            distributed_ = true;
+            detail::LocalDevice::set(task_.to_string() + "/device:CPU:0");  // variables outside any scope
+            return;
+        }
+    }
+    task_ = TaskId{"chief", 0};
+    channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
+}
+
 
 PSS_NAMESPACE_END
 
@@ -12500,4 +12544,12 @@ private:
     std::shared_ptr<detail::CoordinatorPool> pool_;  // the last handle's destructor finishes the queue
 };
 
+PSS_NAMESPACE_END
+
+// The default configurations, instantiated once in the library under PSS_SEPARATE_COMPILATION.
+PSS_NAMESPACE_BEGIN
+PSS_INSTANTIATE(class ParameterServer<SGD>)
+PSS_INSTANTIATE(class ParameterServerStrategy<>)  // the embedded cluster
+PSS_INSTANTIATE(class ParameterServerStrategy<AutoTransport, NoPartitioner, SGD, AutoClusterResolver,
+                                              Asynchronous>)  // ClusterStrategy<>
 PSS_NAMESPACE_END

@@ -239,7 +239,7 @@ inline void assign_weights(const std::vector<Variable>& vars, const std::vector<
 /// `do_bind`, and teach detail::parse_layer_config the class.
 class Layer {
 public:
-    virtual ~Layer() = default;
+    PSS_INLINE virtual ~Layer();  // the key function (see PSS_INLINE)
 
     /// @brief A copy sharing the variables (Variable handles), with its own per-step state.
     [[nodiscard]] virtual std::unique_ptr<Layer> clone() const = 0;
@@ -519,7 +519,7 @@ public:
     }
 
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Dense>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "Dense"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     [[nodiscard]] std::size_t units() const noexcept { return units_; }
     [[nodiscard]] Activation activation() const noexcept { return activation_; }
@@ -542,25 +542,9 @@ public:
         return {kernel_};
     }
 
-    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
-        require_built("forward");
-        const std::size_t in = inputs_features();
-        if (inputs.rank() < 2 || inputs.shape().back() != in)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
-                                       ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            return Tensor(forward_as<T>(std::move(inputs), step));
-        });
-    }
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
 
-    LayerGradients backward(const Tensor& grad_outputs) override {
-        require_built("backward");
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            detail::check_grad_shape(grad_outputs, Shape(state<T>().y.shape().begin(), state<T>().y.shape().end()),
-                                     describe());
-            return backward_as<T>(grad_outputs);
-        });
-    }
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
     /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "dtype": "float32", "name": "dense",
     /// "units": 4, "use_bias": true}`
@@ -691,6 +675,30 @@ private:
     State<double> f64_;
 };
 
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Dense::class_name() const noexcept { return "Dense"; }
+
+PSS_INLINE Tensor Dense::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    const std::size_t in = inputs_features();
+    if (inputs.rank() < 2 || inputs.shape().back() != in)
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
+                                   ", but the layer takes (batch, ..., " + std::to_string(in) + ")");
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        return Tensor(forward_as<T>(std::move(inputs), step));
+    });
+}
+
+PSS_INLINE LayerGradients Dense::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        detail::check_grad_shape(grad_outputs, Shape(state<T>().y.shape().begin(), state<T>().y.shape().end()),
+                                 describe());
+        return backward_as<T>(grad_outputs);
+    });
+}
+#endif
+
 /// @brief A lookup table of `input_dim` rows of `output_dim` values (Keras' `Embedding(input_dim,
 /// output_dim)`): each input id becomes its row.
 ///
@@ -723,7 +731,7 @@ public:
     }
 
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Embedding>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "Embedding"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     [[nodiscard]] std::size_t input_dim() const noexcept { return input_dim_; }
     [[nodiscard]] std::size_t output_dim() const noexcept { return output_dim_; }
@@ -737,62 +745,9 @@ public:
         return {embeddings_};
     }
 
-    Tensor forward(Tensor inputs, std::uint64_t step = 0) override {
-        require_built("forward");
-        if (!inputs.has_value() || (inputs.dtype() != DType::float32 && inputs.dtype() != DType::float64))
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of dtype " +
-                                       (inputs.has_value() ? std::string(dtype_name(inputs.dtype())) : "none") +
-                                       "; an Embedding takes ids stored as float32 or float64");
-        detail::with_float_type(inputs.dtype(), [&]<class T>(std::type_identity<T>) {
-            const xt::xarray<T>& ids = inputs.get<T>();
-            check_ids(ids);
-            ids_.resize(ids.size());
-            std::transform(ids.begin(), ids.end(), ids_.begin(), [](T v) { return static_cast<std::int64_t>(v); });
-        });
-        // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
-        std::vector<std::int64_t> unique;
-        std::vector<std::size_t> slot_of(ids_.size());
-        std::unordered_map<std::int64_t, std::size_t> slot;
-        for (std::size_t i = 0; i < ids_.size(); ++i) {
-            auto [it, fresh] = slot.emplace(ids_[i], unique.size());
-            if (fresh) unique.push_back(ids_[i]);
-            slot_of[i] = it->second;
-        }
-        if (step != 0) {  // synchronous: touch every shard (see the class description)
-            const std::size_t shards = embeddings_.num_shards();
-            std::vector<bool> touched(shards, false);
-            for (std::int64_t id : unique) touched[embeddings_.shard_of_row(static_cast<std::size_t>(id)).shard] = true;
-            for (std::size_t s = 0; s < shards; ++s)
-                if (!touched[s]) unique.push_back(static_cast<std::int64_t>(shard_row_offset(input_dim_, shards, s)));
-        }
-        input_shape_seen_ = inputs.shape();
-        Shape out_shape = input_shape_seen_;
-        out_shape.push_back(output_dim_);
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            const Tensor pulled = unique.empty() ? Tensor(xt::xarray<T>(xt::zeros<T>({std::size_t{0}, output_dim_})))
-                                                 : embeddings_.sparse_read(std::span<const std::int64_t>(unique), step);
-            const xt::xarray<T>& rows = pulled.get<T>();
-            xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
-            for (std::size_t i = 0; i < ids_.size(); ++i)
-                std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
-            return Tensor(std::move(out));
-        });
-    }
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
 
-    LayerGradients backward(const Tensor& grad_outputs) override {
-        require_built("backward");
-        Shape expected = input_shape_seen_;
-        expected.push_back(output_dim_);
-        detail::check_grad_shape(grad_outputs, expected, describe());
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            LayerGradients out;
-            out.inputs = Tensor(xt::xarray<T>(xt::zeros<T>(input_shape_seen_)));
-            xt::xarray<T> rows = detail::take_as<T>(Tensor(grad_outputs));
-            rows.reshape({ids_.size(), output_dim_});
-            out.variables.push_back({embeddings_, Tensor(std::move(rows)), ids_, true});
-            return out;
-        });
-    }
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
     /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "input_dim": 5, "name": "embedding",
     /// "output_dim": 4}`
@@ -847,43 +802,78 @@ private:
     Shape input_shape_seen_;
 };
 
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Embedding::class_name() const noexcept { return "Embedding"; }
+
+PSS_INLINE Tensor Embedding::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    if (!inputs.has_value() || (inputs.dtype() != DType::float32 && inputs.dtype() != DType::float64))
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of dtype " +
+                                   (inputs.has_value() ? std::string(dtype_name(inputs.dtype())) : "none") +
+                                   "; an Embedding takes ids stored as float32 or float64");
+    detail::with_float_type(inputs.dtype(), [&]<class T>(std::type_identity<T>) {
+        const xt::xarray<T>& ids = inputs.get<T>();
+        check_ids(ids);
+        ids_.resize(ids.size());
+        std::transform(ids.begin(), ids.end(), ids_.begin(), [](T v) { return static_cast<std::int64_t>(v); });
+    });
+    // Each distinct id is pulled once; slot_of[i] is the row of ids_[i] in what comes back.
+    std::vector<std::int64_t> unique;
+    std::vector<std::size_t> slot_of(ids_.size());
+    std::unordered_map<std::int64_t, std::size_t> slot;
+    for (std::size_t i = 0; i < ids_.size(); ++i) {
+        auto [it, fresh] = slot.emplace(ids_[i], unique.size());
+        if (fresh) unique.push_back(ids_[i]);
+        slot_of[i] = it->second;
+    }
+    if (step != 0) {  // synchronous: touch every shard (see the class description)
+        const std::size_t shards = embeddings_.num_shards();
+        std::vector<bool> touched(shards, false);
+        for (std::int64_t id : unique) touched[embeddings_.shard_of_row(static_cast<std::size_t>(id)).shard] = true;
+        for (std::size_t s = 0; s < shards; ++s)
+            if (!touched[s]) unique.push_back(static_cast<std::int64_t>(shard_row_offset(input_dim_, shards, s)));
+    }
+    input_shape_seen_ = inputs.shape();
+    Shape out_shape = input_shape_seen_;
+    out_shape.push_back(output_dim_);
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        const Tensor pulled = unique.empty() ? Tensor(xt::xarray<T>(xt::zeros<T>({std::size_t{0}, output_dim_})))
+                                             : embeddings_.sparse_read(std::span<const std::int64_t>(unique), step);
+        const xt::xarray<T>& rows = pulled.get<T>();
+        xt::xarray<T> out = xt::xarray<T>::from_shape(out_shape);
+        for (std::size_t i = 0; i < ids_.size(); ++i)
+            std::copy_n(rows.data() + slot_of[i] * output_dim_, output_dim_, out.data() + i * output_dim_);
+        return Tensor(std::move(out));
+    });
+}
+
+PSS_INLINE LayerGradients Embedding::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    Shape expected = input_shape_seen_;
+    expected.push_back(output_dim_);
+    detail::check_grad_shape(grad_outputs, expected, describe());
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        LayerGradients out;
+        out.inputs = Tensor(xt::xarray<T>(xt::zeros<T>(input_shape_seen_)));
+        xt::xarray<T> rows = detail::take_as<T>(Tensor(grad_outputs));
+        rows.reshape({ids_.size(), output_dim_});
+        out.variables.push_back({embeddings_, Tensor(std::move(rows)), ids_, true});
+        return out;
+    });
+}
+#endif
+
 /// @brief The mean over axis 1 (Keras' `GlobalAveragePooling1D`): (batch, steps, features) to
 /// (batch, features). After an Embedding it averages the rows of an example's ids.
 class GlobalAveragePooling1D final : public Layer {
 public:
     GlobalAveragePooling1D() = default;
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<GlobalAveragePooling1D>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "GlobalAveragePooling1D"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
-    Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
-        require_built("forward");
-        if (inputs.rank() != 3)
-            throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
-                                       "; it takes (batch, steps, features)");
-        const Shape shape = inputs.shape();
-        batch_ = shape[0];
-        steps_ = shape[1];
-        features_ = shape[2];
-        dtype_ = inputs.dtype();
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            const xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
-            if (steps_ == 0) return Tensor(xt::xarray<T>(xt::zeros<T>({batch_, features_})));
-            return Tensor(xt::xarray<T>(xt::mean<T>(x, {1})));
-        });
-    }
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override;
 
-    LayerGradients backward(const Tensor& grad_outputs) override {
-        require_built("backward");
-        detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
-        return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
-            const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
-            const T scale = steps_ == 0 ? T{0} : T{1} / static_cast<T>(steps_);
-            LayerGradients out;
-            out.inputs = Tensor(xt::xarray<T>(
-                xt::broadcast(xt::view(g, xt::all(), xt::newaxis(), xt::all()) * scale, {batch_, steps_, features_})));
-            return out;
-        });
-    }
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return output_shape_for(input_shape); }
@@ -905,12 +895,46 @@ private:
     DType dtype_ = DType::float32;  // the last inputs'
 };
 
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view GlobalAveragePooling1D::class_name() const noexcept { return "GlobalAveragePooling1D"; }
+
+PSS_INLINE Tensor GlobalAveragePooling1D::forward(Tensor inputs, std::uint64_t /*step*/) {
+    require_built("forward");
+    if (inputs.rank() != 3)
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
+                                   "; it takes (batch, steps, features)");
+    const Shape shape = inputs.shape();
+    batch_ = shape[0];
+    steps_ = shape[1];
+    features_ = shape[2];
+    dtype_ = inputs.dtype();
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        const xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
+        if (steps_ == 0) return Tensor(xt::xarray<T>(xt::zeros<T>({batch_, features_})));
+        return Tensor(xt::xarray<T>(xt::mean<T>(x, {1})));
+    });
+}
+
+PSS_INLINE LayerGradients GlobalAveragePooling1D::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    detail::check_grad_shape(grad_outputs, Shape{batch_, features_}, describe());
+    return detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+        const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
+        const T scale = steps_ == 0 ? T{0} : T{1} / static_cast<T>(steps_);
+        LayerGradients out;
+        out.inputs = Tensor(xt::xarray<T>(
+            xt::broadcast(xt::view(g, xt::all(), xt::newaxis(), xt::all()) * scale, {batch_, steps_, features_})));
+        return out;
+    });
+}
+#endif
+
 /// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
 class Flatten final : public Layer {
 public:
     Flatten() = default;
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Flatten>(*this); }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "Flatten"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     Tensor forward(Tensor inputs, std::uint64_t /*step*/ = 0) override {
         require_built("forward");
@@ -1028,5 +1052,12 @@ struct LayerConfig {
 }
 
 }  // namespace detail
+
+#if PSS_DEFINITIONS
+// Layer's and Flatten's key functions (each class's virtual table, with its virtual functions, is emitted
+// where its key function is defined: see PSS_INLINE in pss/config.hpp).
+PSS_INLINE Layer::~Layer() = default;
+PSS_INLINE std::string_view Flatten::class_name() const noexcept { return "Flatten"; }
+#endif
 
 PSS_NAMESPACE_END

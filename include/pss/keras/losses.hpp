@@ -34,7 +34,7 @@ PSS_NAMESPACE_BEGIN
 /// no automatic differentiation. Losses are stateless, so one object serves every worker at once.
 class Loss {
 public:
-    virtual ~Loss() = default;
+    PSS_INLINE virtual ~Loss();  // the key function (see PSS_INLINE)
 
     /// @brief Keras' function name: "mean_squared_error", "binary_crossentropy", ...
     [[nodiscard]] virtual std::string_view name() const noexcept = 0;
@@ -120,25 +120,33 @@ protected:
 class MeanSquaredError final : public Loss {
 public:
     [[nodiscard]] std::string_view name() const noexcept override { return "mean_squared_error"; }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "MeanSquaredError"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
-    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
-            check_value_count(y, p);
-            return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
-        });
-    }
-    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
-            check_value_count(y, p);
-            const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
-            return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
-        });
-    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
     void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
     }
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view MeanSquaredError::class_name() const noexcept { return "MeanSquaredError"; }
+
+PSS_INLINE double MeanSquaredError::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        return static_cast<double>(xt::mean(xt::square(p - as_shape_of(y, p)))());
+    });
+}
+
+PSS_INLINE Tensor MeanSquaredError::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        const T scale = static_cast<T>(2.0 / static_cast<double>(p.size()));
+        return Tensor(xt::xarray<T>(scale * (p - as_shape_of(y, p))));
+    });
+}
+#endif
 
 /// @brief Keras' `BinaryCrossentropy()` from probabilities (`from_logits=False`):
 /// mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred, e, 1 - e) and e = 1e-7, Keras'
@@ -150,7 +158,7 @@ public:
     static constexpr double epsilon = 1e-7;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "binary_crossentropy"; }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "BinaryCrossentropy"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
     /// @brief `{"from_logits": false, "name": "binary_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
@@ -158,25 +166,8 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
-            check_value_count(y_in, p_in);
-            const T e = static_cast<T>(epsilon), one = T{1};
-            const auto y = as_shape_of(y_in, p_in);
-            const auto p = xt::clip(p_in, e, one - e);
-            return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
-        });
-    }
-    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
-            check_value_count(y_in, p);
-            const T e = static_cast<T>(epsilon), one = T{1};
-            const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
-            const auto y = as_shape_of(y_in, p);
-            return Tensor(xt::xarray<T>(
-                xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
-        });
-    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
     void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         check_same_size(y_true, output_shape);
         for (float y : y_true)
@@ -185,6 +176,31 @@ public:
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
     }
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view BinaryCrossentropy::class_name() const noexcept { return "BinaryCrossentropy"; }
+
+PSS_INLINE double BinaryCrossentropy::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p_in) {
+        check_value_count(y_in, p_in);
+        const T e = static_cast<T>(epsilon), one = T{1};
+        const auto y = as_shape_of(y_in, p_in);
+        const auto p = xt::clip(p_in, e, one - e);
+        return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
+    });
+}
+
+PSS_INLINE Tensor BinaryCrossentropy::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y_in, const xt::xarray<T>& p) {
+        check_value_count(y_in, p);
+        const T e = static_cast<T>(epsilon), one = T{1};
+        const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+        const auto y = as_shape_of(y_in, p);
+        return Tensor(xt::xarray<T>(
+            xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
+    });
+}
+#endif
 
 /// @brief Keras' `SparseCategoricalCrossentropy()` from probabilities (`from_logits=False`): targets
 /// are class ids, predictions a distribution over the last axis (a softmax's output).
@@ -200,7 +216,7 @@ public:
     static constexpr double epsilon = 1e-7;
 
     [[nodiscard]] std::string_view name() const noexcept override { return "sparse_categorical_crossentropy"; }
-    [[nodiscard]] std::string_view class_name() const noexcept override { return "SparseCategoricalCrossentropy"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
     /// @brief `{"from_logits": false, "name": "sparse_categorical_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
@@ -208,41 +224,8 @@ public:
         return config;
     }
 
-    [[nodiscard]] double value(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
-            const std::size_t classes = check_counts(y, probs);
-            const std::size_t rows = probs.size() / classes;
-            const T e = static_cast<T>(epsilon), high = T{1} - e;
-            double sum = 0;
-            for (std::size_t r = 0; r < rows; ++r) {
-                const T* p = probs.data() + r * classes;
-                T total = 0;
-                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
-                const auto t = static_cast<std::size_t>(y.data()[r]);
-                sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
-            }
-            return sum / static_cast<double>(rows);
-        });
-    }
-    [[nodiscard]] Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override {
-        return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
-            const std::size_t classes = check_counts(y, probs);
-            const std::size_t rows = probs.size() / classes;
-            const T e = static_cast<T>(epsilon), high = T{1} - e;
-            xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
-            const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
-            for (std::size_t r = 0; r < rows; ++r) {
-                const T* p = probs.data() + r * classes;
-                T* g = out.data() + r * classes;
-                T total = 0;
-                for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
-                const auto t = static_cast<std::size_t>(y.data()[r]);
-                for (std::size_t j = 0; j < classes; ++j)
-                    g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
-            }
-            return Tensor(std::move(out));
-        });
-    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
     void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
         const Shape got(y_true.shape().begin(), y_true.shape().end());
         if (output_shape.empty() || got.empty() ||
@@ -274,6 +257,47 @@ private:
         return y_pred.shape().back();
     }
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view SparseCategoricalCrossentropy::class_name() const noexcept { return "SparseCategoricalCrossentropy"; }
+
+PSS_INLINE double SparseCategoricalCrossentropy::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+        const std::size_t classes = check_counts(y, probs);
+        const std::size_t rows = probs.size() / classes;
+        const T e = static_cast<T>(epsilon), high = T{1} - e;
+        double sum = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* p = probs.data() + r * classes;
+            T total = 0;
+            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+            const auto t = static_cast<std::size_t>(y.data()[r]);
+            sum += static_cast<double>(-std::log(std::clamp(p[t], e, high)) + std::log(total));
+        }
+        return sum / static_cast<double>(rows);
+    });
+}
+
+PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& probs) {
+        const std::size_t classes = check_counts(y, probs);
+        const std::size_t rows = probs.size() / classes;
+        const T e = static_cast<T>(epsilon), high = T{1} - e;
+        xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
+        const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* p = probs.data() + r * classes;
+            T* g = out.data() + r * classes;
+            T total = 0;
+            for (std::size_t j = 0; j < classes; ++j) total += std::clamp(p[j], e, high);
+            const auto t = static_cast<std::size_t>(y.data()[r]);
+            for (std::size_t j = 0; j < classes; ++j)
+                g[j] = (p[j] < e || p[j] > high) ? T{0} : scale * (T{1} / total - (j == t ? T{1} / p[j] : T{0}));
+        }
+        return Tensor(std::move(out));
+    });
+}
+#endif
 
 /// @brief The loss Keras names `name`: "mean_squared_error" (or "mse"), "binary_crossentropy",
 /// "sparse_categorical_crossentropy".
@@ -331,5 +355,10 @@ namespace detail {
 }
 
 }  // namespace detail
+
+#if PSS_DEFINITIONS
+// Loss's key function (see PSS_INLINE in pss/config.hpp).
+PSS_INLINE Loss::~Loss() = default;
+#endif
 
 PSS_NAMESPACE_END

@@ -335,11 +335,19 @@ inline std::optional<int> remote_model_unknown_worker(const Error& e) {
     return out;
 }
 
+/// Testing hook: forgets the models of worker task `worker` (all workers' for -1), as a restart would.
+inline void testing_forget_remote_models(int worker = -1) {
+    auto& store = RemoteModels::instance();
+    std::lock_guard lock(store.mutex);
+    std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
+}
+
+#if PSS_DEFINITIONS  // in the library only, under PSS_SEPARATE_COMPILATION: the registrations below reach every layer
 /// The registered "build" call: rebuilds the model `description` describes over `weights` and keeps it
 /// as `model_id` for this worker (replacing a model of that id), evicting the model used longest ago
 /// beyond remote_models_per_worker.
 /// @throws InvalidArgumentError for a description that is not one (it came from the network).
-inline void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights) {
+PSS_INLINE void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights) {
     std::shared_ptr<RemoteModel> model = parse_model_description(description, std::move(weights));
     auto& store = RemoteModels::instance();
     const int worker = worker_index();
@@ -356,17 +364,10 @@ inline void keras_remote_build(std::string model_id, std::string description, st
     if (kept > remote_models_per_worker) store.models.erase(oldest);
 }
 
-/// Testing hook: forgets the models of worker task `worker` (all workers' for -1), as a restart would.
-inline void testing_forget_remote_models(int worker = -1) {
-    auto& store = RemoteModels::instance();
-    std::lock_guard lock(store.mutex);
-    std::erase_if(store.models, [&](const auto& entry) { return worker == -1 || entry.first.first == worker; });
-}
-
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
-inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale) {
+PSS_INLINE double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale) {
     std::shared_ptr<RemoteModel> model;
     {
         auto& store = RemoteModels::instance();
@@ -385,6 +386,10 @@ inline double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::u
     std::lock_guard lock(model->mutex);
     return keras_train_step(model->layers, *model->loss, std::move(x), std::move(y), step, scale);
 }
+#else
+void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights);
+double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale);
+#endif
 
 /// Registered in every program that includes this header, so that worker processes know them.
 inline const RegisteredFunction<void(std::string, std::string, std::vector<Variable>)> keras_remote_build_function =
