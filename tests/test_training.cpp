@@ -656,6 +656,39 @@ TEST_SUITE("Remote calls") {
         w.apply_gradient(xt::xarray<float>{2, 2});
         CHECK(w.read<float>() == xt::xarray<float>{0, 1});
     }
+    TEST_CASE("ParameterServerStrategy: a worker that the chief ends while it greets the ps tasks starts as "
+              "stopped, and its join() returns at once" *
+              doctest::timeout(60)) {
+        auto free_address = [] {
+            asio::io_context io;
+            asio::ip::tcp::acceptor probe(io, asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+            return "127.0.0.1:" + std::to_string(probe.local_endpoint().port());
+        };
+        const pss::ClusterSpec spec{{"chief", {free_address()}}, {"ps", {free_address()}}, {"worker", {free_address()}}};
+        // A ps task as a short program's worker meets it: the chief ends this worker while its greeting is
+        // at the ps, and the ps goes before it answers (here: it answers that greeting with the error a lost
+        // connection gives).
+        pss::TcpTransport chief(spec);
+        pss::TcpTransport ps(spec);
+        std::atomic<int> greetings{0};
+        ps.serve({"ps", 0}, pss::answer_at_once([&](pss::Request&& r) {
+            if (r.name != pss::detail::handshake_call) return pss::Reply{};
+            ++greetings;
+            pss::Request stop;
+            stop.kind = pss::RequestKind::shutdown;
+            CHECK(chief.send({"worker", 0}, std::move(stop)).get().ok());
+            pss::Reply lost;
+            lost.code = pss::ErrorCode::unavailable;
+            lost.message = "the connection to /job:ps/replica:0/task:0 was lost";
+            return lost;
+        }));
+        using S = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::SimpleClusterResolver>;
+        S worker{pss::SimpleClusterResolver(spec, "worker", 0)};  // threw that UnavailableError before
+        CHECK(greetings == 1);
+        CHECK(!worker.is_chief());
+        CHECK(worker.is_distributed());
+        worker.join();
+    }
     TEST_CASE("AutoTransport: threads for the embedded cluster, TCP for host:port addresses, and never a mix" *
               doctest::timeout(30)) {
         pss::AutoTransport embedded(pss::LocalClusterResolver<2, 2>{}.cluster_spec());

@@ -294,7 +294,12 @@ public:
         for (int i = 0; i < spec_.num_tasks("ps"); ++i) replies.push_back(greet(i));
         for (auto& reply : replies) {
             Reply r = reply.get();
-            if (!r.ok()) throw_error(r.code, r.message);
+            if (r.ok()) continue;
+            // A worker the chief ended while it was greeting the ps tasks (a short program: the chief ends
+            // the workers, then the ps tasks, which may go before this greeting reaches them): it was told
+            // to stop, so it starts as stopped and its join() returns at once.
+            if (self_.type == "worker" && stop_was_requested()) return;
+            throw_error(r.code, r.message);
         }
     }
 
@@ -417,6 +422,11 @@ private:
     static std::uint64_t new_run_id() {
         std::random_device device;
         return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+    }
+
+    bool stop_was_requested() {
+        std::lock_guard lock(mutex_);
+        return stop_;
     }
 
     Reply stop_requested() {
