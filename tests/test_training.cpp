@@ -418,6 +418,15 @@ std::string decode_error(pss::Values values) {
     }
     return "";
 }
+
+/// "127.0.0.1:port" of a port the system just gave and released, for a cluster spec whose addresses are
+/// fixed before any task listens, as every process of a real cluster reads them.
+std::string free_loopback_address() {
+    asio::io_context io;
+    asio::ip::tcp::acceptor probe(io, asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    return "127.0.0.1:" + std::to_string(probe.local_endpoint().port());
+}
+
 }  // namespace
 
 TEST_SUITE("Remote calls") {
@@ -624,13 +633,9 @@ TEST_SUITE("Remote calls") {
     TEST_CASE("ParameterServerStrategy: a chief or worker whose optimizer or consistency differs from a ps's is "
               "refused as it starts, with each part as both tasks run it" *
               doctest::timeout(60)) {
-        auto free_address = [] {
-            asio::io_context io;
-            asio::ip::tcp::acceptor probe(io, asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-            return "127.0.0.1:" + std::to_string(probe.local_endpoint().port());
-        };
-        // Fixed addresses, as every process of a real cluster reads them.
-        const pss::ClusterSpec spec{{"chief", {free_address()}}, {"ps", {free_address()}}, {"worker", {free_address()}}};
+        const pss::ClusterSpec spec{{"chief", {free_loopback_address()}},
+                                    {"ps", {free_loopback_address()}},
+                                    {"worker", {free_loopback_address()}}};
         using S = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::SimpleClusterResolver>;
         using Sync = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD,
                                                   pss::SimpleClusterResolver, pss::Synchronous>;
@@ -659,12 +664,9 @@ TEST_SUITE("Remote calls") {
     TEST_CASE("ParameterServerStrategy: a worker that the chief ends while it greets the ps tasks starts as "
               "stopped, and its join() returns at once" *
               doctest::timeout(60)) {
-        auto free_address = [] {
-            asio::io_context io;
-            asio::ip::tcp::acceptor probe(io, asio::ip::tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-            return "127.0.0.1:" + std::to_string(probe.local_endpoint().port());
-        };
-        const pss::ClusterSpec spec{{"chief", {free_address()}}, {"ps", {free_address()}}, {"worker", {free_address()}}};
+        const pss::ClusterSpec spec{{"chief", {free_loopback_address()}},
+                                    {"ps", {free_loopback_address()}},
+                                    {"worker", {free_loopback_address()}}};
         // A ps task as a short program's worker meets it: the chief ends this worker while its greeting is
         // at the ps, and the ps goes before it answers (here: it answers that greeting with the error a lost
         // connection gives).
