@@ -269,9 +269,10 @@ TEST_SUITE("net") {
         }
         SUBCASE("kind, flags, error code, tensor counts and descriptors out of their sets") {
             const std::string kinds =
-                "a request is an operation 1 to 12 or 15 to 18, a call 13, a shutdown 14 or a heartbeat 127, a reply is 128";
+                "a request is an operation 1 to 12 or 15 to 22, a call 13, a shutdown 14 or a heartbeat 127, a reply is 128";
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) == "pss: wire: frame kind 99 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) == "pss: wire: frame kind 0 is unknown; " + kinds);
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{23}; })) == "pss: wire: frame kind 23 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{9}; })) ==
                   "pss: wire: frame flags 9 has unknown bits; only 2 (elided) and 4 (values) are defined");
             CHECK(decode_error(with([](Bytes& b) {
@@ -611,7 +612,7 @@ TEST_SUITE("net") {
             {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
              "does not match the computed"},
             {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
-             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13, a shutdown 14 "
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 22, a call 13, a shutdown 14 "
              "or a heartbeat 127, a reply is 128"},
             {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
              "pss: wire: frame payload length 12 does not match the tensors' 8 bytes (float32 (2,))"},

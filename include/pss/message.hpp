@@ -38,6 +38,10 @@ enum class Op : std::uint8_t {
     restore_shard = 16,   ///< stage rows [ids[0], ids[1]) of the saved variable in `name` ("directory\nvariable")
     commit_restore = 17,  ///< replace the shard's value and slots by the staged ones
     abort_restore = 18,   ///< forget the staged value and slots
+    scatter_mul = 19,     ///< value[ids[i]] *= payload[i]
+    scatter_div = 20,     ///< value[ids[i]] /= payload[i] (an integer divisor of 0 is refused before anything changes)
+    scatter_min = 21,     ///< value[ids[i]] = min(value[ids[i]], payload[i])
+    scatter_max = 22,     ///< value[ids[i]] = max(value[ids[i]], payload[i])
 };
 
 /// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
@@ -51,6 +55,13 @@ enum class RequestKind : std::uint8_t {
 
 /// @brief True when a successful reply to `op` carries a value (not the spent request payload).
 [[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept { return op == Op::read || op == Op::gather; }
+
+/// @brief True for the operations that combine rows `payload` into rows `ids`, one by one in order
+/// (TensorFlow's scatter family).
+[[nodiscard]] constexpr bool is_scatter(Op op) noexcept {
+    return op == Op::scatter_add || op == Op::scatter_sub || op == Op::scatter_update || op == Op::scatter_mul ||
+           op == Op::scatter_div || op == Op::scatter_min || op == Op::scatter_max;
+}
 
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
@@ -71,6 +82,10 @@ enum class RequestKind : std::uint8_t {
         case Op::restore_shard: return "restore_shard";
         case Op::commit_restore: return "commit_restore";
         case Op::abort_restore: return "abort_restore";
+        case Op::scatter_mul: return "scatter_mul";
+        case Op::scatter_div: return "scatter_div";
+        case Op::scatter_min: return "scatter_min";
+        case Op::scatter_max: return "scatter_max";
     }
     return "unknown operation";
 }

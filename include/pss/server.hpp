@@ -338,11 +338,15 @@ private:
                 return reply;
             }
             case Op::assign: std::swap(value, request.payload.template get<T>()); break;
-            case Op::assign_add: xt::noalias(value) += request.payload.template get<T>(); break;
-            case Op::assign_sub: xt::noalias(value) -= request.payload.template get<T>(); break;
+            case Op::assign_add:
+            case Op::assign_sub: add_whole(request.op, value, request.payload.template get<T>()); break;
             case Op::scatter_add:
             case Op::scatter_sub:
-            case Op::scatter_update: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
+            case Op::scatter_update:
+            case Op::scatter_mul:
+            case Op::scatter_div:
+            case Op::scatter_min:
+            case Op::scatter_max: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
@@ -501,15 +505,44 @@ private:
     static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
         // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
         const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-            T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
-            const T* in = rows.data() + i * width;
-            if (op == Op::scatter_add)
-                for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
-            else if (op == Op::scatter_sub)
-                for (std::size_t j = 0; j < width; ++j) out[j] -= in[j];
+        auto each_row = [&]<Op K>() {
+            for (std::size_t i = 0; i < ids.size(); ++i) {
+                T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
+                const T* in = rows.data() + i * width;
+                for (std::size_t j = 0; j < width; ++j) out[j] = detail::combine_elements<K>(out[j], in[j]);
+            }
+        };
+        // One loop per operation, so that each inner loop is a plain one the compiler vectorizes.
+        switch (op) {
+            case Op::scatter_update:
+                for (std::size_t i = 0; i < ids.size(); ++i)
+                    std::memcpy(value.data() + static_cast<std::size_t>(ids[i]) * width, rows.data() + i * width,
+                                width * sizeof(T));
+                return;
+            case Op::scatter_add: return each_row.template operator()<Op::scatter_add>();
+            case Op::scatter_sub: return each_row.template operator()<Op::scatter_sub>();
+            case Op::scatter_mul: return each_row.template operator()<Op::scatter_mul>();
+            case Op::scatter_div: return each_row.template operator()<Op::scatter_div>();
+            case Op::scatter_min: return each_row.template operator()<Op::scatter_min>();
+            case Op::scatter_max: return each_row.template operator()<Op::scatter_max>();
+            default: return;
+        }
+    }
+
+    /// value += delta or value -= delta; integers wrap around as in scatter (detail::combine_elements).
+    template <class T>
+    static void add_whole(Op op, xt::xarray<T>& value, const xt::xarray<T>& delta) {
+        if constexpr (std::is_integral_v<T>) {
+            T* out = value.data();
+            const T* in = delta.data();
+            if (op == Op::assign_add)
+                for (std::size_t i = 0; i < value.size(); ++i) out[i] = detail::combine_elements<Op::scatter_add>(out[i], in[i]);
             else
-                std::memcpy(out, in, width * sizeof(T));
+                for (std::size_t i = 0; i < value.size(); ++i) out[i] = detail::combine_elements<Op::scatter_sub>(out[i], in[i]);
+        } else if (op == Op::assign_add) {
+            xt::noalias(value) += delta;
+        } else {
+            xt::noalias(value) -= delta;
         }
     }
 

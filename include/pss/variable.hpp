@@ -174,7 +174,9 @@ public:
         return update(Op::apply_dense, std::move(gradient), step);
     }
 
-    /// @brief value[ids[i]] += rows[i]; a repeated id adds each of its rows.
+    /// @brief value[ids[i]] += rows[i]; a repeated id adds each of its rows. Like every scatter, the
+    /// rows are grouped by shard and sent in parallel, each validated (ids, shape, dtype) before any
+    /// shard changes.
     Tensor scatter_add(std::span<const std::int64_t> ids, Tensor rows) {
         return update_rows(Op::scatter_add, ids, std::move(rows));
     }
@@ -185,6 +187,25 @@ public:
     /// @brief value[ids[i]] = rows[i]; for a repeated id the last row stays.
     Tensor scatter_update(std::span<const std::int64_t> ids, Tensor rows) {
         return update_rows(Op::scatter_update, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] *= rows[i]; a repeated id is multiplied by each of its rows (tf.Variable.scatter_mul).
+    /// Integers wrap around on overflow, as TensorFlow's kernels do.
+    Tensor scatter_mul(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_mul, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] /= rows[i], in order for a repeated id (tf.Variable.scatter_div). Integers
+    /// divide toward zero, as C++ and TensorFlow do; floating values follow IEEE 754 (x / 0 is infinity).
+    /// @throws InvalidArgumentError naming the row when an integer divisor holds 0: nothing changes.
+    Tensor scatter_div(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_div, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] = min(value[ids[i]], rows[i]) (tf.Variable.scatter_min).
+    Tensor scatter_min(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_min, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] = max(value[ids[i]], rows[i]) (tf.Variable.scatter_max).
+    Tensor scatter_max(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_max, ids, std::move(rows));
     }
     /// @brief The optimizer applies gradient `rows` to rows `ids`; rows of a repeated id are summed first.
     /// In synchronous training (`step` > 0) every shard receives a push, empty when no id falls in it,
@@ -343,8 +364,7 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
     const bool pull = first_op == Op::read || first_op == Op::gather;
     const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
-                      first_op == Op::scatter_add || first_op == Op::scatter_sub || first_op == Op::scatter_update ||
-                      first_op == Op::apply_dense || first_op == Op::apply_sparse;
+                      is_scatter(first_op) || first_op == Op::apply_dense || first_op == Op::apply_sparse;
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
     // A closure running when another failed is cancelled cooperatively, as TensorFlow's are: its next

@@ -777,6 +777,10 @@ enum class Op : std::uint8_t {
     restore_shard = 16,   ///< stage rows [ids[0], ids[1]) of the saved variable in `name` ("directory\nvariable")
     commit_restore = 17,  ///< replace the shard's value and slots by the staged ones
     abort_restore = 18,   ///< forget the staged value and slots
+    scatter_mul = 19,     ///< value[ids[i]] *= payload[i]
+    scatter_div = 20,     ///< value[ids[i]] /= payload[i] (an integer divisor of 0 is refused before anything changes)
+    scatter_min = 21,     ///< value[ids[i]] = min(value[ids[i]], payload[i])
+    scatter_max = 22,     ///< value[ids[i]] = max(value[ids[i]], payload[i])
 };
 
 /// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
@@ -790,6 +794,13 @@ enum class RequestKind : std::uint8_t {
 
 /// @brief True when a successful reply to `op` carries a value (not the spent request payload).
 [[nodiscard]] constexpr bool reply_carries_value(Op op) noexcept { return op == Op::read || op == Op::gather; }
+
+/// @brief True for the operations that combine rows `payload` into rows `ids`, one by one in order
+/// (TensorFlow's scatter family).
+[[nodiscard]] constexpr bool is_scatter(Op op) noexcept {
+    return op == Op::scatter_add || op == Op::scatter_sub || op == Op::scatter_update || op == Op::scatter_mul ||
+           op == Op::scatter_div || op == Op::scatter_min || op == Op::scatter_max;
+}
 
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
@@ -810,6 +821,10 @@ enum class RequestKind : std::uint8_t {
         case Op::restore_shard: return "restore_shard";
         case Op::commit_restore: return "commit_restore";
         case Op::abort_restore: return "abort_restore";
+        case Op::scatter_mul: return "scatter_mul";
+        case Op::scatter_div: return "scatter_div";
+        case Op::scatter_min: return "scatter_min";
+        case Op::scatter_max: return "scatter_max";
     }
     return "unknown operation";
 }
@@ -4704,7 +4719,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | --- | --- | --- | --- |
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
 /// | 4 | 2 | version | `wire_version` (2) |
-/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 18), `frame_kind_call` (13), `frame_kind_shutdown` (14), `frame_kind_heartbeat` (127), or `frame_kind_reply` (128) |
+/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 22), `frame_kind_call` (13), `frame_kind_shutdown` (14), `frame_kind_heartbeat` (127), or `frame_kind_reply` (128) |
 /// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 10); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
@@ -4842,7 +4857,7 @@ struct FrameBody {
 /// @throws WireError naming the field and its value, e.g.
 ///   - `pss: wire: frame magic is 0x00000000, expected 0x31535350 ("PSS1"); the peer does not speak pss`
 ///   - `pss: wire: frame version 1 is not supported; this build speaks version 2`
-///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13 or a shutdown 14, a reply is 128`
+///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12 or 15 to 22, a call 13 or a shutdown 14, a reply is 128`
 ///   - `pss: wire: frame payload length 2147483648 exceeds the limit 1073741824`
 ///   - `pss: wire: frame of a shard operation describes 2 tensors; it carries one at most`
 ///   - the same for name, message and values lengths, ids and tensor counts, unknown flags, error codes
@@ -5097,11 +5112,11 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
 
     const bool shard_operation = (h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::destroy)) ||
                                  (h.kind >= static_cast<std::uint8_t>(Op::save_shard) &&
-                                  h.kind <= static_cast<std::uint8_t>(Op::abort_restore));
+                                  h.kind <= static_cast<std::uint8_t>(Op::scatter_max));
     const bool bare = h.kind == frame_kind_shutdown || h.kind == frame_kind_heartbeat;  // carry nothing
     if (!(shard_operation || h.kind == frame_kind_call || bare || h.is_reply()))
         fail("kind " + std::to_string(h.kind) +
-             " is unknown; a request is an operation 1 to 12 or 15 to 18, a call 13, a shutdown 14 or a heartbeat "
+             " is unknown; a request is an operation 1 to 12 or 15 to 22, a call 13, a shutdown 14 or a heartbeat "
              "127, a reply is 128");
     if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
         fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");
@@ -8526,6 +8541,7 @@ PSS_NAMESPACE_END
 // pss/detail/request_rules.hpp: what makes a variable operation valid, and the row arithmetic it uses;
 // shared by the client handle (Variable), which checks before sending, and the ps, which checks again.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -8538,6 +8554,47 @@ PSS_NAMESPACE_END
 PSS_NAMESPACE_BEGIN
 
 namespace detail {
+
+/// An integer scatter_div by 0 has no value (and would end the process): refused before anything changes.
+inline void check_no_zero_divisor(const std::string& what, const Tensor& divisor) {
+    const std::size_t at = divisor.visit(
+        [](const auto& a) {
+            using T = typename std::decay_t<decltype(a)>::value_type;
+            return static_cast<std::size_t>(std::find(a.data(), a.data() + a.size(), T{0}) - a.data());
+        },
+        std::size_t{0});
+    if (at == divisor.size()) return;
+    const std::size_t width = row_elements(divisor.shape());
+    throw InvalidArgumentError("pss: " + what + ": row " + std::to_string(at / std::max<std::size_t>(width, 1)) +
+                               " of the divisor holds 0; an integer variable cannot be divided by zero, so nothing "
+                               "was changed");
+}
+
+/// The element arithmetic of the scatter family. Integers wrap around on overflow, as TensorFlow's
+/// kernels do on every machine it runs on (where C++'s signed overflow is undefined): the ps does not
+/// fault on what a peer sends. Floating values follow IEEE 754 (a division by zero gives infinity).
+template <Op K, class T>
+[[nodiscard]] constexpr T combine_elements(T a, T b) noexcept {
+    static_assert(is_scatter(K));
+    constexpr bool arithmetic = K == Op::scatter_add || K == Op::scatter_sub || K == Op::scatter_mul || K == Op::scatter_div;
+    if constexpr (std::is_integral_v<T> && arithmetic) {
+        using U = std::make_unsigned_t<T>;
+        const U x = static_cast<U>(a), y = static_cast<U>(b);
+        if constexpr (K == Op::scatter_add) return static_cast<T>(x + y);
+        if constexpr (K == Op::scatter_sub) return static_cast<T>(x - y);
+        if constexpr (K == Op::scatter_mul) return static_cast<T>(x * y);
+        // b != 0 (check_no_zero_divisor); -1 negates, so that the lowest value wraps to itself
+        if constexpr (K == Op::scatter_div) return b == T(-1) ? static_cast<T>(U{0} - x) : static_cast<T>(a / b);
+    } else {
+        if constexpr (K == Op::scatter_add) return a + b;
+        if constexpr (K == Op::scatter_sub) return a - b;
+        if constexpr (K == Op::scatter_mul) return a * b;
+        if constexpr (K == Op::scatter_div) return a / b;
+        if constexpr (K == Op::scatter_min) return b < a ? b : a;
+        if constexpr (K == Op::scatter_max) return a < b ? b : a;
+        if constexpr (K == Op::scatter_update) return b;
+    }
+}
 
 /// Checks an operation's payload and ids against a shard (or variable) of `shape` and `dtype` before
 /// anything changes. `what` names the variable in the message: "scatter_add on variable 'emb'".
@@ -8553,8 +8610,7 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
                                        format_shape(payload.shape()) + " dtype " +
                                        std::string(dtype_name(payload.dtype())));
     };
-    const bool sparse = op == Op::scatter_add || op == Op::scatter_sub || op == Op::scatter_update ||
-                        op == Op::gather || op == Op::apply_sparse;
+    const bool sparse = is_scatter(op) || op == Op::gather || op == Op::apply_sparse;
     if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
         throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
                                       std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
@@ -8567,6 +8623,7 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
                                            format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) +
                                            ")");  // TensorFlow's type for an index out of range
         if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
+        if (op == Op::scatter_div && !is_floating(dtype)) check_no_zero_divisor(what, payload);
     } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
         mismatch(shape);
     }
@@ -8734,7 +8791,9 @@ public:
         return update(Op::apply_dense, std::move(gradient), step);
     }
 
-    /// @brief value[ids[i]] += rows[i]; a repeated id adds each of its rows.
+    /// @brief value[ids[i]] += rows[i]; a repeated id adds each of its rows. Like every scatter, the
+    /// rows are grouped by shard and sent in parallel, each validated (ids, shape, dtype) before any
+    /// shard changes.
     Tensor scatter_add(std::span<const std::int64_t> ids, Tensor rows) {
         return update_rows(Op::scatter_add, ids, std::move(rows));
     }
@@ -8745,6 +8804,25 @@ public:
     /// @brief value[ids[i]] = rows[i]; for a repeated id the last row stays.
     Tensor scatter_update(std::span<const std::int64_t> ids, Tensor rows) {
         return update_rows(Op::scatter_update, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] *= rows[i]; a repeated id is multiplied by each of its rows (tf.Variable.scatter_mul).
+    /// Integers wrap around on overflow, as TensorFlow's kernels do.
+    Tensor scatter_mul(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_mul, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] /= rows[i], in order for a repeated id (tf.Variable.scatter_div). Integers
+    /// divide toward zero, as C++ and TensorFlow do; floating values follow IEEE 754 (x / 0 is infinity).
+    /// @throws InvalidArgumentError naming the row when an integer divisor holds 0: nothing changes.
+    Tensor scatter_div(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_div, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] = min(value[ids[i]], rows[i]) (tf.Variable.scatter_min).
+    Tensor scatter_min(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_min, ids, std::move(rows));
+    }
+    /// @brief value[ids[i]] = max(value[ids[i]], rows[i]) (tf.Variable.scatter_max).
+    Tensor scatter_max(std::span<const std::int64_t> ids, Tensor rows) {
+        return update_rows(Op::scatter_max, ids, std::move(rows));
     }
     /// @brief The optimizer applies gradient `rows` to rows `ids`; rows of a repeated id are summed first.
     /// In synchronous training (`step` > 0) every shard receives a push, empty when no id falls in it,
@@ -8903,8 +8981,7 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
     const bool pull = first_op == Op::read || first_op == Op::gather;
     const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
-                      first_op == Op::scatter_add || first_op == Op::scatter_sub || first_op == Op::scatter_update ||
-                      first_op == Op::apply_dense || first_op == Op::apply_sparse;
+                      is_scatter(first_op) || first_op == Op::apply_dense || first_op == Op::apply_sparse;
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
     // A closure running when another failed is cancelled cooperatively, as TensorFlow's are: its next
@@ -10033,11 +10110,15 @@ private:
                 return reply;
             }
             case Op::assign: std::swap(value, request.payload.template get<T>()); break;
-            case Op::assign_add: xt::noalias(value) += request.payload.template get<T>(); break;
-            case Op::assign_sub: xt::noalias(value) -= request.payload.template get<T>(); break;
+            case Op::assign_add:
+            case Op::assign_sub: add_whole(request.op, value, request.payload.template get<T>()); break;
             case Op::scatter_add:
             case Op::scatter_sub:
-            case Op::scatter_update: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
+            case Op::scatter_update:
+            case Op::scatter_mul:
+            case Op::scatter_div:
+            case Op::scatter_min:
+            case Op::scatter_max: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
@@ -10196,15 +10277,44 @@ private:
     static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
         // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
         const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-            T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
-            const T* in = rows.data() + i * width;
-            if (op == Op::scatter_add)
-                for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
-            else if (op == Op::scatter_sub)
-                for (std::size_t j = 0; j < width; ++j) out[j] -= in[j];
+        auto each_row = [&]<Op K>() {
+            for (std::size_t i = 0; i < ids.size(); ++i) {
+                T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
+                const T* in = rows.data() + i * width;
+                for (std::size_t j = 0; j < width; ++j) out[j] = detail::combine_elements<K>(out[j], in[j]);
+            }
+        };
+        // One loop per operation, so that each inner loop is a plain one the compiler vectorizes.
+        switch (op) {
+            case Op::scatter_update:
+                for (std::size_t i = 0; i < ids.size(); ++i)
+                    std::memcpy(value.data() + static_cast<std::size_t>(ids[i]) * width, rows.data() + i * width,
+                                width * sizeof(T));
+                return;
+            case Op::scatter_add: return each_row.template operator()<Op::scatter_add>();
+            case Op::scatter_sub: return each_row.template operator()<Op::scatter_sub>();
+            case Op::scatter_mul: return each_row.template operator()<Op::scatter_mul>();
+            case Op::scatter_div: return each_row.template operator()<Op::scatter_div>();
+            case Op::scatter_min: return each_row.template operator()<Op::scatter_min>();
+            case Op::scatter_max: return each_row.template operator()<Op::scatter_max>();
+            default: return;
+        }
+    }
+
+    /// value += delta or value -= delta; integers wrap around as in scatter (detail::combine_elements).
+    template <class T>
+    static void add_whole(Op op, xt::xarray<T>& value, const xt::xarray<T>& delta) {
+        if constexpr (std::is_integral_v<T>) {
+            T* out = value.data();
+            const T* in = delta.data();
+            if (op == Op::assign_add)
+                for (std::size_t i = 0; i < value.size(); ++i) out[i] = detail::combine_elements<Op::scatter_add>(out[i], in[i]);
             else
-                std::memcpy(out, in, width * sizeof(T));
+                for (std::size_t i = 0; i < value.size(); ++i) out[i] = detail::combine_elements<Op::scatter_sub>(out[i], in[i]);
+        } else if (op == Op::assign_add) {
+            xt::noalias(value) += delta;
+        } else {
+            xt::noalias(value) -= delta;
         }
     }
 

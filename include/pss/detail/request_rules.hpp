@@ -2,6 +2,7 @@
 // shared by the client handle (Variable), which checks before sending, and the ps, which checks again.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,47 @@ PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
+/// An integer scatter_div by 0 has no value (and would end the process): refused before anything changes.
+inline void check_no_zero_divisor(const std::string& what, const Tensor& divisor) {
+    const std::size_t at = divisor.visit(
+        [](const auto& a) {
+            using T = typename std::decay_t<decltype(a)>::value_type;
+            return static_cast<std::size_t>(std::find(a.data(), a.data() + a.size(), T{0}) - a.data());
+        },
+        std::size_t{0});
+    if (at == divisor.size()) return;
+    const std::size_t width = row_elements(divisor.shape());
+    throw InvalidArgumentError("pss: " + what + ": row " + std::to_string(at / std::max<std::size_t>(width, 1)) +
+                               " of the divisor holds 0; an integer variable cannot be divided by zero, so nothing "
+                               "was changed");
+}
+
+/// The element arithmetic of the scatter family. Integers wrap around on overflow, as TensorFlow's
+/// kernels do on every machine it runs on (where C++'s signed overflow is undefined): the ps does not
+/// fault on what a peer sends. Floating values follow IEEE 754 (a division by zero gives infinity).
+template <Op K, class T>
+[[nodiscard]] constexpr T combine_elements(T a, T b) noexcept {
+    static_assert(is_scatter(K));
+    constexpr bool arithmetic = K == Op::scatter_add || K == Op::scatter_sub || K == Op::scatter_mul || K == Op::scatter_div;
+    if constexpr (std::is_integral_v<T> && arithmetic) {
+        using U = std::make_unsigned_t<T>;
+        const U x = static_cast<U>(a), y = static_cast<U>(b);
+        if constexpr (K == Op::scatter_add) return static_cast<T>(x + y);
+        if constexpr (K == Op::scatter_sub) return static_cast<T>(x - y);
+        if constexpr (K == Op::scatter_mul) return static_cast<T>(x * y);
+        // b != 0 (check_no_zero_divisor); -1 negates, so that the lowest value wraps to itself
+        if constexpr (K == Op::scatter_div) return b == T(-1) ? static_cast<T>(U{0} - x) : static_cast<T>(a / b);
+    } else {
+        if constexpr (K == Op::scatter_add) return a + b;
+        if constexpr (K == Op::scatter_sub) return a - b;
+        if constexpr (K == Op::scatter_mul) return a * b;
+        if constexpr (K == Op::scatter_div) return a / b;
+        if constexpr (K == Op::scatter_min) return b < a ? b : a;
+        if constexpr (K == Op::scatter_max) return a < b ? b : a;
+        if constexpr (K == Op::scatter_update) return b;
+    }
+}
+
 /// Checks an operation's payload and ids against a shard (or variable) of `shape` and `dtype` before
 /// anything changes. `what` names the variable in the message: "scatter_add on variable 'emb'".
 inline void validate_request(Op op, const std::string& what, const Shape& shape, DType dtype, const Tensor& payload,
@@ -35,8 +77,7 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
                                        format_shape(payload.shape()) + " dtype " +
                                        std::string(dtype_name(payload.dtype())));
     };
-    const bool sparse = op == Op::scatter_add || op == Op::scatter_sub || op == Op::scatter_update ||
-                        op == Op::gather || op == Op::apply_sparse;
+    const bool sparse = is_scatter(op) || op == Op::gather || op == Op::apply_sparse;
     if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
         throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
                                       std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
@@ -49,6 +90,7 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
                                            format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) +
                                            ")");  // TensorFlow's type for an index out of range
         if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
+        if (op == Op::scatter_div && !is_floating(dtype)) check_no_zero_divisor(what, payload);
     } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
         mismatch(shape);
     }
