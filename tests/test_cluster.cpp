@@ -509,6 +509,45 @@ TEST_SUITE("TFConfigClusterResolver") {
         CHECK(resolver.cluster_spec() == pss::TFConfigClusterResolver(kubeflow_worker_1).cluster_spec());
     }
 
+    TEST_CASE("TFConfigClusterResolver: master() is this task's or any task's address with the protocol, as "
+              "TensorFlow's; the setters override the task and the protocol") {
+        pss::TFConfigClusterResolver resolver(kubeflow_worker_1);  // no rpc_layer
+        CHECK(resolver.master() == "tfjob-worker-1.ns.svc:2222");
+        CHECK(resolver.master("ps", 0) == "tfjob-ps-0.ns.svc:2222");
+        CHECK(resolver.master("ps", 0, "grpc") == "grpc://tfjob-ps-0.ns.svc:2222");
+        const pss::TFConfigClusterResolver grpc(
+            R"({"cluster":{"chief":["c0:2222"],"ps":["p0:2222","p1:2222"],"worker":["w0:2222"]},)"
+            R"("task":{"type":"ps","index":1},"rpc_layer":"grpc"})");
+        CHECK(grpc.master() == "grpc://p1:2222");
+        CHECK(grpc.master("chief", 0) == "grpc://c0:2222");
+        CHECK(grpc.master("worker", 0, "grpc+loas") == "grpc+loas://w0:2222");
+        CHECK(message_of<pss::OutOfRangeError>([&] { (void)grpc.master("worker", 1); }) ==
+              R"(pss: ClusterSpec: job "worker" has no task 1; it has 1 tasks, 0 to 0)");
+        CHECK(message_of<pss::NotFoundError>([&] { (void)grpc.master("evaluator", 0); }).starts_with(
+            R"(pss: ClusterSpec has no job "evaluator")"));
+        resolver.set_task_type("ps");
+        resolver.set_task_id(0);
+        resolver.set_rpc_layer("grpc");
+        CHECK(resolver.task() == TaskId{"ps", 0});
+        CHECK(resolver.rpc_layer() == "grpc");
+        CHECK(resolver.master() == "grpc://tfjob-ps-0.ns.svc:2222");
+    }
+
+    TEST_CASE("TFConfigClusterResolver: {} is TensorFlow's empty cluster: no jobs, no task, no master") {
+        for (const std::string_view empty : {R"({})", R"({"cluster":{}})", R"({"rpc_layer":"grpc"})"}) {
+            CAPTURE(empty);
+            const pss::TFConfigClusterResolver resolver(empty);
+            CHECK(resolver.cluster_spec().as_dict().empty());
+            CHECK(resolver.task_type().empty());
+            CHECK(resolver.task_id() == 0);
+            CHECK(resolver.master().empty());
+        }
+        CHECK(pss::TFConfigClusterResolver(R"({"rpc_layer":"grpc"})").rpc_layer() == "grpc");
+        // (A strategy refuses it: test_core.cpp.) With a task, a cluster is required as before.
+        CHECK(tf_config_error(R"({"cluster":{},"task":{"type":"worker","index":0}})") ==
+              R"(pss: TF_CONFIG: "cluster" has no "ps" job; ParameterServerStrategy needs at least one ps task)");
+    }
+
     TEST_CASE("TFConfigClusterResolver: text that is not JSON, or not an object, is rejected") {
         const std::string not_json = tf_config_error(R"({"cluster": )");
         CHECK(not_json.starts_with("pss: TF_CONFIG is not valid JSON: [json.exception.parse_error.101]"));

@@ -595,6 +595,13 @@ TEST_SUITE("Variable") {
         v.assign_add(xt::xarray<double>{1, 1});
         CHECK(v.read<double>() == xt::xarray<double>{2.5, 3.5});
         CHECK(v.to_string() == "<pss::Variable 'local:0' shape=(2,) dtype=float64, value=[2.5, 3.5]>");
+        // TF_CONFIG {} reads as TensorFlow's empty cluster; the strategy refuses it.
+        using TF = pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                                pss::TFConfigClusterResolver>;
+        CHECK_THROWS_WITH_AS(TF(pss::TFConfigClusterResolver("{}")),
+                             "pss: ParameterServerStrategy: the cluster has no \"ps\" job; ParameterServerStrategy "
+                             "needs at least one ps task",
+                             pss::InvalidArgumentError);
     }
     TEST_CASE_TEMPLATE("Variable: every element type round-trips through a ps", T, float, double, std::int32_t,
                        std::int64_t) {

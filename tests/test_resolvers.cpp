@@ -533,7 +533,7 @@ TEST_SUITE("AutoClusterResolver") {
 
     TEST_CASE("AutoClusterResolver: Slurm, when SLURM_PROCID is set, lays out chief 1, ps num_ps, worker the rest") {
         auto variables = five_tasks("2");
-        variables["TF_CONFIG"] = " \n";  // blank: not set
+        variables["TF_CONFIG"] = "{}";  // TensorFlow's reading of no TF_CONFIG: not set
         variables["PMI_RANK"] = "2";     // srun --mpi=pmi2 sets it too: Slurm wins
         variables["PMI_SIZE"] = "5";
         const pss::AutoClusterResolver resolver(environment(variables), 2);

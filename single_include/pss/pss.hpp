@@ -1554,6 +1554,7 @@ PSS_NAMESPACE_END
 // pss/detail/resolved_task.hpp: what every ClusterResolver answers (the cluster, this task, the protocol), held once.
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 PSS_NAMESPACE_BEGIN
@@ -1574,6 +1575,29 @@ public:
     [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
     /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
     [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
+
+    /// @brief TensorFlow's `master()`: this task's address with the resolver's protocol,
+    /// `grpc://host:port` (only `host:port` when the resolver names no protocol); "" when the source
+    /// names no task (TensorFlow's None task).
+    /// @throws NotFoundError or OutOfRangeError (ClusterSpec::task_address) when the task is not in the cluster
+    [[nodiscard]] std::string master() const { return task_type_.empty() ? std::string() : master(task_type_, task_id_); }
+    /// @brief TensorFlow's `master(task_type, task_id, rpc_layer)`: task `task_id` of job `task_type`'s
+    /// address, with `rpc_layer` or, when that is "", the resolver's: `master("ps", 1, "grpc")` is
+    /// `grpc://ps1:2222`.
+    /// @throws NotFoundError or OutOfRangeError (ClusterSpec::task_address) when the task is not in the cluster
+    [[nodiscard]] std::string master(std::string_view task_type, int task_id, std::string_view rpc_layer = "") const {
+        const std::string& address = cluster_spec_.task_address(task_type, task_id);
+        const std::string_view layer = rpc_layer.empty() ? std::string_view(rpc_layer_) : rpc_layer;
+        return layer.empty() ? address : std::string(layer) + "://" + address;
+    }
+
+    /// @brief Overrides the task type read from the source, as TensorFlow's `task_type` setter (unchecked
+    /// here, as there: a strategy built from the resolver checks its task).
+    void set_task_type(std::string task_type) { task_type_ = std::move(task_type); }
+    /// @brief Overrides the task index read from the source, as TensorFlow's `task_id` setter.
+    void set_task_id(int task_id) noexcept { task_id_ = task_id; }
+    /// @brief Overrides the protocol read from the source, as TensorFlow's `rpc_layer` setter.
+    void set_rpc_layer(std::string rpc_layer) { rpc_layer_ = std::move(rpc_layer); }
 
 protected:
     ResolvedTask() = default;
@@ -2348,10 +2372,12 @@ PSS_NAMESPACE_BEGIN
 /// than the job's task count; and beyond TensorFlow, every address "host:port" with a port from 1 to
 /// 65535 (a task at another could never be reached: `pss: TF_CONFIG: "cluster.ps[1]" is "p1:99999"; ...`).
 ///
-/// Unset or empty `TF_CONFIG`: TensorFlow reads it as `{}` (an empty cluster) and its
-/// ParameterServerStrategy then fails for want of ps tasks. pss throws `NotFoundError` at once instead,
-/// with a message saying the variable is not set and showing its form, since a parameter-server program
-/// can do nothing with an empty cluster (use `LocalClusterResolver` for an in-process one).
+/// `{}` (or `{"cluster": {}}`, without a task) is TensorFlow's empty cluster: `cluster_spec()` has no
+/// jobs, `task_type()` is "" and `master()` is "", and a ParameterServerStrategy built from it refuses
+/// it for want of ps tasks. Unset or empty `TF_CONFIG`: TensorFlow reads it as `{}`; pss throws
+/// `NotFoundError` at once instead, with a message saying the variable is not set and showing its form,
+/// since a parameter-server program can do nothing with an empty cluster (use `LocalClusterResolver`
+/// for an in-process one).
 ///
 /// @par Example
 /// @code
@@ -2379,7 +2405,7 @@ public:
     /// @throws InvalidArgumentError naming the field, e.g.
     ///   - `pss: TF_CONFIG is not valid JSON: [json.exception.parse_error.101] ...`
     ///   - `pss: TF_CONFIG must be a JSON object with "cluster" and "task", got array`
-    ///   - `pss: TF_CONFIG has no "cluster"; ...`
+    ///   - `pss: TF_CONFIG has no "cluster"; ...` (when it names a "task")
     ///   - `pss: TF_CONFIG: "cluster" must be an object of job name to list of "host:port" strings, got array`
     ///   - `pss: TF_CONFIG: job "foo" is not one of chief, worker, ps, evaluator`
     ///   - `pss: TF_CONFIG: job "chief" has 2 tasks but there may be at most one chief`
@@ -2439,20 +2465,27 @@ private:
         }
 
         const auto cluster = config.find("cluster");
-        if (cluster == config.end()) {
-            throw InvalidArgumentError(
-                "pss: TF_CONFIG has no \"cluster\"; ParameterServerStrategy needs one with at least one ps and one "
-                "worker task, as in " +
-                std::string(example));
-        }
-        cluster_spec_ = ClusterSpec::from_json(*cluster, "TF_CONFIG: \"cluster\"");
-        // An evaluator reads the cluster to find what it evaluates: it needs no ps or worker (TensorFlow
-        // validates a ParameterServerStrategy's cluster, which an evaluator does not build).
         const auto task = config.find("task");
-        const bool evaluator = task != config.end() && task->is_object() && task->contains("type") &&
-                               (*task)["type"] == "evaluator";
-        detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"", !evaluator);
-        check_ports();
+        // TensorFlow's empty cluster: no task, and no cluster or an empty one (`{}`, TensorFlow's reading of
+        // an unset TF_CONFIG). A strategy refuses it; a program may still read it (AutoClusterResolver
+        // then looks for another launcher).
+        const bool empty_cluster = task == config.end() &&
+                                   (cluster == config.end() || (cluster->is_object() && cluster->empty()));
+        if (!empty_cluster) {
+            if (cluster == config.end()) {
+                throw InvalidArgumentError(
+                    "pss: TF_CONFIG has no \"cluster\"; ParameterServerStrategy needs one with at least one ps and "
+                    "one worker task, as in " +
+                    std::string(example));
+            }
+            cluster_spec_ = ClusterSpec::from_json(*cluster, "TF_CONFIG: \"cluster\"");
+            // An evaluator reads the cluster to find what it evaluates: it needs no ps or worker (TensorFlow
+            // validates a ParameterServerStrategy's cluster, which an evaluator does not build).
+            const bool evaluator = task != config.end() && task->is_object() && task->contains("type") &&
+                                   (*task)["type"] == "evaluator";
+            detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"", !evaluator);
+            check_ports();
+        }
 
         if (const auto rpc_layer = config.find("rpc_layer"); rpc_layer != config.end()) {
             if (!rpc_layer->is_string()) {
@@ -2595,7 +2628,7 @@ PSS_NAMESPACE_BEGIN
 ///
 /// | checked | when                                                     | resolver                                                                  | `source()`  |
 /// | ------- | -------------------------------------------------------- | ------------------------------------------------------------------------- | ----------- |
-/// | 1       | `TF_CONFIG` is set and not blank                         | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
+/// | 1       | `TF_CONFIG` is set and not `{}` or blank                 | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
 /// | 2       | `SLURM_PROCID` is set                                    | `SlurmClusterResolver` with jobs chief 1, ps `num_ps`, worker the rest    | "slurm"     |
 /// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps, {}, port_base)`                               | "mpi"       |
 /// | 4       | none of these                                            | the embedded cluster of `LocalClusterResolver<2, 2>`                      | "local"     |
@@ -2652,9 +2685,15 @@ public:
             return variable(environment, "PSS_PORT_BASE", 8888, 1, 65535,
                             "the port of the first task on each node under Slurm or MPI");
         };
+        std::optional<TFConfigClusterResolver> tf_config_resolver;
         if (const auto tf_config = environment("TF_CONFIG");
             tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
-            const TFConfigClusterResolver resolver(*tf_config);
+            tf_config_resolver.emplace(*tf_config);
+            // `{}` is TensorFlow's reading of no TF_CONFIG: another launcher may have started this process.
+            if (tf_config_resolver->cluster_spec().as_dict().empty()) tf_config_resolver.reset();
+        }
+        if (tf_config_resolver) {
+            const TFConfigClusterResolver& resolver = *tf_config_resolver;
             // Under TF_CONFIG each process is one task of a cluster of real addresses: without "task" it
             // would not know which, and would wait for tasks that never come.
             if (std::string_view(resolver.task_type()).empty())

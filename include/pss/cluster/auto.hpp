@@ -23,7 +23,7 @@ PSS_NAMESPACE_BEGIN
 ///
 /// | checked | when                                                     | resolver                                                                  | `source()`  |
 /// | ------- | -------------------------------------------------------- | ------------------------------------------------------------------------- | ----------- |
-/// | 1       | `TF_CONFIG` is set and not blank                         | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
+/// | 1       | `TF_CONFIG` is set and not `{}` or blank                 | `TFConfigClusterResolver` (Kubeflow TFJob, pss-launch, ...)               | "tf_config" |
 /// | 2       | `SLURM_PROCID` is set                                    | `SlurmClusterResolver` with jobs chief 1, ps `num_ps`, worker the rest    | "slurm"     |
 /// | 3       | one of `MpiClusterResolver::rank_variables` is set       | `MpiClusterResolver(num_ps, {}, port_base)`                               | "mpi"       |
 /// | 4       | none of these                                            | the embedded cluster of `LocalClusterResolver<2, 2>`                      | "local"     |
@@ -80,9 +80,15 @@ public:
             return variable(environment, "PSS_PORT_BASE", 8888, 1, 65535,
                             "the port of the first task on each node under Slurm or MPI");
         };
+        std::optional<TFConfigClusterResolver> tf_config_resolver;
         if (const auto tf_config = environment("TF_CONFIG");
             tf_config && tf_config->find_first_not_of(" \t\r\n") != std::string::npos) {
-            const TFConfigClusterResolver resolver(*tf_config);
+            tf_config_resolver.emplace(*tf_config);
+            // `{}` is TensorFlow's reading of no TF_CONFIG: another launcher may have started this process.
+            if (tf_config_resolver->cluster_spec().as_dict().empty()) tf_config_resolver.reset();
+        }
+        if (tf_config_resolver) {
+            const TFConfigClusterResolver& resolver = *tf_config_resolver;
             // Under TF_CONFIG each process is one task of a cluster of real addresses: without "task" it
             // would not know which, and would wait for tasks that never come.
             if (std::string_view(resolver.task_type()).empty())

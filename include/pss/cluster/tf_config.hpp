@@ -54,10 +54,12 @@ PSS_NAMESPACE_BEGIN
 /// than the job's task count; and beyond TensorFlow, every address "host:port" with a port from 1 to
 /// 65535 (a task at another could never be reached: `pss: TF_CONFIG: "cluster.ps[1]" is "p1:99999"; ...`).
 ///
-/// Unset or empty `TF_CONFIG`: TensorFlow reads it as `{}` (an empty cluster) and its
-/// ParameterServerStrategy then fails for want of ps tasks. pss throws `NotFoundError` at once instead,
-/// with a message saying the variable is not set and showing its form, since a parameter-server program
-/// can do nothing with an empty cluster (use `LocalClusterResolver` for an in-process one).
+/// `{}` (or `{"cluster": {}}`, without a task) is TensorFlow's empty cluster: `cluster_spec()` has no
+/// jobs, `task_type()` is "" and `master()` is "", and a ParameterServerStrategy built from it refuses
+/// it for want of ps tasks. Unset or empty `TF_CONFIG`: TensorFlow reads it as `{}`; pss throws
+/// `NotFoundError` at once instead, with a message saying the variable is not set and showing its form,
+/// since a parameter-server program can do nothing with an empty cluster (use `LocalClusterResolver`
+/// for an in-process one).
 ///
 /// @par Example
 /// @code
@@ -85,7 +87,7 @@ public:
     /// @throws InvalidArgumentError naming the field, e.g.
     ///   - `pss: TF_CONFIG is not valid JSON: [json.exception.parse_error.101] ...`
     ///   - `pss: TF_CONFIG must be a JSON object with "cluster" and "task", got array`
-    ///   - `pss: TF_CONFIG has no "cluster"; ...`
+    ///   - `pss: TF_CONFIG has no "cluster"; ...` (when it names a "task")
     ///   - `pss: TF_CONFIG: "cluster" must be an object of job name to list of "host:port" strings, got array`
     ///   - `pss: TF_CONFIG: job "foo" is not one of chief, worker, ps, evaluator`
     ///   - `pss: TF_CONFIG: job "chief" has 2 tasks but there may be at most one chief`
@@ -145,20 +147,27 @@ private:
         }
 
         const auto cluster = config.find("cluster");
-        if (cluster == config.end()) {
-            throw InvalidArgumentError(
-                "pss: TF_CONFIG has no \"cluster\"; ParameterServerStrategy needs one with at least one ps and one "
-                "worker task, as in " +
-                std::string(example));
-        }
-        cluster_spec_ = ClusterSpec::from_json(*cluster, "TF_CONFIG: \"cluster\"");
-        // An evaluator reads the cluster to find what it evaluates: it needs no ps or worker (TensorFlow
-        // validates a ParameterServerStrategy's cluster, which an evaluator does not build).
         const auto task = config.find("task");
-        const bool evaluator = task != config.end() && task->is_object() && task->contains("type") &&
-                               (*task)["type"] == "evaluator";
-        detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"", !evaluator);
-        check_ports();
+        // TensorFlow's empty cluster: no task, and no cluster or an empty one (`{}`, TensorFlow's reading of
+        // an unset TF_CONFIG). A strategy refuses it; a program may still read it (AutoClusterResolver
+        // then looks for another launcher).
+        const bool empty_cluster = task == config.end() &&
+                                   (cluster == config.end() || (cluster->is_object() && cluster->empty()));
+        if (!empty_cluster) {
+            if (cluster == config.end()) {
+                throw InvalidArgumentError(
+                    "pss: TF_CONFIG has no \"cluster\"; ParameterServerStrategy needs one with at least one ps and "
+                    "one worker task, as in " +
+                    std::string(example));
+            }
+            cluster_spec_ = ClusterSpec::from_json(*cluster, "TF_CONFIG: \"cluster\"");
+            // An evaluator reads the cluster to find what it evaluates: it needs no ps or worker (TensorFlow
+            // validates a ParameterServerStrategy's cluster, which an evaluator does not build).
+            const bool evaluator = task != config.end() && task->is_object() && task->contains("type") &&
+                                   (*task)["type"] == "evaluator";
+            detail::check_parameter_server_cluster(cluster_spec_, "TF_CONFIG", "\"cluster\"", !evaluator);
+            check_ports();
+        }
 
         if (const auto rpc_layer = config.find("rpc_layer"); rpc_layer != config.end()) {
             if (!rpc_layer->is_string()) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <pss/cluster/cluster_spec.hpp>
@@ -25,6 +26,29 @@ public:
     [[nodiscard]] const std::string& rpc_layer() const noexcept { return rpc_layer_; }
     /// @brief This task as a TaskId, e.g. `TaskId{"worker", 1}`.
     [[nodiscard]] TaskId task() const { return TaskId{task_type_, task_id_}; }
+
+    /// @brief TensorFlow's `master()`: this task's address with the resolver's protocol,
+    /// `grpc://host:port` (only `host:port` when the resolver names no protocol); "" when the source
+    /// names no task (TensorFlow's None task).
+    /// @throws NotFoundError or OutOfRangeError (ClusterSpec::task_address) when the task is not in the cluster
+    [[nodiscard]] std::string master() const { return task_type_.empty() ? std::string() : master(task_type_, task_id_); }
+    /// @brief TensorFlow's `master(task_type, task_id, rpc_layer)`: task `task_id` of job `task_type`'s
+    /// address, with `rpc_layer` or, when that is "", the resolver's: `master("ps", 1, "grpc")` is
+    /// `grpc://ps1:2222`.
+    /// @throws NotFoundError or OutOfRangeError (ClusterSpec::task_address) when the task is not in the cluster
+    [[nodiscard]] std::string master(std::string_view task_type, int task_id, std::string_view rpc_layer = "") const {
+        const std::string& address = cluster_spec_.task_address(task_type, task_id);
+        const std::string_view layer = rpc_layer.empty() ? std::string_view(rpc_layer_) : rpc_layer;
+        return layer.empty() ? address : std::string(layer) + "://" + address;
+    }
+
+    /// @brief Overrides the task type read from the source, as TensorFlow's `task_type` setter (unchecked
+    /// here, as there: a strategy built from the resolver checks its task).
+    void set_task_type(std::string task_type) { task_type_ = std::move(task_type); }
+    /// @brief Overrides the task index read from the source, as TensorFlow's `task_id` setter.
+    void set_task_id(int task_id) noexcept { task_id_ = task_id; }
+    /// @brief Overrides the protocol read from the source, as TensorFlow's `rpc_layer` setter.
+    void set_rpc_layer(std::string rpc_layer) { rpc_layer_ = std::move(rpc_layer); }
 
 protected:
     ResolvedTask() = default;
