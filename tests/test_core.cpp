@@ -530,6 +530,42 @@ TEST_SUITE("ParameterServerStrategy") {
         // The next variable continues the round-robin where the shards stopped.
         CHECK(pss::Variable(xt::xarray<float>{1.0f}).shard_tasks() == std::vector<int>{0});
     }
+    TEST_CASE("ParameterServerStrategy: colocate_vars_with puts new variables whole on the variable's ps task, "
+              "without advancing the round-robin, as TensorFlow's") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy({}, pss::FixedShardsPartitioner(2));
+        auto scope = strategy.scope();
+        pss::Variable a(xt::xarray<float>{1, 2}, "a");        // shards on ps 0, 1
+        pss::Variable b(xt::xarray<float>{3, 4, 5, 6}, "b");  // shards on ps 2, 0
+        CHECK(b.shard_tasks() == std::vector<int>{2, 0});
+        {
+            auto beside_b = strategy.colocate_vars_with(b);
+            pss::Variable c(xt::xarray<float>{7, 8, 9}, "c");
+            CHECK(c.shard_tasks() == std::vector<int>{2});  // b's first shard's task, one shard
+            CHECK(c.device() == "/job:ps/replica:0/task:2/device:CPU:0");
+            CHECK(c.read<float>() == xt::xarray<float>{7, 8, 9});
+            CHECK(strategy.variables().size() == 3);  // a colocated variable is the strategy's as any other
+            {
+                auto beside_a = strategy.colocate_vars_with(a);  // nested: the innermost wins
+                CHECK(pss::Variable(xt::xarray<float>{1}, "d").shard_tasks() == std::vector<int>{0});
+            }
+            CHECK(pss::Variable(xt::xarray<float>{1}, "e").shard_tasks() == std::vector<int>{2});
+        }
+        // The round-robin goes on where b left it: ps 1, then 2.
+        CHECK(pss::Variable(xt::xarray<float>{1, 2}, "f").shard_tasks() == std::vector<int>{1, 2});
+        pss::ParameterServerStrategy<> other;
+        pss::Variable foreign = [&] {
+            auto other_scope = other.scope();
+            return pss::Variable(xt::xarray<float>{1}, "foreign");
+        }();
+        CHECK_THROWS_WITH_AS((void)strategy.colocate_vars_with(foreign),
+                             "pss: colocate_vars_with: variable 'foreign:0' lives on "
+                             "/job:ps/replica:0/task:0/device:CPU:0 and was not created by this strategy; colocate "
+                             "with one of its variables",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)strategy.colocate_vars_with(pss::Variable()), pss::FailedPreconditionError);
+    }
     TEST_CASE("ParameterServerStrategy: a partitioner answering 0 is refused; more shards than rows are a shard "
               "per row, as TensorFlow's min(num_partitions, shape[0])") {
         using S = pss::ParameterServerStrategy<pss::InProcessTransport, AnswerPartitioner>;

@@ -11552,7 +11552,32 @@ private:
     bool stop_ = false;
 };
 
+/// The ps task that variables created on this thread go to while a colocate_vars_with guard lives.
+struct Colocation {
+    const void* strategy = nullptr;  // whose variables it places
+    int task = -1;
+    static Colocation& current() noexcept {
+        thread_local Colocation colocation;
+        return colocation;
+    }
+};
+
 }  // namespace detail
+
+/// @brief RAII guard of `ParameterServerStrategy::colocate_vars_with` (TensorFlow's `with
+/// strategy.extended.colocate_vars_with(v):`): puts back the placement that was in effect.
+class [[nodiscard]] ColocationScope {
+public:
+    ColocationScope(const void* strategy, int task) : previous_(detail::Colocation::current()) {
+        detail::Colocation::current() = {strategy, task};
+    }
+    ColocationScope(const ColocationScope&) = delete;
+    ColocationScope& operator=(const ColocationScope&) = delete;
+    ~ColocationScope() { detail::Colocation::current() = previous_; }
+
+private:
+    detail::Colocation previous_;
+};
 
 /// @brief Parameter-server training (tf.distribute.ParameterServerStrategy), its policies chosen at
 /// compile time.
@@ -11652,6 +11677,12 @@ public:
         if (!initial_value.has_value())
             throw InvalidArgumentError("pss: variable '" + name + "': the initial value is empty");
         const Shape shape = initial_value.shape();
+        const detail::Colocation& colocation = detail::Colocation::current();
+        if (colocation.strategy == this) {  // one shard beside the variable colocated with, as TensorFlow's
+            return created(detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name),
+                                                  std::move(initial_value), {shape.empty() ? 0 : shape[0]},
+                                                  {colocation.task}));
+        }
         std::size_t k = 1;
         if (!shape.empty()) {
             k = static_cast<std::size_t>(partitioner_(std::span<const std::size_t>(shape), initial_value.dtype()));
@@ -11666,17 +11697,28 @@ public:
             rows.push_back(shape.empty() ? 0 : shard_rows(shape[0], k, i));
             tasks.push_back(round_robin_task(next_shard_.fetch_add(1), num_ps()));
         }
-        Variable variable = detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name),
-                                                   std::move(initial_value), rows, tasks);
-        std::function<void(const Variable&)> hook;
-        {
-            std::lock_guard lock(variables_mutex_);
-            std::erase_if(variables_, [](const auto& weak) { return weak.expired(); });
-            variables_.push_back(variable.info_ptr());
-            hook = created_hook_;
-        }
-        if (hook) hook(variable);  // a deferred restore: if it throws, the new variable goes with `variable`
-        return variable;
+        return created(detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name),
+                                              std::move(initial_value), rows, tasks));
+    }
+
+    /// @brief TensorFlow's `strategy.extended.colocate_vars_with(v)`: the variables this thread creates
+    /// while the returned guard lives go to `v`'s ps task (its first shard's), each whole: the
+    /// partitioner is not asked and the round-robin placement does not advance, as in TensorFlow.
+    /// @throws FailedPreconditionError for an empty handle
+    /// @throws InvalidArgumentError when this strategy did not create `v`
+    ///
+    /// @par Example
+    /// @code
+    /// pss::Variable table(xt::xarray<float>(xt::zeros<float>({1000, 16})), "table");
+    /// auto beside = strategy.colocate_vars_with(table);
+    /// pss::Variable counts(xt::xarray<std::int64_t>(xt::zeros<std::int64_t>({1000})), "counts");  // table's ps
+    /// @endcode
+    [[nodiscard]] ColocationScope colocate_vars_with(const Variable& v) {
+        const int task = v.shard_tasks().front();  // throws for an empty handle
+        if (v.info_ptr()->channel.get() != static_cast<detail::Channel*>(channel_.get()))
+            throw InvalidArgumentError("pss: colocate_vars_with: variable '" + v.name() + "' lives on " + v.device() +
+                                       " and was not created by this strategy; colocate with one of its variables");
+        return ColocationScope(this, task);
     }
 
     /// @brief Makes ps task `task`, lost and started again empty, hold its part of this run again: waits
@@ -11753,6 +11795,19 @@ private:
     static ClusterSpec validated(ClusterSpec spec) {
         detail::check_parameter_server_cluster(spec, "ParameterServerStrategy", "the cluster");
         return spec;
+    }
+
+    /// Records a variable just created (what variables() lists) and runs the created hook on it.
+    Variable created(Variable variable) {
+        std::function<void(const Variable&)> hook;
+        {
+            std::lock_guard lock(variables_mutex_);
+            std::erase_if(variables_, [](const auto& weak) { return weak.expired(); });
+            variables_.push_back(variable.info_ptr());
+            hook = created_hook_;
+        }
+        if (hook) hook(variable);  // a deferred restore: if it throws, the new variable goes with `variable`
+        return variable;
     }
 
     ClusterResolverPolicy resolver_;
