@@ -661,6 +661,35 @@ TEST_SUITE("Variable") {
         f.v.assign(xt::xarray<float>(xt::zeros<float>({10, 2})));
         CHECK(f.v.read<float>() == xt::xarray<float>(xt::zeros<float>({10, 2})));
     }
+    TEST_CASE("Variable: slice reads rows across shard boundaries and cuts the other axes") {
+        ShardedFixture f;  // rows 0-3 on shard 0, 4-6 on shard 1, 7-9 on shard 2; row r is (2r, 2r + 1)
+        CHECK(f.v.slice({3}, {8}).get<float>() == xt::xarray<float>{{6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+        CHECK(f.v.slice({4}, {7}).get<float>() == xt::xarray<float>{{8, 9}, {10, 11}, {12, 13}});  // shard 1 alone
+        xt::xarray<float> column = {3, 5, 7, 9, 11, 13, 15, 17};  // rows 1 to 8 of column 1
+        column.reshape({8, 1});
+        CHECK(f.v.slice({1, 1}, {9, 2}).get<float>() == column);
+        CHECK(f.v.slice({}, {}).get<float>() == f.v.read<float>());
+        CHECK(f.v.slice({2, 0}, {2, 2}).shape() == pss::Shape{0, 2});
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        const xt::xarray<std::int64_t> cube = xt::reshape_view(xt::arange<std::int64_t>(24), {2, 3, 4});
+        pss::Variable v(cube, "cube");
+        CHECK(v.slice({0, 1, 1}, {2, 3, 3}).get<std::int64_t>() ==
+              xt::xarray<std::int64_t>(xt::view(cube, xt::all(), xt::range(1, 3), xt::range(1, 3))));
+        CHECK(v.slice({1, 2}, {2, 3}).get<std::int64_t>() == xt::xarray<std::int64_t>{{{20, 21, 22, 23}}});
+        const std::string prefix = "pss: slice of variable 'table:0' of shape (10, 2) from ";
+        CHECK_THROWS_WITH_AS((void)f.v.slice({5}, {3}), (prefix + "(5,) to (3,): axis 0 begins at 5, after its end 3").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)f.v.slice({0, 0}, {10, 3}),
+                             (prefix + "(0, 0) to (10, 3): axis 1 ends at 3, beyond its size 2").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)f.v.slice({0, 0, 0}, {1, 1, 1}),
+                             (prefix + "(0, 0, 0) to (1, 1, 1): the variable has 2 axes, fewer than the 3 sliced").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)f.v.slice({0}, {1, 2}),
+                             (prefix + "(0,) to (1, 2): begin and end must have one entry per axis sliced").c_str(),
+                             pss::InvalidArgumentError);
+    }
     TEST_CASE("Variable: sparse_read gives rows in the order asked, across shards, repeats included") {
         ShardedFixture f;
         Ids ids{9, 0, 5, 0, 4};

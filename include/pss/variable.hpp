@@ -219,6 +219,15 @@ public:
     /// @throws InvalidArgumentError naming the id and the shape when an id is outside [0, shape[0]).
     [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids, std::uint64_t step = 0) const;
 
+    /// @brief Elements [begin[d], end[d]) along each axis d, as TensorFlow's `v[1:3, 0:2]` on a
+    /// ShardedVariable: only the rows [begin[0], end[0]) travel, from the shards that hold them (one
+    /// request per shard touched, in parallel); the other axes are cut here. Axes past `begin.size()`
+    /// are taken whole: `v.slice({1}, {3})` is rows 1 and 2.
+    /// @throws InvalidArgumentError naming the axis when begin and end differ in length, have more
+    /// entries than the variable has axes, or an axis has begin > end or end beyond its size (where
+    /// Python's slices would clip, C++ callers get told)
+    [[nodiscard]] Tensor slice(const Shape& begin, const Shape& end, std::uint64_t step = 0) const;
+
     /// @brief `<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>`
     [[nodiscard]] std::string to_string() const {
         return "<pss::Variable '" + name() + "' shape=" + format_shape(shape()) + " dtype=" +
@@ -518,6 +527,37 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     exchange(std::move(outgoing));
     return rows;
+}
+
+inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_t step) const {
+    const Shape& whole = shape();
+    auto refuse = [&](const std::string& why) {
+        throw InvalidArgumentError("pss: slice of variable '" + name() + "' of shape " + format_shape(whole) + " from " +
+                                   format_shape(begin) + " to " + format_shape(end) + ": " + why);
+    };
+    if (begin.size() != end.size()) refuse("begin and end must have one entry per axis sliced");
+    if (begin.size() > whole.size())
+        refuse("the variable has " + std::to_string(whole.size()) + " axes, fewer than the " +
+               std::to_string(begin.size()) + " sliced");
+    for (std::size_t d = 0; d < begin.size(); ++d) {
+        if (begin[d] > end[d])
+            refuse("axis " + std::to_string(d) + " begins at " + std::to_string(begin[d]) + ", after its end " +
+                   std::to_string(end[d]));
+        if (end[d] > whole[d])
+            refuse("axis " + std::to_string(d) + " ends at " + std::to_string(end[d]) + ", beyond its size " +
+                   std::to_string(whole[d]));
+    }
+    if (begin.empty()) return read_value(step);
+    std::vector<std::int64_t> rows(end[0] - begin[0]);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<std::int64_t>(begin[0] + i);
+    Tensor picked = sparse_read(rows, step);
+    Shape from(whole.size(), 0), to = picked.shape();
+    for (std::size_t d = 1; d < begin.size(); ++d) {
+        from[d] = begin[d];
+        to[d] = end[d];
+    }
+    if (from == Shape(whole.size(), 0) && to == picked.shape()) return picked;  // whole rows: no copy
+    return detail::slice_block(picked, from, to);
 }
 
 inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {

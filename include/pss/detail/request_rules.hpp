@@ -110,6 +110,31 @@ inline Tensor slice_rows(const Tensor& value, std::size_t begin, std::size_t cou
         Tensor{});
 }
 
+/// Copies the block [from[d], to[d]) of each axis d of `value` (from and to one entry per axis, within
+/// the shape) into a new tensor: runs of the last axis by memcpy, whatever the dtype.
+inline Tensor slice_block(const Tensor& value, const Shape& from, const Shape& to) {
+    const Shape& shape = value.shape();
+    Shape out_shape(shape.size());
+    for (std::size_t d = 0; d < shape.size(); ++d) out_shape[d] = to[d] - from[d];
+    Tensor out = Tensor::uninitialized(value.dtype(), out_shape);
+    if (out.size() == 0) return out;
+    const std::size_t rank = shape.size(), element = dtype_size(value.dtype());
+    std::vector<std::size_t> stride(rank, 1);  // in elements
+    for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
+    const std::size_t run = out_shape[rank - 1] * element;
+    std::vector<std::size_t> at(rank, 0);  // the block's index of the run being copied (its last axis 0)
+    for (std::byte* target = out.bytes(); target != out.bytes() + out.nbytes(); target += run) {
+        std::size_t offset = 0;
+        for (std::size_t d = 0; d < rank; ++d) offset += (from[d] + at[d]) * stride[d];
+        std::memcpy(target, value.bytes() + offset * element, run);
+        for (std::size_t d = rank - 1; d-- > 0;) {  // the next run: an odometer over every axis but the last
+            if (++at[d] < out_shape[d]) break;
+            at[d] = 0;
+        }
+    }
+    return out;
+}
+
 }  // namespace detail
 
 PSS_NAMESPACE_END
