@@ -697,6 +697,99 @@ TEST_SUITE("Variable") {
         CHECK(pss::embedding_lookup(f.v, Ids{3}).get<float>() == xt::xarray<float>{{6, 7}});
         CHECK(f.v.sparse_read(Ids{}).shape() == pss::Shape{0, 2});
     }
+    TEST_CASE("embedding_lookup_sparse: each row combines its ids' embeddings by sum, mean or sqrtn, across shards") {
+        ShardedFixture f;  // row r of the table is (2r, 2r + 1), in shards of 4, 3 and 3 rows
+        using pss::Combiner;
+        // Row 0: ids 1, 8; row 1: id 5; row 2: none; row 3: ids 9, 9, 0, 4.
+        const pss::SparseIds sp{.rows = {0, 0, 1, 3, 3, 3, 3}, .ids = {1, 8, 5, 9, 9, 0, 4}, .batch_size = 4};
+        CHECK(pss::embedding_lookup_sparse(f.v, sp, Combiner::sum).value.get<float>() ==
+              xt::xarray<float>{{18, 20}, {10, 11}, {0, 0}, {44, 48}});
+        CHECK(pss::embedding_lookup_sparse(f.v, sp).value.get<float>() ==  // mean, TensorFlow's default
+              xt::xarray<float>{{9, 10}, {10, 11}, {0, 0}, {11, 12}});
+        const pss::SparseIds four{.rows = {0, 3, 3, 3, 3}, .ids = {1, 9, 9, 0, 4}, .batch_size = 4};
+        CHECK(pss::embedding_lookup_sparse(f.v, four, Combiner::sqrtn).value.get<float>() ==  // divided by sqrt(4)
+              xt::xarray<float>{{2, 3}, {0, 0}, {0, 0}, {22, 24}});
+        // Weighted: row 0 is 3 * e1 + 1 * e8, row 3 is 2 * (e9 + e9 + e0 + e4).
+        const pss::SparseIds weighted{
+            .rows = {0, 0, 3, 3, 3, 3}, .ids = {1, 8, 9, 9, 0, 4}, .weights = {3, 1, 2, 2, 2, 2}, .batch_size = 4};
+        CHECK(pss::embedding_lookup_sparse(f.v, weighted, Combiner::sum).value.get<float>() ==
+              xt::xarray<float>{{22, 26}, {0, 0}, {0, 0}, {88, 96}});
+        CHECK(pss::embedding_lookup_sparse(f.v, weighted, Combiner::mean).value.get<float>() ==  // over 4 and 8
+              xt::xarray<float>{{5.5, 6.5}, {0, 0}, {0, 0}, {11, 12}});
+        const pss::SparseIds weighted_row3{.rows = {3, 3, 3, 3}, .ids = {9, 9, 0, 4}, .weights = {2, 2, 2, 2}, .batch_size = 4};
+        CHECK(pss::embedding_lookup_sparse(f.v, weighted_row3, Combiner::sqrtn).value.get<float>() ==  // over sqrt(16)
+              xt::xarray<float>{{0, 0}, {0, 0}, {0, 0}, {22, 24}});
+    }
+    TEST_CASE("embedding_lookup_sparse: the gradient flows to each id looked up as sparse rows, which train the table") {
+        ShardedFixture f;  // SGD with learning rate 0.5
+        const pss::SparseIds weighted{
+            .rows = {0, 0, 3, 3, 3, 3}, .ids = {1, 8, 9, 9, 0, 4}, .weights = {3, 1, 2, 2, 2, 2}, .batch_size = 4};
+        const pss::Tensor dy = xt::xarray<float>{{1, 2}, {5, 5}, {5, 5}, {4, 8}};
+        auto sum = pss::embedding_lookup_sparse(f.v, weighted, pss::Combiner::sum).gradient(dy);
+        CHECK(sum.ids == std::vector<std::int64_t>{1, 8, 9, 9, 0, 4});
+        CHECK(sum.rows.get<float>() == xt::xarray<float>{{3, 6}, {1, 2}, {8, 16}, {8, 16}, {8, 16}, {8, 16}});
+        auto mean = pss::embedding_lookup_sparse(f.v, weighted, pss::Combiner::mean).gradient(dy);
+        CHECK(mean.rows.get<float>() ==
+              xt::xarray<float>{{0.75, 1.5}, {0.25, 0.5}, {1, 2}, {1, 2}, {1, 2}, {1, 2}});  // 3/4, 1/4, 2/8
+        f.v.apply_sparse_gradient(sum.ids, std::move(sum.rows));  // the ps sums id 9's two rows
+        auto v = f.v.read<float>();
+        CHECK(xt::view(v, 1) == xt::xarray<float>{0.5, 0});   // (2, 3) - 0.5 * (3, 6)
+        CHECK(xt::view(v, 8) == xt::xarray<float>{15.5, 16});  // (16, 17) - 0.5 * (1, 2)
+        CHECK(xt::view(v, 9) == xt::xarray<float>{10, 3});     // (18, 19) - 0.5 * (16, 32)
+        CHECK(xt::view(v, 0) == xt::xarray<float>{-4, -7});    // (0, 1) - 0.5 * (8, 16)
+        CHECK(xt::view(v, 5) == xt::xarray<float>{10, 11});    // untouched
+        CHECK_THROWS_WITH_AS((void)pss::embedding_lookup_sparse(f.v, weighted).gradient(xt::xarray<float>{{1, 2}}),
+                             "pss: the gradient of an embedding_lookup_sparse must have the shape (4, 2) and dtype "
+                             "float32 of its value, got shape (1, 2) dtype float32",
+                             pss::InvalidArgumentError);
+    }
+    TEST_CASE("safe_embedding_lookup_sparse: negative ids and weights not above 0 are pruned; an empty row is "
+              "default_id's embedding, or zeros") {
+        ShardedFixture f;
+        // Row 0: id -1 (pruned), id 3; row 1: id 7 of weight 0 (pruned); row 2: id 2 of weight 2, id -5
+        // (pruned); row 3: nothing.
+        const pss::SparseIds sp{
+            .rows = {0, 0, 1, 2, 2}, .ids = {-1, 3, 7, 2, -5}, .weights = {1, 1, 0, 2, 1}, .batch_size = 4};
+        CHECK(pss::safe_embedding_lookup_sparse(f.v, sp).value.get<float>() ==
+              xt::xarray<float>{{6, 7}, {0, 0}, {4, 5}, {0, 0}});
+        auto with_default = pss::safe_embedding_lookup_sparse(f.v, sp, pss::Combiner::mean, 9);
+        CHECK(with_default.value.get<float>() == xt::xarray<float>{{6, 7}, {18, 19}, {4, 5}, {18, 19}});
+        auto g = with_default.gradient(xt::xarray<float>{{1, 1}, {2, 2}, {3, 3}, {4, 4}});
+        CHECK(g.ids == std::vector<std::int64_t>{3, 2, 9, 9});  // the entries kept, then the defaults by row
+        CHECK(g.rows.get<float>() == xt::xarray<float>{{1, 1}, {3, 3}, {2, 2}, {4, 4}});
+        // The plain form prunes nothing: a negative id is out of range, as in TensorFlow.
+        CHECK_THROWS_WITH_AS((void)pss::embedding_lookup_sparse(f.v, sp),
+                             "pss: sparse_read on variable 'table:0': id -1 is out of range for shape (10, 2); ids "
+                             "must be in [0, 10)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)pss::safe_embedding_lookup_sparse(f.v, {.rows = {0}, .ids = {10}, .batch_size = 1}),
+                        pss::InvalidArgumentError);
+    }
+    TEST_CASE("embedding_lookup_sparse: malformed sparse ids are refused, naming what is wrong") {
+        ShardedFixture f;
+        const std::string where = "pss: embedding_lookup_sparse on variable 'table:0': ";
+        CHECK_THROWS_WITH_AS((void)pss::embedding_lookup_sparse(f.v, {.rows = {0, 0}, .ids = {1}, .batch_size = 1}),
+                             (where + "the sparse ids have 2 rows but 1 ids; give one row per id").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(
+            (void)pss::embedding_lookup_sparse(f.v, {.rows = {0}, .ids = {1}, .weights = {1, 2}, .batch_size = 1}),
+            (where + "the sparse ids have 1 ids but 2 weights; give one weight per id, or none for weight 1").c_str(),
+            pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::embedding_lookup_sparse(f.v, {.rows = {0, 2}, .ids = {1, 1}, .batch_size = 2}),
+                             (where + "entry 1 is in row 2, outside the batch of 2 rows").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::safe_embedding_lookup_sparse(f.v, {.batch_size = 1}, pss::Combiner::sum, -3),
+                             "pss: safe_embedding_lookup_sparse on variable 'table:0': default_id is -3; it must be a "
+                             "row of the variable",
+                             pss::InvalidArgumentError);
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        pss::Variable counts(xt::xarray<std::int32_t>{1, 2}, "counts");
+        CHECK_THROWS_WITH_AS((void)pss::embedding_lookup_sparse(counts, {.batch_size = 1}),
+                             "pss: embedding_lookup_sparse on variable 'counts:0': the variable's dtype is int32; "
+                             "embeddings are float32 or float64",
+                             pss::InvalidArgumentError);
+    }
     TEST_CASE("Variable: scatter_add with a repeated id adds each row; scatter_update keeps the last") {
         ShardedFixture f;
         f.v.scatter_add(Ids{1, 8, 1}, xt::xarray<float>{{1, 1}, {2, 2}, {10, 10}});

@@ -45,6 +45,7 @@
 #include <pss/consistency.hpp>
 #include <pss/coordinator.hpp>
 #include <pss/distribute.hpp>
+#include <pss/embedding.hpp>
 #include <pss/function.hpp>
 #include <pss/server.hpp>
 #include <pss/strategy.hpp>
