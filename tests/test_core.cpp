@@ -790,6 +790,98 @@ TEST_SUITE("Variable") {
                              "embeddings are float32 or float64",
                              pss::InvalidArgumentError);
     }
+    TEST_CASE("ShardedVariable from a list: the parts stay where they live and every operation sees their rows in "
+              "order, uneven sizes included") {
+        pss::ParameterServerStrategy<> strategy;  // 2 ps, no partitioner
+        auto scope = strategy.scope();
+        pss::Variable a(xt::xarray<float>{{0, 1}}, "a");                      // ps 0
+        pss::Variable b(xt::xarray<float>{{2, 3}, {4, 5}, {6, 7}}, "b");      // ps 1
+        pss::Variable c(xt::xarray<float>{{8, 9}, {10, 11}}, "c");            // ps 0
+        pss::ShardedVariable s({a, b, c}, "s");
+        CHECK(s.name() == "s:0");
+        CHECK(s.shape() == pss::Shape{6, 2});
+        CHECK(s.dtype() == pss::DType::float32);
+        CHECK(s.shard_tasks() == std::vector<int>{0, 1, 0});
+        CHECK(s.id() == 0);
+        {
+            const auto parts = s.shards();  // TensorFlow's s.variables: the parts themselves
+            REQUIRE(parts.size() == 3);
+            CHECK(parts[1].info_ptr() == b.info_ptr());
+        }
+        CHECK(s.read<float>() == xt::reshape_view(xt::arange<float>(12), {6, 2}));
+        CHECK(s.shard_of_row(3) == pss::ShardRow{1, 2});
+        CHECK(s.shard_of_row(4) == pss::ShardRow{2, 0});
+        CHECK(s.sparse_read(Ids{5, 0, 3}).get<float>() == xt::xarray<float>{{10, 11}, {0, 1}, {6, 7}});
+        CHECK(s.slice({1}, {4}).get<float>() == b.read<float>());
+        s.scatter_add(Ids{0, 3, 4}, xt::xarray<float>{{100, 100}, {10, 10}, {1, 1}});
+        s.assign_sub(xt::xarray<float>(xt::ones<float>({6, 2})));
+        CHECK(a.read<float>() == xt::xarray<float>{{99, 100}});
+        CHECK(b.read<float>() == xt::xarray<float>{{1, 2}, {3, 4}, {15, 16}});
+        CHECK(c.read<float>() == xt::xarray<float>{{8, 9}, {9, 10}});
+        // An id out of range changes no part.
+        CHECK_THROWS_WITH_AS(s.scatter_add(Ids{5, 6}, xt::xarray<float>(xt::ones<float>({2, 2}))),
+                             "pss: scatter_add on variable 's:0': id 6 is out of range for shape (6, 2); ids must be "
+                             "in [0, 6)",
+                             pss::InvalidArgumentError);
+        CHECK(c.read<float>() == xt::xarray<float>{{8, 9}, {9, 10}});
+        // The list keeps its parts alive: without any other handle they still serve it.
+        const std::weak_ptr<const pss::detail::VariableInfo> held = a.info_ptr();
+        a = pss::Variable();
+        CHECK_FALSE(held.expired());
+        CHECK(xt::view(s.read<float>(), 0) == xt::xarray<float>{99, 100});
+        s = pss::Variable();
+        CHECK(held.expired());
+    }
+    TEST_CASE("ShardedVariable from a list: a sharded part gives each of its shards, in order") {
+        ShardedFixture f;  // 10 rows in shards of 4, 3 and 3
+        auto scope = f.strategy.scope();
+        pss::Variable extra(xt::xarray<float>{{20, 21}}, "extra");
+        pss::ShardedVariable s({f.v, extra}, "joined");
+        CHECK(s.num_shards() == 4);
+        CHECK(s.shape() == pss::Shape{11, 2});
+        CHECK(s.shards()[1].name() == "table/part_1:0");
+        CHECK(s.read<float>() == xt::reshape_view(xt::arange<float>(22), {11, 2}));
+        s.apply_sparse_gradient(Ids{10, 4}, xt::xarray<float>{{2, 2}, {4, 4}});  // SGD 0.5
+        CHECK(extra.read<float>() == xt::xarray<float>{{19, 20}});
+        CHECK(xt::view(f.v.read<float>(), 4) == xt::xarray<float>{6, 7});
+    }
+    TEST_CASE("ShardedVariable from a list: TensorFlow's checks, each naming what is wrong") {
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        CHECK_THROWS_WITH_AS(pss::ShardedVariable(std::vector<pss::Variable>{}, "s"),
+                             "pss: ShardedVariable 's': the list of variables is empty; give a non-empty list of "
+                             "variables",
+                             pss::InvalidArgumentError);
+        pss::Variable v(xt::xarray<std::int64_t>{0}, "v");
+        CHECK_THROWS_WITH_AS(pss::ShardedVariable({v, pss::Variable()}, "s"),
+                             "pss: ShardedVariable 's': element 1 of the list is an empty handle; every element must be "
+                             "a variable",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::ShardedVariable({v, pss::Variable(xt::xarray<std::int32_t>{1})}, "s"),
+                             "pss: ShardedVariable 's': all variables must have the same dtype; got dtypes [int64, "
+                             "int32]",
+                             pss::InvalidArgumentError);
+        pss::Variable wide(xt::xarray<float>(xt::ones<float>({5, 10}))), wider(xt::xarray<float>(xt::ones<float>({5, 20})));
+        CHECK_THROWS_WITH_AS(pss::ShardedVariable({wide, wider}, "s"),
+                             "pss: ShardedVariable 's': all variables must have the same shape except for the first "
+                             "axis; got shapes [(5, 10), (5, 20)]",
+                             pss::InvalidArgumentError);
+        pss::Variable scalar(xt::xarray<float>(3.0f), "k");
+        CHECK_THROWS_WITH_AS(pss::ShardedVariable({scalar}, "s"),
+                             "pss: ShardedVariable 's': element 0 ('k:0') is a scalar; the variables are joined along "
+                             "axis 0",
+                             pss::InvalidArgumentError);
+        pss::ParameterServerStrategy<> other;
+        const pss::Variable foreign = [&] {
+            auto other_scope = other.scope();
+            return pss::Variable(xt::xarray<float>(xt::ones<float>({1, 10})), "foreign");
+        }();
+        CHECK_THROWS_WITH_AS(pss::ShardedVariable({wide, foreign}, "s"),
+                             "pss: ShardedVariable 's': element 1 ('foreign:0', on /job:ps/replica:0/task:0/device:CPU:0) "
+                             "was created by another strategy than element 0 ('Variable:0'); the variables must share "
+                             "one cluster",
+                             pss::InvalidArgumentError);
+    }
     TEST_CASE("Variable: scatter_add with a repeated id adds each row; scatter_update keeps the last") {
         ShardedFixture f;
         f.v.scatter_add(Ids{1, 8, 1}, xt::xarray<float>{{1, 1}, {2, 2}, {10, 10}});

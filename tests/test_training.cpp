@@ -376,7 +376,7 @@ pss::Values forged_handle(const pss::Variable& real, const pss::Shape& claimed, 
     for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
         pss::Shape shape = claimed;
         if (!shape.empty()) shape[0] = rows_of[i];
-        info->shards.push_back({i, real.shard_tasks()[i], shape, offset});
+        info->shards.push_back({i, real.shard_tasks()[i], shape, offset, real.id()});
         offset += rows_of[i];
     }
     return pss::detail::encode_values(pss::Variable(std::move(info)));
@@ -557,6 +557,24 @@ TEST_SUITE("Remote calls") {
                              pss::InvalidArgumentError);
         CHECK_THROWS_WITH_AS(decode(handle, pss::detail::CallContext{}),
                              doctest::Contains("a Variable reached a process that has no cluster"), pss::InvalidArgumentError);
+    }
+    TEST_CASE("Codec: a ShardedVariable built from a list crosses to a worker, which reaches its parts") {
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        pss::Variable a(xt::xarray<float>{{1, 2}}, "a");          // ps 0
+        pss::Variable b(xt::xarray<float>{{3, 4}, {5, 6}}, "b");  // ps 1
+        pss::ShardedVariable s({a, b}, "s");  // rows 1 and 2: not the partitioners' 2 and 1
+        const pss::detail::CallContext context{pss::detail::Codec<pss::Variable>::channel_of(s), 0};
+        pss::detail::ValuesReader reader(pss::detail::encode_values(s), "test", context);
+        {
+            pss::Variable copy = pss::detail::Codec<pss::Variable>::decode(reader, reader.next("a Variable"));
+            CHECK(copy.shape() == pss::Shape{3, 2});
+            CHECK(copy.shard_tasks() == std::vector<int>{0, 1});
+            CHECK(copy.sparse_read(std::vector<std::int64_t>{2, 0}).get<float>() == xt::xarray<float>{{5, 6}, {1, 2}});
+            copy.scatter_add(std::vector<std::int64_t>{1, 2}, xt::xarray<float>{{10, 10}, {20, 20}});
+        }  // the worker's handle is gone: the parts stay
+        CHECK(b.read<float>() == xt::xarray<float>{{13, 14}, {25, 26}});
+        CHECK(a.read<float>() == xt::xarray<float>{{1, 2}});
     }
     TEST_CASE("Codec: a forged Variable handle whose shape lies is refused before any byte is copied by its shape "
               "(was a heap overflow on the worker)") {

@@ -125,7 +125,7 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
     struct Target {
         const VariableInfo* info;
         int task;
-        std::uint32_t shard;
+        ShardKey key;
     };
     std::vector<Target> targets;
     std::vector<std::future<Reply>> staging;
@@ -134,11 +134,11 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
         for (const auto& s : info.shards) {
             Request r;
             r.op = Op::restore_shard;
-            r.key = {info.id, s.index};
+            r.key = {s.variable, s.index};
             r.name = dir + "\n" + info.name;
             const std::size_t rows = s.shape.empty() ? 0 : s.shape[0];
             r.ids = {static_cast<std::int64_t>(s.row_offset), static_cast<std::int64_t>(s.row_offset + rows)};
-            targets.push_back({&info, s.task, s.index});
+            targets.push_back({&info, s.task, r.key});
             staging.push_back(info.channel->send(s.task, std::move(r)));
         }
     }
@@ -152,7 +152,7 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
     for (const auto& t : targets) {
         Request r;
         r.op = finish;
-        r.key = {t.info->id, t.shard};
+        r.key = t.key;
         finishing.push_back(t.info->channel->send(t.task, std::move(r)));
     }
     std::optional<Reply> commit_failed;
@@ -449,11 +449,12 @@ void Checkpoint<StrategyType>::write(const std::string& where) const {
             if (!stems.insert(stem).second) stems.insert(stem += "-" + std::to_string(i));
             detail::SavedVariable saved{info.name, info.shape, info.dtype, {}};
             replies.emplace_back();
-            for (const auto& s : info.shards) {
+            for (std::size_t k = 0; k < info.shards.size(); ++k) {
+                const auto& s = info.shards[k];
                 Request r;
                 r.op = Op::save_shard;
-                r.key = {info.id, s.index};
-                r.name = temporary + "/" + stem + (info.shards.size() > 1 ? ".part_" + std::to_string(s.index) : "");
+                r.key = {s.variable, s.index};
+                r.name = temporary + "/" + stem + (info.shards.size() > 1 ? ".part_" + std::to_string(k) : "");
                 replies.back().push_back(info.channel->send(s.task, std::move(r)));
                 detail::SavedShard shard;
                 shard.row_offset = s.row_offset;

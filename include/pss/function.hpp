@@ -254,8 +254,9 @@ struct Codec<std::vector<T>> {
         return v;
     }
 };
-/// A Variable crosses as its handle: id, name, dtype, shape and where each shard lives. The worker's
-/// handle reaches the same shards through its own channel and never destroys them.
+/// A Variable crosses as its handle: id, name, dtype, shape and where each shard lives (its index,
+/// task, rows and the variable id its ps knows it by). The worker's handle reaches the same shards
+/// through its own channel and never destroys them.
 template <>
 struct Codec<Variable> {
     /// How `v` reaches its shards (what a received handle needs in this process).
@@ -264,7 +265,7 @@ struct Codec<Variable> {
         const VariableInfo& info = v.info();
         nlohmann::json shards = nlohmann::json::array();
         for (const auto& s : info.shards)
-            shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0]});
+            shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0], s.variable});
         return {{"variable",
                  {{"id", info.id}, {"name", info.name}, {"dtype", static_cast<int>(info.dtype)}, {"shape", info.shape},
                   {"shards", std::move(shards)}}}};
@@ -300,32 +301,45 @@ struct Codec<Variable> {
         if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
             r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
         const auto& shards = field("shards", &nlohmann::json::is_array, "an array");
-        if (shards.empty() || (shards.size() > 1 && (info->shape.empty() || shards.size() > info->shape[0])))
+        if (shards.empty() || (shards.size() > 1 && info->shape.empty()))
             r.fail(std::to_string(shards.size()) + " shards for shape " + format_shape(info->shape));
+        // A strategy's variable: its own id on every shard, indexes in order, rows by TensorFlow's rule
+        // (the handle finds a row's shard by that rule). A variable built from a list: any parts, whose
+        // rows follow each other and add up to the shape.
+        bool from_list = false;
+        for (std::size_t i = 0; i < shards.size(); ++i) {
+            const auto& shard = shards[i];
+            if (!shard.is_array() || shard.size() != 5 || !shard[1].is_number_integer())
+                r.fail("shard " + std::to_string(i) + " is not [index, task, row offset, rows, variable]");
+            from_list = from_list || unsigned_of(shard[4], "shard variable") != info->id ||
+                        unsigned_of(shard[0], "shard index") != i;
+        }
         std::size_t next_row = 0;
         for (std::size_t i = 0; i < shards.size(); ++i) {
             const auto& shard = shards[i];
-            if (!shard.is_array() || shard.size() != 4 || !shard[1].is_number_integer())
-                r.fail("shard " + std::to_string(i) + " is not [index, task, row offset, rows]");
             ShardInfo s;
             const std::uint64_t index = unsigned_of(shard[0], "shard index");
             const std::int64_t task = shard[1].get<std::int64_t>();
             s.row_offset = static_cast<std::size_t>(unsigned_of(shard[2], "row offset"));
             const auto rows = static_cast<std::size_t>(unsigned_of(shard[3], "row count"));
+            s.variable = unsigned_of(shard[4], "shard variable");
             s.shape = info->shape;
             if (!s.shape.empty()) s.shape[0] = rows;
-            // The shards must split the rows as every strategy does (TensorFlow's rule): the handle finds
-            // a row's shard by that rule.
-            if (index != i || task < 0 || task > std::numeric_limits<std::int32_t>::max() || s.row_offset != next_row ||
-                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards.size(), i)))
+            const bool by_rule = info->shape.empty() || rows == shard_rows(info->shape[0], shards.size(), i);
+            if (index > std::numeric_limits<std::uint32_t>::max() || task < 0 ||
+                task > std::numeric_limits<std::int32_t>::max() || s.row_offset != next_row ||
+                (info->shape.empty() ? rows != 0 : rows > info->shape[0] - next_row) || (!from_list && !by_rule))
                 r.fail("shard " + std::to_string(i) + " (index " + std::to_string(index) + ", task " +
                        std::to_string(task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
                        ") is not how " + std::to_string(shards.size()) + " shards split shape " + format_shape(info->shape));
+            info->split_by_rule = info->split_by_rule && by_rule;
             s.index = static_cast<std::uint32_t>(index);
             s.task = static_cast<int>(task);
             next_row += rows;
             info->shards.push_back(std::move(s));
         }
+        if (!info->shape.empty() && next_row != info->shape[0])
+            r.fail("the shards hold " + std::to_string(next_row) + " rows of shape " + format_shape(info->shape));
         info->channel = r.context().channel;
         info->borrowed = true;
         return Variable(std::move(info));

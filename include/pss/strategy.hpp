@@ -657,7 +657,7 @@ public:
                 if (shard.task != task) continue;
                 Request request;
                 request.op = Op::create;
-                request.key = {info.id, shard.index};
+                request.key = {shard.variable, shard.index};
                 request.name = detail::shard_name(info, shard.index);
                 request.payload = Tensor::zeros(info.dtype, shard.shape);
                 replies.push_back(channel_->send(task, std::move(request)));

@@ -8733,12 +8733,14 @@ public:
     [[nodiscard]] virtual std::string device(int task) const = 0;
 };
 
-/// Where one shard lives and which rows of the whole variable it holds.
+/// Where one shard lives and which rows of the whole variable it holds. Its ps task knows it by the
+/// key {variable, index}: its own variable's id, or a part's in a variable built from a list.
 struct ShardInfo {
     std::uint32_t index = 0;
     int task = -1;
     Shape shape;
     std::size_t row_offset = 0;
+    std::uint64_t variable = 0;
 };
 
 /// What every handle of one variable shares. The last handle of a whole variable destroys its shards.
@@ -8751,16 +8753,21 @@ struct VariableInfo {
     std::shared_ptr<Channel> channel;
     std::shared_ptr<const VariableInfo> owner;  // set on a handle to one shard of a sharded variable
     bool borrowed = false;  // a handle received by a worker: the coordinator's handles own the shards
+    /// A variable built from a list: one handle per shard, which own them (and are its shards()).
+    std::vector<std::shared_ptr<const VariableInfo>> parts;
+    /// The shards split the rows by TensorFlow's rule (shard_rows()), so a row's shard is arithmetic;
+    /// false only for a variable built from parts of other sizes.
+    bool split_by_rule = true;
 
     VariableInfo() = default;
     VariableInfo(const VariableInfo&) = delete;
     VariableInfo& operator=(const VariableInfo&) = delete;
     ~VariableInfo() {
-        if (owner || borrowed || !channel) return;
+        if (owner || borrowed || !channel || !parts.empty()) return;
         for (const auto& shard : shards) {
             Request request;
             request.op = Op::destroy;
-            request.key = {id, shard.index};
+            request.key = {shard.variable, shard.index};
             (void)channel->send(shard.task, std::move(request));  // best effort: the task may be gone
         }
     }
@@ -8793,6 +8800,23 @@ public:
     /// handle itself knows no strategy and no server.
     explicit Variable(Tensor initial_value, std::string name = "Variable");
 
+    /// @brief TensorFlow's `ShardedVariable(variables, name)`: one variable whose rows are those of
+    /// `parts`, in order (their shards where a part is sharded itself), each left where it lives.
+    /// Every operation works on it as on a variable the strategy split, a row found by the parts'
+    /// sizes (which need not follow the partitioners' rule, as TensorFlow's dense operations allow;
+    /// its sparse ones here too). The parts keep their shards: this handle keeps them alive, and its
+    /// `shards()` are the parts' shards. `id()` is 0: no strategy numbered it.
+    /// @throws InvalidArgumentError, with TensorFlow's checks: `parts` empty or holding an empty
+    /// handle, parts of different dtypes, a scalar part, parts whose shapes differ beyond axis 0, or parts
+    /// of different clusters
+    ///
+    /// @par Example
+    /// @code
+    /// pss::Variable v0(xt::xarray<float>{{0, 1}}, "v0"), v1(xt::xarray<float>{{2, 3}, {4, 5}}, "v1");
+    /// pss::ShardedVariable s({v0, v1}, "s");  // shape (3, 2); s.sparse_read(ids{2}) is {{4, 5}}
+    /// @endcode
+    Variable(std::vector<Variable> parts, std::string name);
+
     /// @brief Used by strategies: a handle over already created shards.
     explicit Variable(std::shared_ptr<const detail::VariableInfo> info) : info_(std::move(info)) {}
     /// @brief Used by strategies and checkpoints: what every handle of this variable shares (its shards,
@@ -8819,9 +8843,17 @@ public:
     /// split the rows by TensorFlow's rule (see shard_rows()), every handle's shards included.
     /// @pre the variable has rank 1 or more and row < shape()[0]
     [[nodiscard]] ShardRow shard_of_row(std::size_t row) const {
-        return pss::shard_of_row(shape().empty() ? 0 : shape()[0], num_shards(), row);
+        const detail::VariableInfo& i = info();
+        if (i.split_by_rule) return pss::shard_of_row(shape().empty() ? 0 : shape()[0], num_shards(), row);
+        // Built from parts of any sizes: the last shard that starts at or before the row (one of zero
+        // rows shares its offset with the next, which holds the row).
+        const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
+                                            [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
+        const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
+        return {shard, row - i.shards[shard].row_offset};
     }
-    /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`).
+    /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`); for
+    /// a variable built from a list, the parts' own handles (their shards where a part is sharded).
     [[nodiscard]] std::vector<Variable> shards() const;
 
     /// @brief The whole value, gathered from every shard.
@@ -8951,10 +8983,10 @@ private:
             " was asked for; this handle does not describe the variable its parameter servers hold");
     }
 
-    Request request(Op op, std::uint32_t shard, std::uint64_t step = 0) const {
+    static Request request(Op op, const detail::ShardInfo& shard, std::uint64_t step = 0) {
         Request r;
         r.op = op;
-        r.key = {info().id, shard};
+        r.key = {shard.variable, shard.index};
         r.step = step;
         return r;
     }
@@ -9003,7 +9035,7 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
     std::vector<std::future<Reply>> futures;
     std::size_t offset = 0;
     for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
-        ShardInfo shard{i, tasks[i], info->shape, offset};
+        ShardInfo shard{i, tasks[i], info->shape, offset, id};
         Request request;
         request.op = Op::create;
         request.key = {id, i};
@@ -9033,7 +9065,59 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
 // Implementation
 // ---------------------------------------------------------------------------------------------------
 
+inline Variable::Variable(std::vector<Variable> parts, std::string name) {
+    const std::string where = "pss: ShardedVariable '" + name + "': ";
+    if (parts.empty())
+        throw InvalidArgumentError(where + "the list of variables is empty; give a non-empty list of variables");
+    auto list = [&](auto describe) {
+        std::string text;
+        for (const auto& p : parts) text += (text.empty() ? "" : ", ") + describe(p);
+        return "[" + text + "]";
+    };
+    for (std::size_t i = 0; i < parts.size(); ++i)
+        if (!parts[i])
+            throw InvalidArgumentError(where + "element " + std::to_string(i) +
+                                       " of the list is an empty handle; every element must be a variable");
+    const Variable& first = parts.front();
+    for (const auto& p : parts)
+        if (p.dtype() != first.dtype())
+            throw InvalidArgumentError(where + "all variables must have the same dtype; got dtypes " +
+                                       list([](const Variable& v) { return std::string(dtype_name(v.dtype())); }));
+    for (std::size_t i = 0; i < parts.size(); ++i)
+        if (parts[i].shape().empty())
+            throw InvalidArgumentError(where + "element " + std::to_string(i) + " ('" + parts[i].name() +
+                                       "') is a scalar; the variables are joined along axis 0");
+    for (const auto& p : parts)
+        if (!std::equal(p.shape().begin() + 1, p.shape().end(), first.shape().begin() + 1, first.shape().end()))
+            throw InvalidArgumentError(where + "all variables must have the same shape except for the first axis; "
+                                       "got shapes " +
+                                       list([](const Variable& v) { return format_shape(v.shape()); }));
+    for (std::size_t i = 0; i < parts.size(); ++i)
+        if (parts[i].info().channel != first.info().channel)
+            throw InvalidArgumentError(where + "element " + std::to_string(i) + " ('" + parts[i].name() + "', on " +
+                                       parts[i].device() + ") was created by another strategy than element 0 ('" +
+                                       first.name() + "'); the variables must share one cluster");
+    auto joined = std::make_shared<detail::VariableInfo>();
+    joined->name = std::move(name);
+    joined->dtype = first.dtype();
+    joined->shape = first.shape();
+    joined->shape[0] = 0;
+    joined->channel = first.info().channel;
+    for (const auto& p : parts)
+        for (const Variable& shard : p.shards()) {  // a sharded part contributes each of its shards
+            detail::ShardInfo s = shard.info().shards.front();
+            s.row_offset = joined->shape[0];
+            joined->shape[0] += s.shape[0];
+            joined->shards.push_back(std::move(s));
+            joined->parts.push_back(shard.info_ptr());
+        }
+    for (std::size_t i = 0; i < joined->shards.size(); ++i)
+        if (joined->shards[i].shape[0] != shard_rows(joined->shape[0], joined->shards.size(), i)) joined->split_by_rule = false;
+    info_ = std::move(joined);
+}
+
 inline std::vector<Variable> Variable::shards() const {
+    if (!info().parts.empty()) return std::vector<Variable>(info().parts.begin(), info().parts.end());
     if (!is_sharded()) return {*this};
     std::vector<Variable> out;
     for (const auto& shard : info().shards) {
@@ -9042,7 +9126,7 @@ inline std::vector<Variable> Variable::shards() const {
         part->shape = shard.shape;
         part->dtype = info().dtype;
         part->id = info().id;
-        part->shards = {detail::ShardInfo{shard.index, shard.task, shard.shape, 0}};
+        part->shards = {detail::ShardInfo{shard.index, shard.task, shard.shape, 0, shard.variable}};
         part->channel = info().channel;
         part->owner = info_;
         out.emplace_back(std::move(part));
@@ -9135,7 +9219,7 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
 inline Tensor Variable::read_value(std::uint64_t step) const {
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
-    for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s.index, step));
+    for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s, step));
     auto parts = exchange(std::move(outgoing));
     for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
@@ -9150,7 +9234,7 @@ template <Element T>
 void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
     check_dtype<T>("read_into");
     if (num_shards() == 1) {
-        Request r = request(Op::read, info().shards.front().index, step);
+        Request r = request(Op::read, info().shards.front(), step);
         r.payload = std::move(out);
         std::vector<std::pair<int, Request>> outgoing;
         outgoing.emplace_back(info().shards.front().task, std::move(r));
@@ -9167,13 +9251,13 @@ inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
-        Request r = request(op, shards.front().index, step);
+        Request r = request(op, shards.front(), step);
         r.payload = std::move(payload);
         outgoing.emplace_back(shards.front().task, std::move(r));
         return std::move(exchange(std::move(outgoing)).front());
     }
     for (const auto& s : shards) {
-        Request r = request(op, s.index, step);
+        Request r = request(op, s, step);
         r.payload = detail::slice_rows(payload, s.row_offset, s.shape[0]);
         outgoing.emplace_back(s.task, std::move(r));
     }
@@ -9186,7 +9270,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
-        Request r = request(op, shards.front().index, step);
+        Request r = request(op, shards.front(), step);
         r.payload = std::move(rows);
         r.ids.assign(ids.begin(), ids.end());
         outgoing.emplace_back(shards.front().task, std::move(r));
@@ -9198,7 +9282,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty() && step == 0) continue;
-        Request r = request(op, shards[s].index, step);
+        Request r = request(op, shards[s], step);
         r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
         for (std::size_t j = 0; j < picked[s].size(); ++j) {
             const std::size_t i = picked[s][j];
@@ -9251,7 +9335,7 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
     std::vector<std::size_t> asked;
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty()) continue;
-        Request r = request(Op::gather, shards[s].index, step);
+        Request r = request(Op::gather, shards[s], step);
         for (std::size_t i : picked[s]) r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
         outgoing.emplace_back(shards[s].task, std::move(r));
         asked.push_back(s);
@@ -9359,7 +9443,7 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
     struct Target {
         const VariableInfo* info;
         int task;
-        std::uint32_t shard;
+        ShardKey key;
     };
     std::vector<Target> targets;
     std::vector<std::future<Reply>> staging;
@@ -9368,11 +9452,11 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
         for (const auto& s : info.shards) {
             Request r;
             r.op = Op::restore_shard;
-            r.key = {info.id, s.index};
+            r.key = {s.variable, s.index};
             r.name = dir + "\n" + info.name;
             const std::size_t rows = s.shape.empty() ? 0 : s.shape[0];
             r.ids = {static_cast<std::int64_t>(s.row_offset), static_cast<std::int64_t>(s.row_offset + rows)};
-            targets.push_back({&info, s.task, s.index});
+            targets.push_back({&info, s.task, r.key});
             staging.push_back(info.channel->send(s.task, std::move(r)));
         }
     }
@@ -9386,7 +9470,7 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
     for (const auto& t : targets) {
         Request r;
         r.op = finish;
-        r.key = {t.info->id, t.shard};
+        r.key = t.key;
         finishing.push_back(t.info->channel->send(t.task, std::move(r)));
     }
     std::optional<Reply> commit_failed;
@@ -9683,11 +9767,12 @@ void Checkpoint<StrategyType>::write(const std::string& where) const {
             if (!stems.insert(stem).second) stems.insert(stem += "-" + std::to_string(i));
             detail::SavedVariable saved{info.name, info.shape, info.dtype, {}};
             replies.emplace_back();
-            for (const auto& s : info.shards) {
+            for (std::size_t k = 0; k < info.shards.size(); ++k) {
+                const auto& s = info.shards[k];
                 Request r;
                 r.op = Op::save_shard;
-                r.key = {info.id, s.index};
-                r.name = temporary + "/" + stem + (info.shards.size() > 1 ? ".part_" + std::to_string(s.index) : "");
+                r.key = {s.variable, s.index};
+                r.name = temporary + "/" + stem + (info.shards.size() > 1 ? ".part_" + std::to_string(k) : "");
                 replies.back().push_back(info.channel->send(s.task, std::move(r)));
                 detail::SavedShard shard;
                 shard.row_offset = s.row_offset;
@@ -10957,8 +11042,9 @@ struct Codec<std::vector<T>> {
         return v;
     }
 };
-/// A Variable crosses as its handle: id, name, dtype, shape and where each shard lives. The worker's
-/// handle reaches the same shards through its own channel and never destroys them.
+/// A Variable crosses as its handle: id, name, dtype, shape and where each shard lives (its index,
+/// task, rows and the variable id its ps knows it by). The worker's handle reaches the same shards
+/// through its own channel and never destroys them.
 template <>
 struct Codec<Variable> {
     /// How `v` reaches its shards (what a received handle needs in this process).
@@ -10967,7 +11053,7 @@ struct Codec<Variable> {
         const VariableInfo& info = v.info();
         nlohmann::json shards = nlohmann::json::array();
         for (const auto& s : info.shards)
-            shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0]});
+            shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0], s.variable});
         return {{"variable",
                  {{"id", info.id}, {"name", info.name}, {"dtype", static_cast<int>(info.dtype)}, {"shape", info.shape},
                   {"shards", std::move(shards)}}}};
@@ -11003,32 +11089,45 @@ struct Codec<Variable> {
         if (bounded_elements(info->shape, std::uint64_t{1} << 48) < 0)
             r.fail("a Variable of shape " + format_shape(info->shape) + " has too many elements");
         const auto& shards = field("shards", &nlohmann::json::is_array, "an array");
-        if (shards.empty() || (shards.size() > 1 && (info->shape.empty() || shards.size() > info->shape[0])))
+        if (shards.empty() || (shards.size() > 1 && info->shape.empty()))
             r.fail(std::to_string(shards.size()) + " shards for shape " + format_shape(info->shape));
+        // A strategy's variable: its own id on every shard, indexes in order, rows by TensorFlow's rule
+        // (the handle finds a row's shard by that rule). A variable built from a list: any parts, whose
+        // rows follow each other and add up to the shape.
+        bool from_list = false;
+        for (std::size_t i = 0; i < shards.size(); ++i) {
+            const auto& shard = shards[i];
+            if (!shard.is_array() || shard.size() != 5 || !shard[1].is_number_integer())
+                r.fail("shard " + std::to_string(i) + " is not [index, task, row offset, rows, variable]");
+            from_list = from_list || unsigned_of(shard[4], "shard variable") != info->id ||
+                        unsigned_of(shard[0], "shard index") != i;
+        }
         std::size_t next_row = 0;
         for (std::size_t i = 0; i < shards.size(); ++i) {
             const auto& shard = shards[i];
-            if (!shard.is_array() || shard.size() != 4 || !shard[1].is_number_integer())
-                r.fail("shard " + std::to_string(i) + " is not [index, task, row offset, rows]");
             ShardInfo s;
             const std::uint64_t index = unsigned_of(shard[0], "shard index");
             const std::int64_t task = shard[1].get<std::int64_t>();
             s.row_offset = static_cast<std::size_t>(unsigned_of(shard[2], "row offset"));
             const auto rows = static_cast<std::size_t>(unsigned_of(shard[3], "row count"));
+            s.variable = unsigned_of(shard[4], "shard variable");
             s.shape = info->shape;
             if (!s.shape.empty()) s.shape[0] = rows;
-            // The shards must split the rows as every strategy does (TensorFlow's rule): the handle finds
-            // a row's shard by that rule.
-            if (index != i || task < 0 || task > std::numeric_limits<std::int32_t>::max() || s.row_offset != next_row ||
-                (!info->shape.empty() && rows != shard_rows(info->shape[0], shards.size(), i)))
+            const bool by_rule = info->shape.empty() || rows == shard_rows(info->shape[0], shards.size(), i);
+            if (index > std::numeric_limits<std::uint32_t>::max() || task < 0 ||
+                task > std::numeric_limits<std::int32_t>::max() || s.row_offset != next_row ||
+                (info->shape.empty() ? rows != 0 : rows > info->shape[0] - next_row) || (!from_list && !by_rule))
                 r.fail("shard " + std::to_string(i) + " (index " + std::to_string(index) + ", task " +
                        std::to_string(task) + ", rows " + std::to_string(s.row_offset) + " + " + std::to_string(rows) +
                        ") is not how " + std::to_string(shards.size()) + " shards split shape " + format_shape(info->shape));
+            info->split_by_rule = info->split_by_rule && by_rule;
             s.index = static_cast<std::uint32_t>(index);
             s.task = static_cast<int>(task);
             next_row += rows;
             info->shards.push_back(std::move(s));
         }
+        if (!info->shape.empty() && next_row != info->shape[0])
+            r.fail("the shards hold " + std::to_string(next_row) + " rows of shape " + format_shape(info->shape));
         info->channel = r.context().channel;
         info->borrowed = true;
         return Variable(std::move(info));
@@ -11806,7 +11905,7 @@ public:
                 if (shard.task != task) continue;
                 Request request;
                 request.op = Op::create;
-                request.key = {info.id, shard.index};
+                request.key = {shard.variable, shard.index};
                 request.name = detail::shard_name(info, shard.index);
                 request.payload = Tensor::zeros(info.dtype, shard.shape);
                 replies.push_back(channel_->send(task, std::move(request)));

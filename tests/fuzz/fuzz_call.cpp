@@ -72,7 +72,7 @@ std::shared_ptr<pss::detail::VariableInfo> variable_info() {
     info->name = "table";
     info->shape = {4, 2};
     info->id = 7;
-    info->shards = {{0, 0, {3, 2}, 0}, {1, 1, {1, 2}, 3}};
+    info->shards = {{0, 0, {2, 2}, 0, 7}, {1, 1, {2, 2}, 2, 7}};
     info->channel = std::make_shared<NoChannel>();
     info->borrowed = true;
     return info;
