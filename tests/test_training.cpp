@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <future>
 #include <latch>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -96,6 +98,89 @@ TEST_SUITE("ClusterCoordinator") {
         coordinator.join();
         CHECK(v.read<float>()(0) == 20.0f);
         CHECK(coordinator.done());
+    }
+    TEST_CASE("strategy.run and strategy.reduce in a scheduled function: the replica function runs once per "
+              "worker; get_current_worker_index() answers in closures and dataset functions") {
+        pss::ParameterServerStrategy<> strategy;  // 2 workers
+        pss::ClusterCoordinator coordinator(strategy);
+        pss::Variable w = make_counter(strategy);
+        // TensorFlow's step shape: per_replica = strategy.run(replica_fn, args); strategy.reduce(SUM, ...).
+        auto step = [&](float x) {
+            auto per_replica = strategy.run(
+                [&](float y) {
+                    w.assign_add(xt::xarray<float>{y});
+                    return xt::xarray<float>{y, 2 * y};
+                },
+                x);
+            const int worker = pss::get_current_worker_index();
+            return strategy.reduce(pss::ReduceOp::sum, per_replica, 0)(0) + (worker == 0 || worker == 1 ? 0.0f : 100.0f);
+        };
+        std::vector<pss::RemoteValue<float>> results;
+        for (int i = 1; i <= 4; ++i) results.push_back(coordinator.schedule(step, static_cast<float>(i)));
+        CHECK(pss::fetch(results) == std::vector<float>{3, 6, 9, 12});  // y + 2y, each replica function once
+        CHECK(w.read<float>()(0) == 10.0f);
+        CHECK(strategy.num_replicas_in_sync() == 1);
+        auto per_worker = coordinator.create_per_worker_dataset([] { return 10 * pss::get_current_worker_index(); });
+        CHECK(per_worker.at(0) == 0);
+        CHECK(per_worker.at(1) == 10);
+        CHECK_THROWS_WITH_AS((void)pss::get_current_worker_index(),
+                             "pss: get_current_worker_index() was called outside a worker: call it inside a function "
+                             "that ClusterCoordinator::schedule runs, or a dataset function of "
+                             "create_per_worker_dataset",
+                             pss::FailedPreconditionError);
+        // One replica: reduce gives the value; along an axis it sums or averages it.
+        CHECK(strategy.reduce(pss::ReduceOp::mean, 2.5) == 2.5);
+        const xt::xarray<double> m{{1, 2}, {3, 4}};
+        CHECK(strategy.reduce(pss::ReduceOp::sum, m, 0) == xt::xarray<double>{4, 6});
+        CHECK(strategy.reduce(pss::ReduceOp::mean, m, 1) == xt::xarray<double>{1.5, 3.5});
+        CHECK(strategy.reduce(pss::ReduceOp::mean, xt::xarray<std::int32_t>{{1, 2}, {3, 4}}, 1) ==
+              xt::xarray<std::int32_t>{1, 3});
+        CHECK_THROWS_WITH_AS((void)strategy.reduce(pss::ReduceOp::sum, m, 2),
+                             "pss: strategy.reduce along axis 2 of a value of 2 axes", pss::InvalidArgumentError);
+    }
+    TEST_CASE("ClusterCoordinator: per-worker variables: a closure receives its worker's; read_all() reads each "
+              "worker's; fetch takes nested structures") {
+        pss::ParameterServerStrategy<> strategy;  // 2 workers
+        pss::ClusterCoordinator coordinator(strategy);
+        auto counts = coordinator.create_per_worker_variable(xt::xarray<float>{0}, "count");
+        REQUIRE(counts.size() == 2);
+        CHECK(counts.at(1).name() == "count/worker_1:0");
+        for (int i = 0; i < 6; ++i)
+            (void)coordinator.schedule_on(
+                i % 2, [](pss::Variable& mine, float x) { mine.assign_add(xt::xarray<float>{x}); }, counts,
+                static_cast<float>(1 + i % 2));
+        coordinator.join();
+        const auto all = counts.read_all();
+        CHECK(all[0].get<float>() == xt::xarray<float>{3});  // worker 0 added 1 three times
+        CHECK(all[1].get<float>() == xt::xarray<float>{6});  // worker 1 added 2 three times
+        auto one = coordinator.schedule([] { return 1; });
+        auto two = coordinator.schedule([] { return 2; });
+        auto three = coordinator.schedule([] { return 3; });
+        const std::tuple nested{one, std::vector{two, three}};
+        CHECK(pss::fetch(nested) == std::tuple{1, std::vector<int>{2, 3}});
+        const std::map<std::string, std::vector<pss::RemoteValue<int>>> named{{"a", {one}}, {"b", {two, three}}};
+        CHECK(pss::fetch(named) == std::map<std::string, std::vector<int>>{{"a", {1}}, {"b", {2, 3}}});
+    }
+    TEST_CASE("ClusterCoordinator: a per-worker value that failed raises ClosureInputError from join and fetch "
+              "where a closure uses it, and nothing where none does (TensorFlow's testInputError, "
+              "testErroredInputNotUsed)") {
+        pss::ParameterServerStrategy<> strategy;  // 2 workers
+        pss::ClusterCoordinator coordinator(strategy);
+        auto data = coordinator.create_per_worker_dataset([](int worker) -> int {
+            if (worker == 1) throw pss::InvalidArgumentError("pss: test: no data for worker 1");
+            return 7;
+        });
+        auto unused = coordinator.schedule_on(1, [] { return 1; });
+        coordinator.join();
+        CHECK(unused.fetch() == 1);
+        CHECK(coordinator.schedule_on(0, [](int& d) { return d; }, data).fetch() == 7);
+        auto used = coordinator.schedule_on(1, [](int& d) { return d; }, data);
+        CHECK_THROWS_WITH_AS(coordinator.join(),
+                             "pss: ClosureInputError: the per-worker value of worker 1 failed when it was made: pss: "
+                             "test: no data for worker 1",
+                             pss::ClosureInputError);
+        CHECK_THROWS_AS((void)used.fetch(), pss::ClosureInputError);
+        CHECK(coordinator.schedule_on(0, [](int& d) { return d + 1; }, data).fetch() == 8);  // the error was raised once
     }
     TEST_CASE("ClusterCoordinator: fetch gives each closure's result; closures know their worker index") {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,

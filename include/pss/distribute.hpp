@@ -3,14 +3,22 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include <xtensor/xarray.hpp>
+#include <xtensor/xreducer.hpp>
+
+#include <pss/concepts/optimizer.hpp>
 #include <pss/config.hpp>
+#include <pss/dtype.hpp>
+#include <pss/errors.hpp>
 #include <pss/message.hpp>
 #include <pss/optimizer/sgd.hpp>
 #include <pss/server.hpp>
@@ -38,6 +46,9 @@ public:
 
 }  // namespace detail
 
+/// @brief How `Strategy::reduce` combines values (tf.distribute.ReduceOp).
+enum class ReduceOp { sum, mean };
+
 /// @brief The distribution strategy interface (tf.distribute.Strategy): places the variables created
 /// while its scope is active.
 class Strategy {
@@ -52,6 +63,36 @@ public:
 
     /// @brief Creates a variable from `initial_value` (moved) and places its shards.
     virtual Variable create_variable(Tensor initial_value, std::string name) = 0;
+
+    /// @brief TensorFlow's `strategy.run(fn, args)`: runs `fn(args...)` on each replica of the worker
+    /// running the current closure and gives its per-replica value. Every strategy here has one replica
+    /// per worker (num_replicas_in_sync() is 1, as TensorFlow's ParameterServerStrategy on CPU workers),
+    /// so `fn` runs once, on this thread, and its value is the per-replica value; a TensorFlow step of
+    /// the form `strategy.run(replica_fn, args)` then `strategy.reduce(...)` ports as it is.
+    template <class F, class... Args>
+    decltype(auto) run(F&& fn, Args&&... args) {
+        return std::invoke(std::forward<F>(fn), std::forward<Args>(args)...);
+    }
+
+    /// @brief TensorFlow's `strategy.reduce(op, value, axis=None)`: the replicas' values combined by
+    /// `op`; with one replica, the value itself.
+    template <class T>
+    [[nodiscard]] T reduce(ReduceOp, T value) const {
+        return value;
+    }
+
+    /// @brief TensorFlow's `strategy.reduce(op, value, axis)`: also sums (or averages) along `axis`, as
+    /// a per-example loss is reduced to the batch's (an integer mean divides as integers do).
+    /// @throws InvalidArgumentError when `value` has no axis `axis`
+    template <Element T>
+    [[nodiscard]] xt::xarray<T> reduce(ReduceOp op, const xt::xarray<T>& value, std::size_t axis) const {
+        if (axis >= value.dimension())
+            throw InvalidArgumentError("pss: strategy.reduce along axis " + std::to_string(axis) + " of a value of " +
+                                       std::to_string(value.dimension()) + " axes");
+        xt::xarray<T> out = xt::sum(value, {axis});
+        if (op == ReduceOp::mean && value.shape()[axis] != 0) out /= static_cast<T>(value.shape()[axis]);
+        return out;
+    }
 
     /// @brief RAII guard of a strategy's scope (Python's `with strategy.scope():`).
     class [[nodiscard]] Scope {

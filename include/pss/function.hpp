@@ -349,8 +349,8 @@ template <class T>
 struct Codec<PerWorkerValues<T>> {
     [[noreturn]] static nlohmann::json encode(ValuesWriter&, const PerWorkerValues<T>&) {
         throw InvalidArgumentError(
-            "pss: schedule: a PerWorkerValues cannot be sent to a worker in another process yet; create the "
-            "worker's data inside the registered function from worker_index()");
+            "pss: schedule: a PerWorkerValues inside another argument cannot be sent to a worker in another process; "
+            "pass it as an argument of its own (each worker then receives its value)");
     }
     [[noreturn]] static PerWorkerValues<T> decode(ValuesReader& r, const nlohmann::json&) {
         r.fail("a PerWorkerValues cannot be received");

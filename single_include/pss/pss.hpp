@@ -8576,6 +8576,19 @@ struct ClosureContext {
     return context != nullptr ? context->worker : -1;
 }
 
+/// @brief TensorFlow's `tf.distribute.coordinator.experimental_get_current_worker_index()`: the index
+/// of the worker running the current closure, or the dataset function of
+/// `ClusterCoordinator::create_per_worker_dataset` for that worker.
+/// @throws FailedPreconditionError on the coordinator, outside both, as TensorFlow raises there
+[[nodiscard]] inline int get_current_worker_index() {
+    const int worker = worker_index();
+    if (worker < 0)
+        throw FailedPreconditionError(
+            "pss: get_current_worker_index() was called outside a worker: call it inside a function that "
+            "ClusterCoordinator::schedule runs, or a dataset function of create_per_worker_dataset");
+    return worker;
+}
+
 PSS_NAMESPACE_END
 
 // pss/detail/request_rules.hpp: what makes a variable operation valid, and the row arithmetic it uses;
@@ -9964,12 +9977,17 @@ PSS_NAMESPACE_END
 // default strategy that holds the variables made outside any scope.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xreducer.hpp>
 
 // pss/server.hpp: ParameterServer, the shards one ps task owns and the requests that read and change them.
 
@@ -10664,6 +10682,9 @@ public:
 
 }  // namespace detail
 
+/// @brief How `Strategy::reduce` combines values (tf.distribute.ReduceOp).
+enum class ReduceOp { sum, mean };
+
 /// @brief The distribution strategy interface (tf.distribute.Strategy): places the variables created
 /// while its scope is active.
 class Strategy {
@@ -10678,6 +10699,36 @@ public:
 
     /// @brief Creates a variable from `initial_value` (moved) and places its shards.
     virtual Variable create_variable(Tensor initial_value, std::string name) = 0;
+
+    /// @brief TensorFlow's `strategy.run(fn, args)`: runs `fn(args...)` on each replica of the worker
+    /// running the current closure and gives its per-replica value. Every strategy here has one replica
+    /// per worker (num_replicas_in_sync() is 1, as TensorFlow's ParameterServerStrategy on CPU workers),
+    /// so `fn` runs once, on this thread, and its value is the per-replica value; a TensorFlow step of
+    /// the form `strategy.run(replica_fn, args)` then `strategy.reduce(...)` ports as it is.
+    template <class F, class... Args>
+    decltype(auto) run(F&& fn, Args&&... args) {
+        return std::invoke(std::forward<F>(fn), std::forward<Args>(args)...);
+    }
+
+    /// @brief TensorFlow's `strategy.reduce(op, value, axis=None)`: the replicas' values combined by
+    /// `op`; with one replica, the value itself.
+    template <class T>
+    [[nodiscard]] T reduce(ReduceOp, T value) const {
+        return value;
+    }
+
+    /// @brief TensorFlow's `strategy.reduce(op, value, axis)`: also sums (or averages) along `axis`, as
+    /// a per-example loss is reduced to the batch's (an integer mean divides as integers do).
+    /// @throws InvalidArgumentError when `value` has no axis `axis`
+    template <Element T>
+    [[nodiscard]] xt::xarray<T> reduce(ReduceOp op, const xt::xarray<T>& value, std::size_t axis) const {
+        if (axis >= value.dimension())
+            throw InvalidArgumentError("pss: strategy.reduce along axis " + std::to_string(axis) + " of a value of " +
+                                       std::to_string(value.dimension()) + " axes");
+        xt::xarray<T> out = xt::sum(value, {axis});
+        if (op == ReduceOp::mean && value.shape()[axis] != 0) out /= static_cast<T>(value.shape()[axis]);
+        return out;
+    }
 
     /// @brief RAII guard of a strategy's scope (Python's `with strategy.scope():`).
     class [[nodiscard]] Scope {
@@ -11137,8 +11188,8 @@ template <class T>
 struct Codec<PerWorkerValues<T>> {
     [[noreturn]] static nlohmann::json encode(ValuesWriter&, const PerWorkerValues<T>&) {
         throw InvalidArgumentError(
-            "pss: schedule: a PerWorkerValues cannot be sent to a worker in another process yet; create the "
-            "worker's data inside the registered function from worker_index()");
+            "pss: schedule: a PerWorkerValues inside another argument cannot be sent to a worker in another process; "
+            "pass it as an argument of its own (each worker then receives its value)");
     }
     [[noreturn]] static PerWorkerValues<T> decode(ValuesReader& r, const nlohmann::json&) {
         r.fail("a PerWorkerValues cannot be received");
@@ -12159,16 +12210,29 @@ private:
     std::shared_ptr<detail::RemoteState<R>> state_;
 };
 
-/// @brief Fetches every RemoteValue of a structure (a vector, or each argument): tf coordinator.fetch().
+/// @brief Fetches every RemoteValue of a structure, as tf coordinator.fetch(): a RemoteValue, or a
+/// std::vector, std::tuple or std::map of structures, nested as deep as wanted. The result has the
+/// structure's shape, each RemoteValue replaced by its value.
 template <class R>
 [[nodiscard]] decltype(auto) fetch(const RemoteValue<R>& value) {
     return value.fetch();
 }
-template <class R>
-[[nodiscard]] std::vector<R> fetch(const std::vector<RemoteValue<R>>& values) {
-    std::vector<R> out;
+template <class T>
+[[nodiscard]] auto fetch(const std::vector<T>& values) {
+    std::vector<std::decay_t<decltype(fetch(values.front()))>> out;
     out.reserve(values.size());
-    for (const auto& v : values) out.push_back(v.fetch());
+    for (const auto& v : values) out.push_back(fetch(v));
+    return out;
+}
+template <class... T>
+[[nodiscard]] auto fetch(const std::tuple<T...>& values) {
+    return std::apply([](const auto&... v) { return std::tuple<std::decay_t<decltype(fetch(v))>...>(fetch(v)...); },
+                      values);
+}
+template <class K, class T>
+[[nodiscard]] auto fetch(const std::map<K, T>& values) {
+    std::map<K, std::decay_t<decltype(fetch(values.begin()->second))>> out;
+    for (const auto& [key, v] : values) out.emplace(key, fetch(v));
     return out;
 }
 
@@ -12184,18 +12248,55 @@ inline constexpr std::string_view lambda_to_process =
     "&function) in every process and schedule what it returns";
 }  // namespace detail
 
+/// @brief A closure's input could not be made (TensorFlow's ClosureInputError): the per-worker value
+/// of the worker that ran the closure failed when create_per_worker_dataset made it. The message
+/// names the worker and gives the original error's. Raised by the closure, so by `join`, `done` and
+/// the closure's RemoteValue; a per-worker value no closure uses raises nothing.
+class ClosureInputError : public Error {
+public:
+    explicit ClosureInputError(const std::string& message) : Error(ErrorCode::invalid_argument, message) {}
+};
+
 /// @brief One value per worker (tf PerWorkerValues): a closure given one as an argument receives the
 /// value of the worker that runs it.
 template <class T>
 class PerWorkerValues {
 public:
     explicit PerWorkerValues(std::vector<std::shared_ptr<T>> values) : values_(std::move(values)) {}
+    /// @brief Values some of which failed to be made: `errors[i]`, when set, is worker i's failure,
+    /// raised as ClosureInputError by at(i) (so by a closure that uses it).
+    PerWorkerValues(std::vector<std::shared_ptr<T>> values, std::vector<std::exception_ptr> errors)
+        : values_(std::move(values)), errors_(std::move(errors)) {}
     [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
     /// @brief The value of worker `index`.
-    [[nodiscard]] T& at(std::size_t index) const { return *values_.at(index); }
+    /// @throws ClosureInputError when that value failed to be made
+    [[nodiscard]] T& at(std::size_t index) const {
+        if (index < errors_.size() && errors_[index]) {
+            std::string why;
+            try {
+                std::rethrow_exception(errors_[index]);
+            } catch (const std::exception& e) {
+                why = e.what();
+            } catch (...) {
+                why = "an exception that is not a std::exception";
+            }
+            throw ClosureInputError("pss: ClosureInputError: the per-worker value of worker " + std::to_string(index) +
+                                    " failed when it was made: " + why);
+        }
+        return *values_.at(index);
+    }
+    /// @brief Per-worker variables: every worker's value, in worker order (TensorFlow's `read_all()`).
+    [[nodiscard]] std::vector<Tensor> read_all() const
+        requires std::same_as<T, Variable>
+    {
+        std::vector<Tensor> out;
+        for (const auto& v : values_) out.push_back(v->read_value());
+        return out;
+    }
 
 private:
     std::vector<std::shared_ptr<T>> values_;
+    std::vector<std::exception_ptr> errors_;  // empty, or one per worker: null where its value was made
 };
 
 /// @brief Thrown inside a closure by ClusterCoordinator::testing_lose_current_worker(): the worker is
@@ -12340,10 +12441,27 @@ public:
 
     template <class F>
     [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
-        using T = std::decay_t<std::invoke_result_t<F&, int>>;
+        auto make = [&fn](int worker) {
+            // get_current_worker_index() answers inside the dataset function, as TensorFlow's does.
+            detail::ClosureContext context;
+            context.worker = worker;
+            const detail::ClosureContext::Guard guard(context);
+            if constexpr (std::invocable<F&, int>) return fn(worker);
+            else return fn();
+        };
+        using T = std::decay_t<std::invoke_result_t<decltype(make)&, int>>;
         std::vector<std::shared_ptr<T>> values;
-        for (int i = 0; i < num_workers(); ++i) values.push_back(std::make_shared<T>(fn(i)));
-        return PerWorkerValues<T>(std::move(values));
+        std::vector<std::exception_ptr> errors;  // TensorFlow's: raised by the closures that use them
+        for (int i = 0; i < num_workers(); ++i) {
+            try {
+                values.push_back(std::make_shared<T>(make(i)));
+                errors.emplace_back();
+            } catch (...) {
+                values.emplace_back();
+                errors.push_back(std::current_exception());
+            }
+        }
+        return PerWorkerValues<T>(std::move(values), std::move(errors));
     }
 
 private:
@@ -12371,7 +12489,9 @@ private:
                 Request request;
                 request.kind = RequestKind::call;
                 request.name = fn->name();
-                request.values = std::apply([](const auto&... a) { return detail::encode_values(a...); }, *args);
+                // A PerWorkerValues argument travels as the value of the worker that runs the call.
+                request.values =
+                    std::apply([&](auto&... a) { return detail::encode_values(resolve(a, worker)...); }, *args);
                 Reply reply = workers.call(worker, std::move(request)).get();
                 if (reply.code == ErrorCode::unavailable)
                     throw WorkerLostError("pss: worker " + std::to_string(worker) + " was lost: " + reply.message);
@@ -12902,7 +13022,28 @@ public:
         });
     }
 
-    /// @brief One value per worker, made by `fn(worker_index)` (tf create_per_worker_dataset).
+    /// @brief TensorFlow's per-worker variable (`tf.Variable(..., per_worker_variable=True)` in a
+    /// ParameterServerStrategy's scope): one variable per worker, each from `initial_value`, named
+    /// `name/worker_<i>` and placed on the ps tasks as any other. A closure given it as an argument
+    /// receives its worker's variable (a worker process too); `read_all()` reads every worker's.
+    /// @throws FailedPreconditionError when the coordinator was not made for a pss::Strategy
+    [[nodiscard]] PerWorkerValues<Variable> create_per_worker_variable(const Tensor& initial_value,
+                                                                       const std::string& name = "Variable") {
+        Strategy* strategy = pool_->strategy();
+        if (strategy == nullptr)
+            throw FailedPreconditionError("pss: create_per_worker_variable: this coordinator's strategy places no "
+                                          "variables");
+        const Strategy::Scope scope(*strategy);
+        std::vector<std::shared_ptr<Variable>> variables;
+        for (int i = 0; i < num_workers(); ++i)
+            variables.push_back(std::make_shared<Variable>(Tensor(initial_value), name + "/worker_" + std::to_string(i)));
+        return PerWorkerValues<Variable>(std::move(variables));
+    }
+
+    /// @brief One value per worker (tf create_per_worker_dataset), made by `fn(worker_index)` or by
+    /// `fn()`, which may ask get_current_worker_index() as TensorFlow's dataset functions do. A worker's
+    /// value whose making throws is not raised here: a closure that receives it raises ClosureInputError
+    /// (from `join` and its RemoteValue), and one that does not use it runs, as in TensorFlow.
     template <class F>
     [[nodiscard]] auto create_per_worker_dataset(F&& fn) {
         return pool_->create_per_worker_dataset(std::forward<F>(fn));

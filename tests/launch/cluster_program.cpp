@@ -100,6 +100,25 @@ int add_to_both(pss::Variable a, pss::Variable b, float amount) {
 }
 const auto add_both = pss::register_function("cluster_program.add_to_both", &add_to_both);
 
+/// TensorFlow's step shape, on whichever process runs the worker: strategy.run(replica_fn, args), then
+/// strategy.reduce; gives y + 2y, or 100 more if the worker index were out of range.
+float replica_step(pss::Variable v, float x) {
+    pss::Strategy& strategy = pss::get_strategy();
+    auto per_replica = strategy.run(
+        [&](float y) {
+            v.assign_add(xt::xarray<float>{y});
+            return xt::xarray<float>{y, 2 * y};
+        },
+        x);
+    const int worker = pss::get_current_worker_index();
+    return strategy.reduce(pss::ReduceOp::sum, per_replica, 0)(0) + (worker == 0 || worker == 1 ? 0.0f : 100.0f);
+}
+const auto replica = pss::register_function("cluster_program.replica_step", &replica_step);
+
+/// Adds `x` to this worker's per-worker variable.
+void add_to_mine(pss::Variable mine, float x) { mine.assign_add(xt::xarray<float>{x}); }
+const auto add_mine = pss::register_function("cluster_program.add_to_mine", &add_to_mine);
+
 /// Wall-clock nanoseconds: the one clock two processes of this machine share.
 long long wall_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -358,6 +377,20 @@ int main(int argc, char** argv) {
     std::cout << "after 10 closures: " << v.read<float>()(0) << ", done: " << coordinator.done() << "\n";
     std::cout << "worker indices in range: " << (!workers.empty() && *workers.begin() >= 0 && *workers.rbegin() < 2)
               << "\n";
+
+    pss::Variable r = [&] {
+        auto scope = strategy.scope();
+        return pss::Variable(xt::xarray<float>{0}, "r");
+    }();
+    std::vector<pss::RemoteValue<float>> steps;
+    for (float x : {1.0f, 2.0f}) steps.push_back(coordinator.schedule(replica, r, x));
+    const std::vector<float> reduced = pss::fetch(steps);
+    std::cout << "strategy.run on the workers: " << reduced[0] + reduced[1] << ", r = " << r.read<float>()(0) << "\n";
+    auto mine = coordinator.create_per_worker_variable(xt::xarray<float>{0}, "mine");
+    for (int w = 0; w < 2; ++w) (void)coordinator.schedule_on(w, add_mine, mine, static_cast<float>(w + 1));
+    coordinator.join();
+    const auto all = mine.read_all();
+    std::cout << "per-worker variables: " << all[0].get<float>()(0) << " " << all[1].get<float>()(0) << "\n";
 
     auto values = coordinator.schedule(scale, xt::xarray<double>{1.5, -2.0}, 2.0, std::string("abc")).fetch();
     std::cout << "scaled: " << values[0] << " " << values[1] << "\n";

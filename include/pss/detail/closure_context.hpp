@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include <pss/config.hpp>
+#include <pss/errors.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -50,6 +51,19 @@ struct ClosureContext {
 [[nodiscard]] inline int worker_index() noexcept {
     const auto* context = detail::ClosureContext::current();
     return context != nullptr ? context->worker : -1;
+}
+
+/// @brief TensorFlow's `tf.distribute.coordinator.experimental_get_current_worker_index()`: the index
+/// of the worker running the current closure, or the dataset function of
+/// `ClusterCoordinator::create_per_worker_dataset` for that worker.
+/// @throws FailedPreconditionError on the coordinator, outside both, as TensorFlow raises there
+[[nodiscard]] inline int get_current_worker_index() {
+    const int worker = worker_index();
+    if (worker < 0)
+        throw FailedPreconditionError(
+            "pss: get_current_worker_index() was called outside a worker: call it inside a function that "
+            "ClusterCoordinator::schedule runs, or a dataset function of create_per_worker_dataset");
+    return worker;
 }
 
 PSS_NAMESPACE_END
