@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -624,6 +625,34 @@ TEST_SUITE("Variable") {
         os << weights;
         CHECK(os.str() == "<pss::Variable 'weights:0' shape=(5,) dtype=int32, value=[1, 2, 3, 4, 5]>");
         CHECK(weights.device() == "/job:ps/replica:0/task:0/device:CPU:0");
+    }
+    TEST_CASE("OneDeviceStrategy: variables on this process's CPU, with the scope, run, reduce and optimizer of "
+              "every strategy, so that code written for pss::Strategy& switches strategies") {
+        // One training step written once, for any strategy.
+        auto train = [](pss::Strategy& strategy) {
+            auto scope = strategy.scope();
+            pss::Variable w(xt::xarray<float>{1, 2}, "w");
+            CHECK(&pss::get_strategy() == &strategy);
+            const float doubled = strategy.run([&](float x) { return 2 * x; }, 3.0f);
+            w.apply_gradient(xt::xarray<float>{doubled, -doubled});
+            return std::pair{w.read<float>(), w.device()};
+        };
+        pss::OneDeviceStrategy<> one("/cpu:0", pss::SGD(0.5));
+        CHECK(one.num_replicas_in_sync() == 1);
+        CHECK(one.device() == "/job:localhost/replica:0/task:0/device:CPU:0");
+        const auto [on_one, device] = train(one);
+        CHECK(on_one == xt::xarray<float>{-2, 5});  // 1 - 0.5 * 6, 2 + 0.5 * 6
+        CHECK(device == "/job:localhost/replica:0/task:0/device:CPU:0");
+        pss::ParameterServerStrategy<> ps({}, {}, pss::SGD(0.5));
+        const auto [on_ps, ps_device] = train(ps);
+        CHECK(on_ps == on_one);
+        CHECK(ps_device == "/job:ps/replica:0/task:0/device:CPU:0");
+        CHECK(pss::OneDeviceStrategy<>("/device:CPU:1").device() == "/job:localhost/replica:0/task:0/device:CPU:1");
+        CHECK(pss::OneDeviceStrategy<>("/job:localhost/replica:0/task:0/device:CPU:0").device() == one.device());
+        CHECK_THROWS_WITH_AS(pss::OneDeviceStrategy<>("/gpu:0"),
+                             "pss: OneDeviceStrategy: device \"/gpu:0\" is not a CPU of this process; pss holds "
+                             "variables in CPU memory: give \"/cpu:0\"",
+                             pss::InvalidArgumentError);
     }
     TEST_CASE("Variable: outside any scope it lives on the coordinator") {
         pss::Variable v(xt::xarray<double>{1.5, 2.5}, "local");

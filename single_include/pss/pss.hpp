@@ -10816,6 +10816,80 @@ private:
     std::atomic<std::uint64_t> next_id_{1};
 };
 
+namespace detail {
+
+/// A store in this process, run by the calling thread behind a lock, for OneDeviceStrategy: its own
+/// optimizer and device name.
+template <class OptimizerPolicy>
+class DeviceChannel final : public Channel {
+public:
+    DeviceChannel(OptimizerPolicy optimizer, std::string device) : server_(std::move(optimizer)), device_(std::move(device)) {}
+    std::future<Reply> send(int, Request request) override {
+        std::promise<Reply> p;
+        {
+            std::lock_guard lock(mutex_);
+            p.set_value(server_.handle(std::move(request)));
+        }
+        return p.get_future();
+    }
+    [[nodiscard]] std::string device(int) const override { return device_; }
+
+private:
+    std::mutex mutex_;
+    ParameterServer<OptimizerPolicy> server_;
+    std::string device_;
+};
+
+/// TensorFlow's spelling of this process's CPU `index`.
+inline std::string local_cpu(const std::string& index) { return "/job:localhost/replica:0/task:0/device:CPU:" + index; }
+
+}  // namespace detail
+
+/// @brief TensorFlow's `tf.distribute.OneDeviceStrategy(device)`: the variables created in its scope
+/// live in this process, on that device, and `Optimizer` applies their gradients; the same `scope()`,
+/// `run`, `reduce` and `get_strategy()` as the parameter-server strategies, so that code written
+/// against `pss::Strategy&` switches between them (a debugging run on one machine, say).
+///
+/// @par Example
+/// @code
+/// pss::OneDeviceStrategy<> strategy("/cpu:0");
+/// auto scope = strategy.scope();
+/// pss::Variable w(xt::xarray<float>{1, 2}, "w");  // w.device() is "/job:localhost/replica:0/task:0/device:CPU:0"
+/// @endcode
+template <Optimizer OptimizerPolicy = SGD>
+class OneDeviceStrategy final : public Strategy {
+public:
+    /// @param device a CPU of this process, as TensorFlow spells it: "/cpu:0", "/CPU:0", "/device:CPU:0",
+    ///        or the full "/job:localhost/replica:0/task:0/device:CPU:0"
+    /// @throws InvalidArgumentError for another device (a GPU: pss holds variables in CPU memory)
+    explicit OneDeviceStrategy(const std::string& device = "/cpu:0", OptimizerPolicy optimizer = {})
+        : channel_(std::make_shared<detail::DeviceChannel<OptimizerPolicy>>(std::move(optimizer), canonical(device))) {}
+
+    [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
+    /// @brief The device, as TensorFlow names it: "/job:localhost/replica:0/task:0/device:CPU:0".
+    [[nodiscard]] std::string device() const { return channel_->device(-1); }
+    Variable create_variable(Tensor initial_value, std::string name) override {
+        const std::uint64_t id = next_id_.fetch_add(1);
+        const std::size_t rows = initial_value.has_value() && initial_value.rank() > 0 ? initial_value.shape()[0] : 0;
+        return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {rows}, {-1});
+    }
+
+private:
+    static std::string canonical(const std::string& device) {
+        for (const char* prefix : {"/cpu:", "/CPU:", "/device:CPU:", "/job:localhost/replica:0/task:0/device:CPU:"}) {
+            const std::string p(prefix);
+            const std::string index = device.starts_with(p) ? device.substr(p.size()) : std::string();
+            if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos)
+                return detail::local_cpu(index);
+        }
+        throw InvalidArgumentError("pss: OneDeviceStrategy: device \"" + device +
+                                   "\" is not a CPU of this process; pss holds variables in CPU memory: give \"/cpu:0\"");
+    }
+
+    std::shared_ptr<detail::DeviceChannel<OptimizerPolicy>> channel_;
+    std::atomic<std::uint64_t> next_id_{1};
+};
+
 /// @brief The strategy whose scope is active on this thread; outside any scope, the process's
 /// DefaultStrategy (variables on the coordinator), as tf.distribute.get_strategy().
 [[nodiscard]] inline Strategy& get_strategy() {
