@@ -596,6 +596,13 @@ TEST_SUITE("ParameterServerStrategy") {
                              "needs at least one ps task",
                              pss::InvalidArgumentError);
         CHECK_THROWS_AS(S(pss::SimpleClusterResolver(pss::ClusterSpec{{"ps", {"p:1"}}})), pss::InvalidArgumentError);
+        // TF_CONFIG {} reads as TensorFlow's empty cluster; the strategy refuses it.
+        using TF = pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                                pss::TFConfigClusterResolver>;
+        CHECK_THROWS_WITH_AS(TF(pss::TFConfigClusterResolver("{}")),
+                             "pss: ParameterServerStrategy: the cluster has no \"ps\" job; ParameterServerStrategy "
+                             "needs at least one ps task",
+                             pss::InvalidArgumentError);
     }
     TEST_CASE("ParameterServerStrategy: composes from the five archetypes, using nothing undocumented") {
         using S = pss::ParameterServerStrategy<pss::archetypes::TransportArchetype, pss::archetypes::PartitionerArchetype,
@@ -660,13 +667,6 @@ TEST_SUITE("Variable") {
         v.assign_add(xt::xarray<double>{1, 1});
         CHECK(v.read<double>() == xt::xarray<double>{2.5, 3.5});
         CHECK(v.to_string() == "<pss::Variable 'local:0' shape=(2,) dtype=float64, value=[2.5, 3.5]>");
-        // TF_CONFIG {} reads as TensorFlow's empty cluster; the strategy refuses it.
-        using TF = pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
-                                                pss::TFConfigClusterResolver>;
-        CHECK_THROWS_WITH_AS(TF(pss::TFConfigClusterResolver("{}")),
-                             "pss: ParameterServerStrategy: the cluster has no \"ps\" job; ParameterServerStrategy "
-                             "needs at least one ps task",
-                             pss::InvalidArgumentError);
     }
     TEST_CASE_TEMPLATE("Variable: every element type round-trips through a ps", T, float, double, std::int32_t,
                        std::int64_t) {
@@ -925,6 +925,59 @@ TEST_SUITE("Variable") {
         CHECK(xt::view(v, 9) == xt::xarray<float>{-3, -3});
         CHECK(xt::view(v, 5) == xt::xarray<float>{10, 11});
     }
+    TEST_CASE("Variable: scatter_mul, scatter_div, scatter_min and scatter_max combine each row in order, across "
+              "uneven shards") {
+        ShardedFixture f;  // rows 0-3 on shard 0, 4-6 on shard 1, 7-9 on shard 2; row r is (2r, 2r + 1)
+        f.v.scatter_mul(Ids{1, 8, 1}, xt::xarray<float>{{2, 2}, {3, 3}, {10, 10}});
+        f.v.scatter_div(Ids{9, 9}, xt::xarray<float>{{2, 2}, {-4, 4}});
+        f.v.scatter_min(Ids{0, 5, 0}, xt::xarray<float>{{-1, 5}, {100, 0}, {3, -7}});
+        f.v.scatter_max(Ids{4, 6}, xt::xarray<float>{{9, 0}, {0, 100}});
+        CHECK(f.v.read<float>() == xt::xarray<float>{{-1, -7},      // min(0, -1, 3), min(1, 5, -7)
+                                                     {40, 60},      // 2 * 2 * 10, 3 * 2 * 10
+                                                     {4, 5},        // untouched
+                                                     {6, 7},        // untouched
+                                                     {9, 9},        // max(8, 9), max(9, 0)
+                                                     {10, 0},       // min(10, 100), min(11, 0)
+                                                     {12, 100},     // max(12, 0), max(13, 100)
+                                                     {14, 15},      // untouched
+                                                     {48, 51},      // 16 * 3, 17 * 3
+                                                     {-2.25, 2.375}});  // 18 / 2 / -4, 19 / 2 / 4
+        // A float divided by zero follows IEEE 754, as TensorFlow's does.
+        f.v.scatter_div(Ids{2}, xt::xarray<float>{{0, 0}});
+        CHECK(xt::view(f.v.read<float>(), 2) == xt::xarray<float>{std::numeric_limits<float>::infinity(),
+                                                                 std::numeric_limits<float>::infinity()});
+        CHECK_THROWS_WITH_AS(f.v.scatter_min(Ids{3}, xt::xarray<float>{{1, 1}, {2, 2}}),
+                             "pss: scatter_min on variable 'table:0': expected shape (1, 2) dtype float32, got shape "
+                             "(2, 2) dtype float32",
+                             pss::InvalidArgumentError);
+    }
+    TEST_CASE("Variable: integer scatters divide toward zero and wrap around on overflow; a zero divisor changes "
+              "no shard") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<2, 1>>
+            strategy{{}, pss::FixedShardsPartitioner(2), pss::SGD(0.5)};
+        auto scope = strategy.scope();
+        constexpr std::int32_t low = std::numeric_limits<std::int32_t>::min();
+        constexpr std::int32_t high = std::numeric_limits<std::int32_t>::max();
+        pss::Variable v(xt::xarray<std::int32_t>{7, -7, high, low}, "counts");  // rows 0-1 and 2-3
+        CHECK(v.num_shards() == 2);
+        v.scatter_div(Ids{0, 1, 3}, xt::xarray<std::int32_t>{2, 2, -1});
+        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{3, -3, high, low});  // -low wraps to low
+        v.scatter_mul(Ids{2}, xt::xarray<std::int32_t>{2});
+        v.scatter_add(Ids{3}, xt::xarray<std::int32_t>{-1});
+        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{3, -3, -2, high});
+        v.assign_add(xt::xarray<std::int32_t>{0, 0, 0, 1});
+        v.assign_sub(xt::xarray<std::int32_t>{low, 0, 0, 0});
+        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -3, -2, low});
+        CHECK_THROWS_WITH_AS(v.scatter_div(Ids{0, 2, 3}, xt::xarray<std::int32_t>{1, 2, 0}),
+                             "pss: scatter_div on variable 'counts:0': row 2 of the divisor holds 0; an integer "
+                             "variable cannot be divided by zero, so nothing was changed",
+                             pss::InvalidArgumentError);
+        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -3, -2, low});
+        v.scatter_min(Ids{1, 1}, xt::xarray<std::int32_t>{-5, 9});
+        v.scatter_max(Ids{2}, xt::xarray<std::int32_t>{high});
+        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -5, high, low});
+    }
     TEST_CASE("Variable: apply_gradient and apply_sparse_gradient run the optimizer on the ps, summing repeated ids") {
         ShardedFixture f;  // SGD with learning rate 0.5
         f.v.apply_gradient(xt::xarray<float>(xt::ones<float>({10, 2}) * 2.0f));
@@ -1011,56 +1064,3 @@ TEST_SUITE("Variable") {
         CHECK_THROWS_AS((void)pss::Variable().read_value(), pss::FailedPreconditionError);
     }
 }
-    TEST_CASE("Variable: scatter_mul, scatter_div, scatter_min and scatter_max combine each row in order, across "
-              "uneven shards") {
-        ShardedFixture f;  // rows 0-3 on shard 0, 4-6 on shard 1, 7-9 on shard 2; row r is (2r, 2r + 1)
-        f.v.scatter_mul(Ids{1, 8, 1}, xt::xarray<float>{{2, 2}, {3, 3}, {10, 10}});
-        f.v.scatter_div(Ids{9, 9}, xt::xarray<float>{{2, 2}, {-4, 4}});
-        f.v.scatter_min(Ids{0, 5, 0}, xt::xarray<float>{{-1, 5}, {100, 0}, {3, -7}});
-        f.v.scatter_max(Ids{4, 6}, xt::xarray<float>{{9, 0}, {0, 100}});
-        CHECK(f.v.read<float>() == xt::xarray<float>{{-1, -7},      // min(0, -1, 3), min(1, 5, -7)
-                                                     {40, 60},      // 2 * 2 * 10, 3 * 2 * 10
-                                                     {4, 5},        // untouched
-                                                     {6, 7},        // untouched
-                                                     {9, 9},        // max(8, 9), max(9, 0)
-                                                     {10, 0},       // min(10, 100), min(11, 0)
-                                                     {12, 100},     // max(12, 0), max(13, 100)
-                                                     {14, 15},      // untouched
-                                                     {48, 51},      // 16 * 3, 17 * 3
-                                                     {-2.25, 2.375}});  // 18 / 2 / -4, 19 / 2 / 4
-        // A float divided by zero follows IEEE 754, as TensorFlow's does.
-        f.v.scatter_div(Ids{2}, xt::xarray<float>{{0, 0}});
-        CHECK(xt::view(f.v.read<float>(), 2) == xt::xarray<float>{std::numeric_limits<float>::infinity(),
-                                                                 std::numeric_limits<float>::infinity()});
-        CHECK_THROWS_WITH_AS(f.v.scatter_min(Ids{3}, xt::xarray<float>{{1, 1}, {2, 2}}),
-                             "pss: scatter_min on variable 'table:0': expected shape (1, 2) dtype float32, got shape "
-                             "(2, 2) dtype float32",
-                             pss::InvalidArgumentError);
-    }
-    TEST_CASE("Variable: integer scatters divide toward zero and wrap around on overflow; a zero divisor changes "
-              "no shard") {
-        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
-                                     pss::LocalClusterResolver<2, 1>>
-            strategy{{}, pss::FixedShardsPartitioner(2), pss::SGD(0.5)};
-        auto scope = strategy.scope();
-        constexpr std::int32_t low = std::numeric_limits<std::int32_t>::min();
-        constexpr std::int32_t high = std::numeric_limits<std::int32_t>::max();
-        pss::Variable v(xt::xarray<std::int32_t>{7, -7, high, low}, "counts");  // rows 0-1 and 2-3
-        CHECK(v.num_shards() == 2);
-        v.scatter_div(Ids{0, 1, 3}, xt::xarray<std::int32_t>{2, 2, -1});
-        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{3, -3, high, low});  // -low wraps to low
-        v.scatter_mul(Ids{2}, xt::xarray<std::int32_t>{2});
-        v.scatter_add(Ids{3}, xt::xarray<std::int32_t>{-1});
-        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{3, -3, -2, high});
-        v.assign_add(xt::xarray<std::int32_t>{0, 0, 0, 1});
-        v.assign_sub(xt::xarray<std::int32_t>{low, 0, 0, 0});
-        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -3, -2, low});
-        CHECK_THROWS_WITH_AS(v.scatter_div(Ids{0, 2, 3}, xt::xarray<std::int32_t>{1, 2, 0}),
-                             "pss: scatter_div on variable 'counts:0': row 2 of the divisor holds 0; an integer "
-                             "variable cannot be divided by zero, so nothing was changed",
-                             pss::InvalidArgumentError);
-        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -3, -2, low});
-        v.scatter_min(Ids{1, 1}, xt::xarray<std::int32_t>{-5, 9});
-        v.scatter_max(Ids{2}, xt::xarray<std::int32_t>{high});
-        CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -5, high, low});
-    }
