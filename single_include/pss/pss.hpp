@@ -2672,11 +2672,11 @@ public:
     /// An empty function reads the process environment; no `num_ps` reads `PSS_NUM_PS` (1 when unset).
     explicit AutoClusterResolver(EnvironmentLookup environment, std::optional<int> ps_tasks = std::nullopt) {
         if (!environment) environment = detail::process_environment;
-        // Read only for the layouts that use them: a TF_CONFIG or the local cluster says its own.
         if (ps_tasks && *ps_tasks < 1) {
             throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(*ps_tasks) +
                                        " but a ParameterServerStrategy needs at least 1 ps task");
         }
+        // Read only for the layouts that use them: a TF_CONFIG or the local cluster says its own.
         const auto num_ps = [&] {
             return ps_tasks ? *ps_tasks
                             : variable(environment, "PSS_NUM_PS", 1, 1, 1'000'000,
@@ -6007,6 +6007,7 @@ private:
         } catch (const Error& e) {
             return fail(e.what());
         }
+        where_host_ = where.host;
         where_text_ = where.host + ":" + std::to_string(where.port);
         stream_.plain();  // the last attempt's TLS, if any, is over
         bound_attempt();
@@ -6186,8 +6187,7 @@ private:
     /// Kubernetes service whose DNS name is not published yet).
     std::string failure_text(std::error_code ec) const {
         if (!unresolved_) return ec.message();
-        const auto colon = where_text_.rfind(':');
-        return "the host name \"" + where_text_.substr(0, colon) + "\" does not resolve: " + ec.message();
+        return "the host name \"" + where_host_ + "\" does not resolve: " + ec.message();
     }
 
     // ---- deadlines ----
@@ -6383,7 +6383,7 @@ private:
     bool attempting_ = false;         // the backoff timer bounds the connect attempt meanwhile
     bool attempt_timed_out_ = false;  // it ended the attempt
     TcpWriteBatch batch_;
-    std::string where_text_;
+    std::string where_host_, where_text_;  // the last attempt's host, and "host:port"
     Clock::time_point connect_started_, connect_deadline_, next_wait_report_;
     bool ending_cluster_ = false;               // a shutdown request was taken: the link's end is expected
     std::optional<std::uint64_t> heartbeat_id_;  // the heartbeat not answered yet
@@ -7219,11 +7219,11 @@ public:
         } else if (ec) {
             asio::ip::tcp::resolver resolver(io_);
             const auto results = resolver.resolve(where.host, std::to_string(where.port), ec);
-            if (!tls_ && (ec || results.empty()))
-                throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
-                                       task.to_string() + ": the host name \"" + where.host + "\" does not resolve (" +
-                                       ec.message() + ")");
             if (!tls_) {
+                if (ec || results.empty())
+                    throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
+                                           task.to_string() + ": the host name \"" + where.host +
+                                           "\" does not resolve (" + ec.message() + ")");
                 address = results.begin()->endpoint().address();  // plaintext listens where the name resolves only
             } else {
                 // Over TLS a name is bound where it resolves when that is not loopback (only its own

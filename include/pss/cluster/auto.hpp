@@ -66,11 +66,11 @@ public:
     /// An empty function reads the process environment; no `num_ps` reads `PSS_NUM_PS` (1 when unset).
     explicit AutoClusterResolver(EnvironmentLookup environment, std::optional<int> ps_tasks = std::nullopt) {
         if (!environment) environment = detail::process_environment;
-        // Read only for the layouts that use them: a TF_CONFIG or the local cluster says its own.
         if (ps_tasks && *ps_tasks < 1) {
             throw InvalidArgumentError("pss: AutoClusterResolver: num_ps is " + std::to_string(*ps_tasks) +
                                        " but a ParameterServerStrategy needs at least 1 ps task");
         }
+        // Read only for the layouts that use them: a TF_CONFIG or the local cluster says its own.
         const auto num_ps = [&] {
             return ps_tasks ? *ps_tasks
                             : variable(environment, "PSS_NUM_PS", 1, 1, 1'000'000,

@@ -201,11 +201,11 @@ public:
         } else if (ec) {
             asio::ip::tcp::resolver resolver(io_);
             const auto results = resolver.resolve(where.host, std::to_string(where.port), ec);
-            if (!tls_ && (ec || results.empty()))
-                throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
-                                       task.to_string() + ": the host name \"" + where.host + "\" does not resolve (" +
-                                       ec.message() + ")");
             if (!tls_) {
+                if (ec || results.empty())
+                    throw UnavailableError("pss: TcpTransport: cannot listen on " + spec_.task_address(task) + " for " +
+                                           task.to_string() + ": the host name \"" + where.host +
+                                           "\" does not resolve (" + ec.message() + ")");
                 address = results.begin()->endpoint().address();  // plaintext listens where the name resolves only
             } else {
                 // Over TLS a name is bound where it resolves when that is not loopback (only its own

@@ -246,6 +246,7 @@ private:
         } catch (const Error& e) {
             return fail(e.what());
         }
+        where_host_ = where.host;
         where_text_ = where.host + ":" + std::to_string(where.port);
         stream_.plain();  // the last attempt's TLS, if any, is over
         bound_attempt();
@@ -425,8 +426,7 @@ private:
     /// Kubernetes service whose DNS name is not published yet).
     std::string failure_text(std::error_code ec) const {
         if (!unresolved_) return ec.message();
-        const auto colon = where_text_.rfind(':');
-        return "the host name \"" + where_text_.substr(0, colon) + "\" does not resolve: " + ec.message();
+        return "the host name \"" + where_host_ + "\" does not resolve: " + ec.message();
     }
 
     // ---- deadlines ----
@@ -622,7 +622,7 @@ private:
     bool attempting_ = false;         // the backoff timer bounds the connect attempt meanwhile
     bool attempt_timed_out_ = false;  // it ended the attempt
     TcpWriteBatch batch_;
-    std::string where_text_;
+    std::string where_host_, where_text_;  // the last attempt's host, and "host:port"
     Clock::time_point connect_started_, connect_deadline_, next_wait_report_;
     bool ending_cluster_ = false;               // a shutdown request was taken: the link's end is expected
     std::optional<std::uint64_t> heartbeat_id_;  // the heartbeat not answered yet
