@@ -12,20 +12,10 @@ bin=$1 src=$2 launch=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
 skip() { echo "check_mpirun.sh: skipped: $*" >&2; exit 77; }
 command -v mpirun >/dev/null || skip "mpirun is not installed (Debian: openmpi-bin)"
-# Five free consecutive ports, for ranks 0 to 4.
-port_base=$(python3 -c '
-import socket, random
-for _ in range(200):
-    base = random.randrange(20000, 32000)  # below the ephemeral ports, which connections take
-    socks = []
-    try:
-        for p in range(base, base + 5):
-            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()')
+# Five free consecutive ports, for ranks 0 to 4, below the ephemeral ports, which connections take.
+# shellcheck source-path=SCRIPTDIR source=../free_ports.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../free_ports.sh"
+port_base=$(free_ports 5 32000)
 "$launch" --ps 2 --workers 2 --write-certificates "$work/tls" >/dev/null
 chmod 700 "$work/tls"
 mpi=(timeout 300 mpirun --allow-run-as-root --oversubscribe -np 5 --tag-output

@@ -8,6 +8,7 @@
 set -euo pipefail
 program=$1 launch=$2 expected=$3 work=$4
 rm -rf "$work" && mkdir -p "$work"
+# shellcheck source-path=SCRIPTDIR source=hand_cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/hand_cluster.sh"
 status=0
 run_chief_twice "$launch" "$work" "$program" --chief-restart "$work"

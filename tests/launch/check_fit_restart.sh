@@ -11,6 +11,7 @@
 set -euo pipefail
 program=$1 launch=$2 work=$3
 rm -rf "$work" && mkdir -p "$work/whole" "$work/once"
+# shellcheck source-path=SCRIPTDIR source=hand_cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/hand_cluster.sh"
 status=0
 if ! timeout 120 "$program" fit "$work/whole" whole >"$work/whole.out" 2>"$work/whole.err"; then

@@ -8,6 +8,7 @@
 set -euo pipefail
 program=$1 expected=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
+# shellcheck source-path=SCRIPTDIR source=hand_cluster.sh
 source "$(dirname "${BASH_SOURCE[0]}")/hand_cluster.sh"
 tls=$work/tls && mkdir -m 700 "$tls"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=pss test CA" \
