@@ -35,24 +35,38 @@ PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// Sums the rows of repeated ids: returns the unique ids (first-seen order) and their summed rows.
+/// The rows of repeated ids summed: the unique ids (in increasing order) and their rows, each the sum
+/// of its id's rows in the order given; nothing when no id repeats (the caller applies the rows as they
+/// are). Sorting a permutation finds the repeats without a hash table, and the sums start from each
+/// id's first row rather than from a zero-filled copy of every row.
 template <class T>
-std::pair<std::vector<std::int64_t>, xt::xarray<T>> sum_duplicate_rows(std::span<const std::int64_t> ids,
-                                                                        const xt::xarray<T>& rows) {
+std::optional<std::pair<std::vector<std::int64_t>, xt::xarray<T>>> sum_duplicate_rows(std::span<const std::int64_t> ids,
+                                                                                       const xt::xarray<T>& rows) {
+    std::vector<std::size_t> order(ids.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return ids[a] != ids[b] ? ids[a] < ids[b] : a < b;  // a repeated id's rows keep their order
+    });
+    std::size_t unique_count = order.empty() ? 0 : 1;
+    for (std::size_t k = 1; k < order.size(); ++k) unique_count += ids[order[k]] != ids[order[k - 1]];
+    if (unique_count == ids.size()) return std::nullopt;
     const Shape shape(rows.shape().begin(), rows.shape().end());
     const std::size_t width = row_elements(shape);
-    std::unordered_map<std::int64_t, std::size_t> slot;
-    slot.reserve(ids.size());
     std::vector<std::int64_t> unique;
-    for (std::int64_t id : ids)
-        if (slot.emplace(id, unique.size()).second) unique.push_back(id);
-    xt::xarray<T> summed = xt::zeros<T>(rows_shape(shape, unique.size()));
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        T* out = summed.data() + slot[ids[i]] * width;
-        const T* in = rows.data() + i * width;
-        for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
+    unique.reserve(unique_count);
+    xt::xarray<T> summed = xt::xarray<T>::from_shape(rows_shape(shape, unique_count));
+    T* out = summed.data();
+    for (std::size_t k = 0; k < order.size(); ++k) {
+        const T* in = rows.data() + order[k] * width;
+        if (k == 0 || ids[order[k]] != ids[order[k - 1]]) {
+            out = summed.data() + unique.size() * width;
+            unique.push_back(ids[order[k]]);
+            std::copy(in, in + width, out);
+        } else {
+            for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
+        }
     }
-    return {std::move(unique), std::move(summed)};
+    return std::pair{std::move(unique), std::move(summed)};
 }
 
 /// How many of `values` are NaN or infinite: those whose exponent bits are all ones. Counted on the
@@ -386,10 +400,14 @@ private:
                                        "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
-    /// Sums rows of repeated ids, scales them and lets the optimizer apply them.
+    /// Sums rows of repeated ids, scales them and lets the optimizer apply them. Rows without a repeated
+    /// id and without a scale go to the optimizer as they came: no copy.
     template <class T>
     void apply_rows(State<T>& state, std::span<const std::int64_t> ids, const xt::xarray<T>& rows, T scale) {
-        auto [unique, summed] = detail::sum_duplicate_rows<T>(ids, rows);
+        auto merged = detail::sum_duplicate_rows<T>(ids, rows);
+        if (!merged && scale == T{1}) return optimizer_.apply_sparse(state.value, *state.slots, ids, rows);
+        if (!merged) merged.emplace(std::vector<std::int64_t>(ids.begin(), ids.end()), rows);
+        auto& [unique, summed] = *merged;
         if (scale != T{1}) summed *= scale;
         optimizer_.apply_sparse(state.value, *state.slots, std::span<const std::int64_t>(unique), std::as_const(summed));
     }
