@@ -19,9 +19,9 @@
 // closures, runs 3 more, and ps 1 kills itself; the launcher starts it again, the chief restores every
 // variable from the checkpoint, and the 4 closures scheduled after the loss give 5 + 4 on both ps tasks.
 //
-// `cluster_program --long-step SECONDS` (golden file long_step.expected, TensorFlow's heartbeat defaults: every
-// 1 s, lost after 10 s): one step of SECONDS (90 in the test) on a worker, while the other worker runs short
-// closures; the step completes and no task is lost (liveness comes from heartbeats, not from deadlines).
+// `cluster_program --long-step SECONDS` (golden file long_step.expected): one step of SECONDS (18 in the test,
+// nine times its heartbeat timeout of 2 s) on a worker, while the other worker runs short closures; the step
+// completes and no task is lost (liveness comes from heartbeats, not from deadlines).
 //
 // `cluster_program --chief-restart DIR` (check_chief_restart.sh, golden file chief_restart.expected): the
 // first chief saves a checkpoint, trains on and kills itself; the ps and worker tasks serve on, and a chief
