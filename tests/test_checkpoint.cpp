@@ -352,6 +352,42 @@ TEST_SUITE("checkpoint.hpp") {
         check_reshard<3, 2>(3, 2);
     }
 
+    TEST_CASE("Checkpoint: a string variable is saved as numpy's fixed-width bytes and restored into other shards "
+              "exactly; an element ending in a NUL byte is refused") {
+        using namespace std::string_literals;
+        TempDir dir;
+        const xt::xarray<std::string> words{"the", "", "a longer word", "\x01\x02"s, "z"};
+        {
+            Strat<pss::SGD, 2> s({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+            auto scope = s.scope();
+            pss::Variable vocab(words, "vocab");  // rows 0-2 and 3-4
+            pss::Checkpoint(s).write(dir / "ckpt");
+        }
+        const auto index = pss::detail::read_index(dir / "ckpt");
+        REQUIRE(index.variables.size() == 1);
+        CHECK(index.variables[0].dtype == pss::DType::string);
+        // Shard 0's file: numpy's header of dtype |S13 (its longest element), then each element padded with NULs.
+        const auto& record = index.variables[0].shards.at(0).value;
+        std::ifstream in(dir / "ckpt" + "/" + record.file, std::ios::binary);
+        const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        CHECK(file.substr(0, record.header_bytes).find("{'descr': '|S13', 'fortran_order': False, 'shape': (3,), }") !=
+              std::string::npos);
+        CHECK(file.substr(record.header_bytes) == "the" + std::string(10, '\0') + std::string(13, '\0') + "a longer word");
+
+        Strat<pss::SGD, 3> t({}, pss::FixedShardsPartitioner(3), pss::SGD(0.1));
+        auto scope = t.scope();
+        pss::Variable vocab(xt::xarray<std::string>{"", "", "", "", ""}, "vocab");  // rows 0-1, 2-3, 4
+        pss::Checkpoint(t).restore(dir / "ckpt");
+        CHECK(vocab.num_shards() == 3);
+        CHECK(vocab.read<std::string>() == words);
+
+        vocab.scatter_update(std::vector<std::int64_t>{1}, xt::xarray<std::string>{"x\0"s});
+        CHECK_THROWS_WITH_AS(pss::Checkpoint(t).write(dir / "nul"),
+                             doctest::Contains("element 1 ends in a NUL byte, which numpy's fixed-width bytes (dtype |S) "
+                                               "cannot keep; nothing was saved"),
+                             pss::InvalidArgumentError);
+    }
+
     TEST_CASE("Checkpoint: a restore before the variables exist applies as each is created (deferred)") {
         TempDir dir;
         const auto saved = train_and_save<2>(2, dir / "c");

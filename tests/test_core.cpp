@@ -74,6 +74,24 @@ TEST_SUITE("Tensor") {
         CHECK_THROWS_WITH_AS((void)t.get<std::int32_t>(), "pss: tensor holds dtype float32, not int32",
                              pss::InvalidArgumentError);
     }
+    TEST_CASE("Tensor: a string tensor holds byte strings of any length, prints them as Python's bytes, and is "
+              "refused where numbers are needed") {
+        using namespace std::string_literals;
+        pss::Tensor t(xt::xarray<std::string>{{"the"s, ""s}, {"it's"s, "\0\n\xff"s}});
+        CHECK(t.dtype() == pss::DType::string);
+        CHECK(pss::dtype_name(t.dtype()) == "string");
+        CHECK(t.shape() == pss::Shape{2, 2});
+        CHECK(t.size() == 4);
+        CHECK(t.nbytes() == 0);  // its elements are no one block of bytes
+        CHECK(t.bytes() == nullptr);
+        CHECK(pss::format_values(t) == "[[b'the', b''], [b'it\\'s', b'\\x00\\n\\xff']]");
+        CHECK(t.get<std::string>()(1, 0) == "it's");
+        CHECK(pss::Tensor::zeros(pss::DType::string, {2}).get<std::string>() == xt::xarray<std::string>{"", ""});
+        CHECK_THROWS_WITH_AS((void)t.get<float>(), "pss: tensor holds dtype string, not float32", pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(t.visit_mut([](auto&) {}),
+                             doctest::Contains("pss: a string value was given where numbers are needed"),
+                             pss::InvalidArgumentError);
+    }
     TEST_CASE("Tensor: moving a tensor moves its buffer") {
         xt::xarray<float> a = xt::ones<float>({1000});
         const float* data = a.data();
@@ -208,6 +226,36 @@ TEST_SUITE("ParameterServer") {
         read.key = {1, 0};
         pss::Tensor value = server.handle(std::move(read)).take();
         CHECK(value.get<float>() == xt::xarray<float>{1, 2, 3});
+    }
+    TEST_CASE("ParameterServer: a string shard is read, gathered, assigned and scatter_updated; arithmetic sent "
+              "straight to it is refused and changes nothing") {
+        pss::ParameterServer<pss::SGD> server;
+        auto request = [](pss::Op op, pss::Tensor payload = {}, Ids ids = {}) {
+            pss::Request r;
+            r.op = op;
+            r.key = {1, 0};
+            r.name = "vocab";
+            r.payload = std::move(payload);
+            r.ids = std::move(ids);
+            return r;
+        };
+        REQUIRE(server.handle(request(pss::Op::create, xt::xarray<std::string>{"a", "bb", "ccc"})).ok());
+        REQUIRE(server.handle(request(pss::Op::scatter_update, xt::xarray<std::string>{"x", "yyyy"}, Ids{2, 0})).ok());
+        CHECK(server.handle(request(pss::Op::gather, {}, Ids{0, 0, 2})).payload.get<std::string>() ==
+              xt::xarray<std::string>{"yyyy", "yyyy", "x"});
+        for (pss::Op op : {pss::Op::scatter_add, pss::Op::scatter_max, pss::Op::apply_sparse}) {
+            const pss::Reply reply = server.handle(request(op, xt::xarray<std::string>{"z"}, Ids{1}));
+            CHECK(reply.code == pss::ErrorCode::invalid_argument);
+            CHECK(reply.message == "pss: " + std::string(pss::op_name(op)) +
+                                       " on variable 'vocab': a string variable is read, assigned, gathered (sparse_read) "
+                                       "and scatter_updated; " + std::string(pss::op_name(op)) + " computes with numbers");
+        }
+        const pss::Reply add = server.handle(request(pss::Op::assign_add, xt::xarray<std::string>{"1", "2", "3"}));
+        CHECK(add.code == pss::ErrorCode::invalid_argument);
+        CHECK(server.handle(request(pss::Op::read)).payload.get<std::string>() == xt::xarray<std::string>{"yyyy", "bb", "x"});
+        REQUIRE(server.handle(request(pss::Op::assign, xt::xarray<std::string>{"", "a longer string than any", "q"})).ok());
+        CHECK(server.handle(request(pss::Op::read)).payload.get<std::string>() ==
+              xt::xarray<std::string>{"", "a longer string than any", "q"});
     }
     TEST_CASE("ParameterServer: a zero integer divisor sent straight to a ps is refused there too") {
         pss::ParameterServer<pss::SGD> server;
@@ -977,6 +1025,59 @@ TEST_SUITE("Variable") {
         v.scatter_min(Ids{1, 1}, xt::xarray<std::int32_t>{-5, 9});
         v.scatter_max(Ids{2}, xt::xarray<std::int32_t>{high});
         CHECK(v.read<std::int32_t>() == xt::xarray<std::int32_t>{low + 3, -5, high, low});
+    }
+    TEST_CASE("Variable: a string variable (a vocabulary) is sharded, read, gathered, sliced, scatter_updated and "
+              "assigned across shards; arithmetic is refused before anything is sent") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy{{}, pss::FixedShardsPartitioner(3), pss::SGD(0.5)};
+        auto scope = strategy.scope();
+        const xt::xarray<std::string> words{"the", "of", "and", "a", "to", "in", "is"};  // rows 0-2, 3-4, 5-6
+        pss::Variable vocab(words, "vocab");
+        CHECK(vocab.dtype() == pss::DType::string);
+        CHECK(vocab.shard_tasks() == std::vector<int>{0, 1, 2});
+        CHECK(vocab.read<std::string>() == words);
+        CHECK(vocab.to_string() == "<pss::Variable 'vocab:0' shape=(7,) dtype=string, value=[b'the', b'of', b'and', "
+                                   "b'a', b'to', b'in', b'is']>");
+        CHECK(vocab.sparse_read(Ids{6, 0, 3, 6}).get<std::string>() == xt::xarray<std::string>{"is", "the", "a", "is"});
+        CHECK(pss::embedding_lookup(vocab, Ids{4}).get<std::string>() == xt::xarray<std::string>{"to"});
+        CHECK(vocab.slice({2}, {6}).get<std::string>() == xt::xarray<std::string>{"and", "a", "to", "in"});
+        vocab.scatter_update(Ids{1, 5, 1}, xt::xarray<std::string>{"OF", "a much longer word than before", "Of"});
+        CHECK(vocab.read<std::string>() ==
+              xt::xarray<std::string>{"the", "Of", "and", "a", "to", "a much longer word than before", "is"});
+        vocab.assign(xt::xarray<std::string>{"1", "22", "333", "", "55555", "6", "7777777"});
+        CHECK(vocab.read<std::string>() == xt::xarray<std::string>{"1", "22", "333", "", "55555", "6", "7777777"});
+
+        const std::string refused = "a string variable is read, assigned, gathered (sparse_read) and scatter_updated; ";
+        CHECK_THROWS_WITH_AS(vocab.scatter_add(Ids{0}, xt::xarray<std::string>{"x"}),
+                             ("pss: scatter_add on variable 'vocab:0': " + refused + "scatter_add computes with numbers").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(vocab.assign_add(xt::xarray<std::string>(words)),
+                             ("pss: assign_add on variable 'vocab:0': " + refused + "assign_add computes with numbers").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(vocab.apply_gradient(xt::xarray<std::string>(words)),
+                             ("pss: apply_gradient on variable 'vocab:0': " + refused + "apply_gradient computes with numbers").c_str(),
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(vocab.scatter_update(Ids{7}, xt::xarray<std::string>{"x"}),
+                             "pss: scatter_update on variable 'vocab:0': id 7 is out of range for shape (7,); ids must be "
+                             "in [0, 7)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)vocab.read<float>(),
+                             "pss: read of variable 'vocab:0' as float32: the variable's dtype is string",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(vocab.assign(xt::xarray<float>(xt::zeros<float>({7}))),
+                             "pss: assign on variable 'vocab:0': expected shape (7,) dtype string, got shape (7,) dtype "
+                             "float32",
+                             pss::InvalidArgumentError);
+        CHECK(vocab.read<std::string>() == xt::xarray<std::string>{"1", "22", "333", "", "55555", "6", "7777777"});
+
+        // Rows of strings: a (3, 2) table split over 3 shards, cut along both axes.
+        using namespace std::string_literals;  // {"a", "A"} alone would also be a std::string from two pointers
+        pss::Variable pairs(xt::xarray<std::string>{{"a"s, "A"s}, {"b"s, "B"s}, {"c"s, "C"s}}, "pairs");
+        xt::xarray<std::string> column{"B", "C"};
+        column.reshape({2, 1});
+        CHECK(pairs.slice({1, 1}, {3, 2}).get<std::string>() == column);
+        CHECK(pairs.sparse_read(Ids{2, 0}).get<std::string>() == xt::xarray<std::string>{{"c"s, "C"s}, {"a"s, "A"s}});
     }
     TEST_CASE("Variable: apply_gradient and apply_sparse_gradient run the optimizer on the ps, summing repeated ids") {
         ShardedFixture f;  // SGD with learning rate 0.5

@@ -246,6 +246,68 @@ TEST_SUITE("net") {
         CHECK(sf.size == 80);
     }
 
+    TEST_CASE("wire: a string tensor travels as one length per element, then the bytes, and comes back equal; "
+              "lengths that do not add up are a WireError" *
+              doctest::timeout(30)) {
+        using namespace std::string_literals;
+        pss::Request assign;
+        assign.op = pss::Op::assign;
+        assign.key = {3, 0};
+        assign.payload = xt::xarray<std::string>{"ab", "", "\0c"s};
+        const Bytes b = frame_bytes(pss::OutgoingFrame::request(assign, 9, 0, false));
+        // The header, the descriptor (dtype 5 and rank 1, the extent 3, the encoded length 28), the payload:
+        // three lengths, then the 4 bytes of "ab" and "\0c".
+        CHECK(b.size() == 80 + 24 + 24 + 4);
+        CHECK(get_le(b, 80, 8) == (5u | (1u << 8)));
+        CHECK(get_le(b, 96, 8) == 28u);
+        CHECK(get_le(b, 104, 8) == 2u);
+        CHECK(get_le(b, 112, 8) == 0u);
+        CHECK(get_le(b, 120, 8) == 2u);
+        auto frame = pss::decode_frame(b);
+        CHECK(frame.body.payload().dtype == pss::DType::string);
+        const auto request = pss::to_request(frame.header, frame.body, std::move(frame.payload));
+        CHECK(request.payload.get<std::string>() == xt::xarray<std::string>{"ab", "", "\0c"s});
+
+        // Among a call's values, beside a number tensor; and a reply's payload.
+        pss::Request call;
+        call.kind = pss::RequestKind::call;
+        call.name = "f";
+        call.values.cbor = {0x80};
+        call.values.tensors = {pss::Tensor(xt::xarray<std::string>{"x", "yy"}), pss::Tensor(xt::xarray<float>{1.5f}),
+                               pss::Tensor(xt::xarray<std::string>(std::string(1000, 'z')))};
+        auto cf = pss::decode_frame(frame_bytes(pss::OutgoingFrame::request(call, 10, 0, false)));
+        const auto back = pss::to_request(cf.header, cf.body, std::move(cf.payload), std::move(cf.tensors));
+        REQUIRE(back.values.tensors.size() == 3);
+        CHECK(back.values.tensors[0].get<std::string>() == xt::xarray<std::string>{"x", "yy"});
+        CHECK(back.values.tensors[1].get<float>() == xt::xarray<float>{1.5f});
+        CHECK(back.values.tensors[2].get<std::string>() == xt::xarray<std::string>(std::string(1000, 'z')));
+        pss::Reply reply{pss::ErrorCode::ok, "", xt::xarray<std::string>{"the", "a"}, {}};
+        auto rf = pss::decode_frame(frame_bytes(pss::OutgoingFrame::reply(reply, 11, 0, false)));
+        CHECK(pss::to_reply(rf.header, rf.body, std::move(rf.payload)).payload.get<std::string>() ==
+              xt::xarray<std::string>{"the", "a"});
+
+        // Hostile: lengths that claim more bytes than follow, or fewer (the payload is not checksummed).
+        Bytes more = b;
+        more[104] = std::byte{3};
+        CHECK(decode_error(more) ==
+              "pss: wire: frame tensor 0: string 2 has length 2, more than the 1 left of the 4 bytes after the lengths");
+        Bytes huge = b;
+        put_u64(huge, 112, std::uint64_t{1} << 62);
+        CHECK(decode_error(huge) == "pss: wire: frame tensor 0: string 1 has length 4611686018427387904, more than the "
+                                    "2 left of the 4 bytes after the lengths");
+        Bytes fewer = b;
+        fewer[104] = std::byte{1};
+        CHECK(decode_error(fewer) == "pss: wire: frame tensor 0: its string lengths add up to 3 bytes, but 4 follow them");
+        // An encoded length below the elements' lengths, in the checksummed descriptor.
+        Bytes short_length = b;
+        put_u64(short_length, 96, 16);
+        put_u64(short_length, 56, 16);
+        reseal(short_length);
+        CHECK(decode_error(short_length) ==
+              "pss: wire: frame tensor 0: encoded length 16 of 3 strings is below their lengths' 24 bytes or exceeds "
+              "the payload limit 1073741824");
+    }
+
     TEST_CASE("wire: every malformed frame is a WireError naming the field and its value" * doctest::timeout(30)) {
         const Bytes good = known_frame();
         auto with = [&](auto change, bool seal = true) {
@@ -293,14 +355,14 @@ TEST_SUITE("net") {
                   "pss: wire: frame of a reply carries ids or a name; a reply carries neither");
             CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{2}; })) ==
                   "pss: wire: frame of a shard operation describes 2 tensors; it carries one at most");
-            CHECK(decode_error(with([](Bytes& b) { b[38] = std::byte{10}; })) ==
-                  "pss: wire: frame descriptor words 10 cannot describe 1 tensors of rank 0 to 8");
+            CHECK(decode_error(with([](Bytes& b) { b[38] = std::byte{11}; })) ==  // rank 8 and a string's length: 10
+                  "pss: wire: frame descriptor words 11 cannot describe 1 tensors of rank 0 to 8");
             CHECK(decode_error(with([](Bytes& b) { b[36] = std::byte{0}; })) ==
                   "pss: wire: frame descriptor words 2 cannot describe 0 tensors of rank 0 to 8");
             CHECK(decode_error(with([](Bytes& b) { b[80] = std::byte{9}; })) ==
-                  "pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)");
+                  "pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 5 (string)");
             CHECK(decode_error(with([](Bytes& b) { b[80] = std::byte{0}; })) ==
-                  "pss: wire: frame tensor 0: dtype byte 0 is not a dtype; expected 1 (float32) to 4 (int64)");
+                  "pss: wire: frame tensor 0: dtype byte 0 is not a dtype; expected 1 (float32) to 5 (string)");
             CHECK(decode_error(with([](Bytes& b) { b[81] = std::byte{9}; })) ==
                   "pss: wire: frame tensor 0: rank 9 exceeds the limit 8");
             CHECK(decode_error(with([](Bytes& b) { b[82] = std::byte{1}; })) ==
@@ -602,6 +664,11 @@ TEST_SUITE("net") {
             if (seal) reseal(b);
             return b;
         };
+        pss::Request words;  // a string payload whose lengths claim more bytes than follow
+        words.op = pss::Op::gather;
+        words.payload = xt::xarray<std::string>{"ab", "c"};
+        Bytes bad_strings = frame_bytes(pss::OutgoingFrame::request(words, 9, 0, false));
+        bad_strings[80 + 24] = std::byte{3};
         std::mt19937 random(1234);
         Bytes noise(4096);
         for (auto& byte : noise) byte = static_cast<std::byte>(random() & 0xFF);
@@ -620,6 +687,8 @@ TEST_SUITE("net") {
              "pss: wire: a reply frame reached the server of task /job:ps/replica:0/task:0; a server takes requests "
              "only"},
             {"truncated frame, then close", Bytes(good.begin(), good.end() - 3), ""},
+            {"string lengths past the bytes", bad_strings,
+             "pss: wire: frame tensor 0: string 1 has length 1, more than the 0 left of the 3 bytes after the lengths"},
             {"4 KB of random bytes", noise, ""},
         };
         for (const auto& c : cases) {
@@ -690,6 +759,14 @@ TEST_SUITE("net") {
                              doctest::Contains("id 3 is out of range"), pss::InvalidArgumentError);
         CHECK_THROWS_AS(counts.assign(xt::xarray<std::int64_t>{1, 2}), pss::InvalidArgumentError);
         CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{9, 18, 27});
+
+        // Strings cross the sockets both ways: the initial value, an update, reads and a gather.
+        pss::Variable names(xt::xarray<std::string>{"alpha", "", std::string(100000, 'g')}, "names");
+        names.scatter_update(Ids{1}, xt::xarray<std::string>{"beta"});
+        CHECK(names.read<std::string>() == xt::xarray<std::string>{"alpha", "beta", std::string(100000, 'g')});
+        CHECK(names.sparse_read(Ids{1, 0}).get<std::string>() == xt::xarray<std::string>{"beta", "alpha"});
+        names.assign(xt::xarray<std::string>{"", "", "c"});
+        CHECK(names.read<std::string>() == xt::xarray<std::string>{"", "", "c"});
     }
 }
 

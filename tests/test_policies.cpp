@@ -344,6 +344,12 @@ TEST_SUITE("partitioner/min_size.hpp") {
         CHECK(p.max_shards() == 3);
         CHECK(p.bytes_per_string() == 8);
     }
+    TEST_CASE("MinSizePartitioner: a string element counts as bytes_per_string bytes, as TensorFlow counts it") {
+        constexpr std::array<std::size_t, 2> shape{100, 4};  // 400 strings
+        CHECK(shards(pss::MinSizePartitioner(256, 100), shape, DType::string) == 25);     // 400 * 16 / 256
+        CHECK(shards(pss::MinSizePartitioner(256, 100, 8), shape, DType::string) == 13);  // ceil(400 * 8 / 256)
+        CHECK(shards(pss::MinSizePartitioner(256, 100, 1000), shape, DType::string) == 100);  // capped by shape[0]
+    }
 }
 
 TEST_SUITE("partitioner/max_size.hpp") {
@@ -362,6 +368,13 @@ TEST_SUITE("partitioner/max_size.hpp") {
     TEST_CASE("MaxSizePartitioner: max_shards takes precedence, [1000] float64 with 800 bytes gives 10, or 4") {
         CHECK(shards(pss::MaxSizePartitioner(800), std::array<std::size_t, 1>{1000}, DType::float64) == 10);
         CHECK(shards(pss::MaxSizePartitioner(800, 4), std::array<std::size_t, 1>{1000}, DType::float64) == 4);
+    }
+    TEST_CASE("MaxSizePartitioner: a string element counts as bytes_per_string bytes: [100, 4] strings with 640 "
+              "bytes a shard give 10 shards of 16-byte strings, 20 of 32-byte ones") {
+        constexpr std::array<std::size_t, 2> shape{100, 4};
+        CHECK(shards(pss::MaxSizePartitioner(640), shape, DType::string) == 10);         // 64 bytes a row, 10 rows a shard
+        CHECK(shards(pss::MaxSizePartitioner(640, 0, 32), shape, DType::string) == 20);  // 128 bytes a row, 5 rows a shard
+        CHECK(shards(pss::MaxSizePartitioner(640, 0, 32), shape, DType::float32) == 3);  // bytes_per_string: strings only
     }
     TEST_CASE("MaxSizePartitioner: dim 0 of 0 or empty rows give 1 shard") {
         CHECK(shards(pss::MaxSizePartitioner(8), std::array<std::size_t, 2>{0, 4}) == 1);
@@ -384,7 +397,7 @@ TEST_SUITE("concepts/partitioner.hpp") {
                        pss::MaxSizePartitioner, pss::archetypes::PartitionerArchetype) {
         const P partitioner = make_partitioner<P>();
         const P copy(partitioner);
-        for (DType dtype : {DType::float32, DType::float64, DType::int32, DType::int64})
+        for (DType dtype : {DType::float32, DType::float64, DType::int32, DType::int64, DType::string})
             for (std::size_t dim0 : {0u, 1u, 2u, 3u, 7u, 64u, 1000u, 100000u})
                 for (std::size_t dim1 : {0u, 1u, 5u, 300u}) {
                     const std::array<std::size_t, 2> shape{dim0, dim1};

@@ -228,7 +228,7 @@ struct Codec<Tensor> {
     static nlohmann::json encode(ValuesWriter& w, const Tensor& t) { return w.tensor(t); }
     static Tensor decode(ValuesReader& r, const nlohmann::json& j) { return r.take_tensor(j); }
 };
-template <Element T>
+template <TensorElement T>
 struct Codec<xt::xarray<T>> {
     static nlohmann::json encode(ValuesWriter& w, const xt::xarray<T>& a) { return w.tensor(Tensor(a)); }
     static xt::xarray<T> decode(ValuesReader& r, const nlohmann::json& j) {
@@ -292,7 +292,8 @@ struct Codec<Variable> {
         const auto& name = field("name", &nlohmann::json::is_string, "a string");
         info->name = name.get<std::string>();
         const std::uint64_t dtype = unsigned_of(field("dtype", &nlohmann::json::is_number_unsigned, "a dtype code"), "dtype");
-        if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
+        if (dtype > 255 || !is_valid_dtype(static_cast<std::uint8_t>(dtype)))
+            r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
         const auto& shape = field("shape", &nlohmann::json::is_array, "an array");
         if (shape.size() > 32) r.fail("a rank of " + std::to_string(shape.size()) + " is above 32");

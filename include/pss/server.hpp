@@ -229,7 +229,7 @@ private:
         };
         std::vector<Held> held;
     };
-    using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>>;
+    using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>, State<std::string>>;
 
     struct Shard {
         std::string name;
@@ -297,7 +297,7 @@ private:
                                      std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
                                      " exists already on this task");
         Shard shard{request.name, request.payload.shape(), request.payload.dtype(), State<float>{}};
-        request.payload.visit_mut([&]<class T>(xt::xarray<T>& value) {
+        request.payload.visit_any_mut([&]<class T>(xt::xarray<T>& value) {
             State<T> state;
             state.value = std::move(value);
             shard.state = std::move(state);
@@ -346,14 +346,15 @@ private:
                 const std::size_t width = detail::row_elements(shard.shape);
                 xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shard.shape, request.ids.size()));
                 for (std::size_t i = 0; i < request.ids.size(); ++i)
-                    std::memcpy(out.data() + i * width, value.data() + static_cast<std::size_t>(request.ids[i]) * width,
-                                width * sizeof(T));
+                    std::copy_n(value.data() + static_cast<std::size_t>(request.ids[i]) * width, width, out.data() + i * width);
                 reply.payload = std::move(out);
                 return reply;
             }
             case Op::assign: std::swap(value, request.payload.template get<T>()); break;
             case Op::assign_add:
-            case Op::assign_sub: add_whole(request.op, value, request.payload.template get<T>()); break;
+            case Op::assign_sub:
+                if constexpr (Element<T>) add_whole(request.op, value, request.payload.template get<T>());
+                break;
             case Op::scatter_add:
             case Op::scatter_sub:
             case Op::scatter_update:
@@ -523,7 +524,7 @@ private:
     static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
         // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
         const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
-        auto each_row = [&]<Op K>() {
+        [[maybe_unused]] auto each_row = [&]<Op K>() {
             for (std::size_t i = 0; i < ids.size(); ++i) {
                 T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
                 const T* in = rows.data() + i * width;
@@ -531,19 +532,21 @@ private:
             }
         };
         // One loop per operation, so that each inner loop is a plain one the compiler vectorizes.
-        switch (op) {
-            case Op::scatter_update:
-                for (std::size_t i = 0; i < ids.size(); ++i)
-                    std::memcpy(value.data() + static_cast<std::size_t>(ids[i]) * width, rows.data() + i * width,
-                                width * sizeof(T));
-                return;
-            case Op::scatter_add: return each_row.template operator()<Op::scatter_add>();
-            case Op::scatter_sub: return each_row.template operator()<Op::scatter_sub>();
-            case Op::scatter_mul: return each_row.template operator()<Op::scatter_mul>();
-            case Op::scatter_div: return each_row.template operator()<Op::scatter_div>();
-            case Op::scatter_min: return each_row.template operator()<Op::scatter_min>();
-            case Op::scatter_max: return each_row.template operator()<Op::scatter_max>();
-            default: return;
+        if (op == Op::scatter_update) {
+            for (std::size_t i = 0; i < ids.size(); ++i)
+                std::copy_n(rows.data() + i * width, width, value.data() + static_cast<std::size_t>(ids[i]) * width);
+            return;
+        }
+        if constexpr (Element<T>) {  // strings are only scatter_updated (detail::validate_request)
+            switch (op) {
+                case Op::scatter_add: return each_row.template operator()<Op::scatter_add>();
+                case Op::scatter_sub: return each_row.template operator()<Op::scatter_sub>();
+                case Op::scatter_mul: return each_row.template operator()<Op::scatter_mul>();
+                case Op::scatter_div: return each_row.template operator()<Op::scatter_div>();
+                case Op::scatter_min: return each_row.template operator()<Op::scatter_min>();
+                case Op::scatter_max: return each_row.template operator()<Op::scatter_max>();
+                default: return;
+            }
         }
     }
 
@@ -572,7 +575,8 @@ private:
         xt::xarray<T> value;
         typename detail::OptionalSlots<OptimizerPolicy, T>::type slots{};
     };
-    using AnyStaged = std::variant<Staged<float>, Staged<double>, Staged<std::int32_t>, Staged<std::int64_t>>;
+    using AnyStaged =
+        std::variant<Staged<float>, Staged<double>, Staged<std::int32_t>, Staged<std::int64_t>, Staged<std::string>>;
 
     /// Writes `<prefix>.npy` (the value) and `<prefix>.<slot>.npy` for each slot tensor of a float shard
     /// (fresh slots when no gradient came yet), each fsync'd; replies with their records and the slots'
@@ -586,8 +590,12 @@ private:
     template <class T>
     Reply save_state(const Shard& shard, const State<T>& state, const std::string& prefix) const {
         nlohmann::json out;
-        out["value"] = detail::write_npy(prefix + ".npy", shard.dtype, shard.shape, state.value.data(),
-                                         state.value.size() * sizeof(T));
+        if constexpr (std::same_as<T, std::string>)
+            out["value"] = detail::write_npy_strings(prefix + ".npy", "save_shard on variable '" + shard.name + "'",
+                                                     shard.shape, state.value.data(), state.value.size());
+        else
+            out["value"] = detail::write_npy(prefix + ".npy", shard.dtype, shard.shape, state.value.data(),
+                                             state.value.size() * sizeof(T));
         nlohmann::json slots = nlohmann::json::object(), counters = nlohmann::json::object();
         if constexpr (FloatingElement<T>) {
             using SlotsType = typename OptimizerPolicy::template Slots<T>;

@@ -1,10 +1,12 @@
 // pss/tensor.hpp: Tensor, the dtype-erased value that crosses a transport, and its numpy-like printing.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -75,7 +77,17 @@ template <class S>
 /// @brief The same for a Shape, or a braced list: `format_shape({2, 3})` is "(2, 3)".
 [[nodiscard]] inline std::string format_shape(const Shape& shape) { return format_shape<Shape>(shape); }
 
-/// @brief A dense value of one of the four dtypes, owning its elements in an `xt::xarray<T>`.
+namespace detail {
+/// A string tensor as the wire carries it (see wire.hpp), between a transport's read and the decode that
+/// turns it into an `xt::xarray<std::string>`; no Tensor in a Request or Reply holds one.
+struct EncodedStrings {
+    Shape shape;
+    std::vector<std::byte> bytes;
+};
+}  // namespace detail
+
+/// @brief A dense value of one of the five dtypes, owning its elements in an `xt::xarray<T>`
+/// (`xt::xarray<std::string>` for DType::string).
 ///
 /// Tensors are what requests and replies carry. Moving one moves its buffer (no element is copied),
 /// which is how the in-process transport hands payloads between tasks without copying them.
@@ -83,31 +95,36 @@ template <class S>
 class Tensor {
 public:
     using Storage = std::variant<std::monostate, xt::xarray<float>, xt::xarray<double>, xt::xarray<std::int32_t>,
-                                 xt::xarray<std::int64_t>>;
+                                 xt::xarray<std::int64_t>, xt::xarray<std::string>, detail::EncodedStrings>;
 
     Tensor() = default;
 
     /// @brief Takes `array` (move it in to avoid a copy).
-    template <Element T>
+    template <TensorElement T>
     Tensor(xt::xarray<T> array) : storage_(std::move(array)) {}  // NOLINT: implicit by design
 
-    /// @brief Evaluates any xtensor expression of an Element type into a new Tensor.
+    /// @brief Evaluates any xtensor expression of a TensorElement type into a new Tensor.
     template <class E>
         requires(!std::same_as<std::remove_cvref_t<E>, xt::xarray<typename std::remove_cvref_t<E>::value_type>> &&
-                 Element<typename std::remove_cvref_t<E>::value_type>)
+                 TensorElement<typename std::remove_cvref_t<E>::value_type>)
     Tensor(const xt::xexpression<E>& expression)  // NOLINT: implicit by design
         : storage_(xt::xarray<typename E::value_type>(expression)) {}
 
-    /// @brief A tensor of `shape` filled with zeros.
+    /// @brief Used by the wire: a string tensor in its encoded form (decoded by the wire before use).
+    explicit Tensor(detail::EncodedStrings encoded) : storage_(std::move(encoded)) {}
+
+    /// @brief A tensor of `shape` filled with zeros (empty strings for DType::string).
     [[nodiscard]] static Tensor zeros(DType dtype, const Shape& shape) {
-        return visit_dtype(dtype, [&]<class T>(std::type_identity<T>) {
-            return Tensor(xt::xarray<T>(xt::zeros<T>(shape)));
+        return visit_any_dtype(dtype, [&]<class T>(std::type_identity<T>) {
+            auto zero = xt::xarray<T>::from_shape(shape);
+            zero.fill(T{});
+            return Tensor(std::move(zero));
         });
     }
 
-    /// @brief A tensor of `shape` whose elements are not initialised (to be overwritten).
+    /// @brief A tensor of `shape` whose elements are not initialised (to be overwritten; strings start empty).
     [[nodiscard]] static Tensor uninitialized(DType dtype, const Shape& shape) {
-        return visit_dtype(dtype, [&]<class T>(std::type_identity<T>) {
+        return visit_any_dtype(dtype, [&]<class T>(std::type_identity<T>) {
             return Tensor(xt::xarray<T>::from_shape(shape));
         });
     }
@@ -120,36 +137,49 @@ public:
             case 2: return DType::float64;
             case 3: return DType::int32;
             case 4: return DType::int64;
+            case 5:
+            case 6: return DType::string;
             default: return DType::float32;
         }
     }
 
     [[nodiscard]] Shape shape() const {
-        return visit([](const auto& a) { return Shape(a.shape().begin(), a.shape().end()); }, Shape{});
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->shape;
+        return visit_any([](const auto& a) { return Shape(a.shape().begin(), a.shape().end()); }, Shape{});
     }
     [[nodiscard]] std::size_t rank() const {
-        return visit([](const auto& a) { return a.dimension(); }, std::size_t{0});
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->shape.size();
+        return visit_any([](const auto& a) { return a.dimension(); }, std::size_t{0});
     }
     [[nodiscard]] std::size_t size() const {
-        return visit([](const auto& a) { return a.size(); }, std::size_t{0});
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return num_elements(e->shape);
+        return visit_any([](const auto& a) { return a.size(); }, std::size_t{0});
     }
-    [[nodiscard]] std::size_t nbytes() const { return has_value() ? size() * dtype_size(dtype()) : 0; }
+    /// @brief Bytes of the elements where they are one block (what `bytes()` points at): 0 for a
+    /// string tensor, whose elements each hold their own bytes.
+    [[nodiscard]] std::size_t nbytes() const {
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->bytes.size();
+        return has_value() ? size() * dtype_size(dtype()) : 0;
+    }
 
     /// @brief The elements as `xt::xarray<T>`.
     /// @throws InvalidArgumentError "pss: tensor holds dtype float32, not int32" when T is not the dtype.
-    template <Element T>
+    template <TensorElement T>
     [[nodiscard]] xt::xarray<T>& get() {
         if (auto* p = std::get_if<xt::xarray<T>>(&storage_)) return *p;
         throw_wrong_dtype(dtype_of<T>);
     }
-    template <Element T>
+    template <TensorElement T>
     [[nodiscard]] const xt::xarray<T>& get() const {
         if (const auto* p = std::get_if<xt::xarray<T>>(&storage_)) return *p;
         throw_wrong_dtype(dtype_of<T>);
     }
 
-    /// @brief Raw bytes of the elements, contiguous in row-major order (what the wire sends).
+    /// @brief Raw bytes of the elements, contiguous in row-major order (what the wire sends); null for
+    /// a string tensor (the wire encodes its elements).
     [[nodiscard]] const std::byte* bytes() const {
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->bytes.data();
+        if (storage_.index() == 5) return nullptr;
         return visit([](const auto& a) { return reinterpret_cast<const std::byte*>(a.data()); },
                      static_cast<const std::byte*>(nullptr));
     }
@@ -157,26 +187,55 @@ public:
         return const_cast<std::byte*>(std::as_const(*this).bytes());
     }
 
-    /// @brief Calls `f(xt::xarray<T>&)` with the held array; returns `empty` when there is none.
+    /// @brief Calls `f(xt::xarray<T>&)` with the held numeric array; returns `empty` when there is none.
+    /// @throws InvalidArgumentError for a string tensor (see `visit_any`).
     template <class F, class R>
     R visit(F&& f, R empty) const {
-        return std::visit(
+        return visit_any(
             [&](const auto& a) -> R {
-                if constexpr (std::is_same_v<std::decay_t<decltype(a)>, std::monostate>)
-                    return empty;
+                if constexpr (std::is_same_v<typename std::decay_t<decltype(a)>::value_type, std::string>)
+                    detail::throw_not_numeric();
                 else
                     return f(a);
             },
-            storage_);
+            std::move(empty));
     }
-    /// @brief Calls `f(xt::xarray<T>&)` with the held array.
-    /// @throws InternalError when the tensor is empty.
+    /// @brief Calls `f(xt::xarray<T>&)` with the held numeric array.
+    /// @throws InternalError when the tensor is empty, InvalidArgumentError for a string tensor.
     template <class F>
     decltype(auto) visit_mut(F&& f) {
         if (!has_value()) throw InternalError("pss: an empty tensor was used where a value was needed");
         return visit_dtype(dtype(), [&]<class T>(std::type_identity<T>) -> decltype(auto) {
             return f(std::get<xt::xarray<T>>(storage_));
         });
+    }
+    /// @brief As `visit`, for every dtype: `f` also takes `xt::xarray<std::string>`.
+    template <class F, class R>
+    R visit_any(F&& f, R empty) const {
+        return std::visit(
+            [&](const auto& a) -> R {
+                using A = std::decay_t<decltype(a)>;
+                if constexpr (std::is_same_v<A, std::monostate>)
+                    return empty;
+                else if constexpr (std::is_same_v<A, detail::EncodedStrings>)
+                    throw InternalError("pss: a string tensor was used before the wire decoded it");
+                else
+                    return f(a);
+            },
+            storage_);
+    }
+    /// @brief As `visit_mut`, for every dtype.
+    template <class F>
+    decltype(auto) visit_any_mut(F&& f) {
+        if (!has_value()) throw InternalError("pss: an empty tensor was used where a value was needed");
+        if (storage_.index() == 6) throw InternalError("pss: a string tensor was used before the wire decoded it");
+        return visit_any_dtype(dtype(), [&]<class T>(std::type_identity<T>) -> decltype(auto) {
+            return f(std::get<xt::xarray<T>>(storage_));
+        });
+    }
+    /// @brief The encoded form the wire read a string tensor into, or null.
+    [[nodiscard]] detail::EncodedStrings* encoded_strings() noexcept {
+        return std::get_if<detail::EncodedStrings>(&storage_);
     }
 
 private:
@@ -190,6 +249,65 @@ private:
 };
 
 namespace detail {
+
+/// Copies whole rows between two tensors of one dtype and row width (the elements past axis 0): a
+/// memcpy for numbers, element by element for strings. Made once per operation, applied per row.
+class RowCopy {
+public:
+    RowCopy(Tensor& to, const Tensor& from) {
+        const std::size_t width = row_elements(from.shape());
+        if (from.dtype() == DType::string) {
+            to_strings_ = to.get<std::string>().data();
+            from_strings_ = from.get<std::string>().data();
+            width_ = width;
+        } else {
+            to_bytes_ = to.bytes();
+            from_bytes_ = from.bytes();
+            width_ = width * dtype_size(from.dtype());
+        }
+    }
+    /// Rows [from_row, from_row + rows) of `from` to rows [to_row, to_row + rows) of `to`.
+    void operator()(std::size_t to_row, std::size_t from_row, std::size_t rows = 1) const {
+        if (rows * width_ == 0) return;
+        if (to_strings_ != nullptr)
+            std::copy_n(from_strings_ + from_row * width_, rows * width_, to_strings_ + to_row * width_);
+        else
+            std::memcpy(to_bytes_ + to_row * width_, from_bytes_ + from_row * width_, rows * width_);
+    }
+
+private:
+    std::byte* to_bytes_ = nullptr;
+    const std::byte* from_bytes_ = nullptr;
+    std::string* to_strings_ = nullptr;
+    const std::string* from_strings_ = nullptr;
+    std::size_t width_ = 0;  // bytes of a row for numbers, elements for strings
+};
+
+/// Python's repr of bytes, as TensorFlow prints a string element: b'abc', b'it\'s', b'\x00'.
+inline void format_element(std::string& out, const std::string& value) {
+    static constexpr char hex[] = "0123456789abcdef";
+    out += "b'";
+    for (const char c : value) {
+        const auto u = static_cast<unsigned char>(c);
+        if (c == '\\' || c == '\'') {
+            out += '\\';
+            out += c;
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if (u < 0x20 || u >= 0x7f) {
+            out += "\\x";
+            out += hex[u >> 4];
+            out += hex[u & 0xFu];
+        } else {
+            out += c;
+        }
+    }
+    out += '\'';
+}
 
 template <class T>
 void format_element(std::string& out, T value) {
@@ -233,9 +351,10 @@ void format_block(std::string& out, const T* data, const Shape& shape, std::size
 
 }  // namespace detail
 
-/// @brief numpy-like text of a tensor's values: `[1, 2, 3]`, `[[1., 2.5], [3., 4.]]`, `7` for a scalar.
+/// @brief numpy-like text of a tensor's values: `[1, 2, 3]`, `[[1., 2.5], [3., 4.]]`, `7` for a scalar,
+/// `[b'the', b'a']` for strings (Python's bytes, as TensorFlow prints them).
 [[nodiscard]] inline std::string format_values(const Tensor& tensor) {
-    return tensor.visit(
+    return tensor.visit_any(
         [](const auto& a) {
             std::string out;
             const Shape shape(a.shape().begin(), a.shape().end());

@@ -97,6 +97,9 @@ struct VariableInfo {
 ///
 /// A variable the strategy's partitioner splits along axis 0 has several shards, each on its own ps
 /// task and named `name/part_i` (TensorFlow's ShardedVariable); `ShardedVariable` names this same type.
+/// A variable holds numbers (float32, float64, int32, int64) or byte strings (DType::string, as a
+/// vocabulary): a string variable is read, assigned, gathered (sparse_read, slice) and scatter_updated,
+/// and any other operation on it throws InvalidArgumentError before anything is sent.
 /// Every operation crosses the transport as requests, one per shard touched, issued in parallel. Each is
 /// validated completely before any request is sent, so an operation that fails changes no shard.
 /// Handles are cheap to copy and share one variable; the last handle destroys the shards.
@@ -178,9 +181,9 @@ public:
     /// @param step in synchronous training, the step this pull is for: it waits until the steps it
     /// must see are applied (see consistency.hpp); 0 reads whatever is there.
     [[nodiscard]] Tensor read_value(std::uint64_t step = 0) const;
-    /// @brief The whole value as an xarray of the variable's element type.
+    /// @brief The whole value as an xarray of the variable's element type (std::string for DType::string).
     /// @throws InvalidArgumentError when T is not the variable's dtype.
-    template <Element T>
+    template <TensorElement T>
     [[nodiscard]] xt::xarray<T> read(std::uint64_t step = 0) const {
         check_dtype<T>("read");
         return std::move(read_value(step).get<T>());
@@ -278,7 +281,7 @@ private:
         return *info_;
     }
 
-    template <Element T>
+    template <TensorElement T>
     void check_dtype(const char* what) const {
         if (dtype_of<T> != dtype())
             throw InvalidArgumentError("pss: " + std::string(what) + " of variable '" + name() + "' as " +
@@ -542,9 +545,8 @@ inline Tensor Variable::read_value(std::uint64_t step) const {
     for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
-    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t i = 0; i < parts.size(); ++i)
-        std::memcpy(whole.bytes() + shards[i].row_offset * row_bytes, parts[i].bytes(), parts[i].nbytes());
+        detail::RowCopy(whole, parts[i])(shards[i].row_offset, 0, shards[i].shape[0]);
     return whole;
 }
 
@@ -597,15 +599,15 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     // Group the rows by shard, keeping their order within each shard (scatter_update's last row wins).
     std::vector<std::vector<std::size_t>> picked(shards.size());
     for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
-    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty() && step == 0) continue;
         Request r = request(op, shards[s], step);
         r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
+        const detail::RowCopy copy(r.payload, rows);
         for (std::size_t j = 0; j < picked[s].size(); ++j) {
             const std::size_t i = picked[s][j];
             r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
-            std::memcpy(r.payload.bytes() + j * row_bytes, rows.bytes() + i * row_bytes, row_bytes);
+            copy(j, i);
         }
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
@@ -664,11 +666,10 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
                     shards[asked[p]].index);
     if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
     Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
-    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t p = 0; p < parts.size(); ++p) {
         const auto& rows_of_shard = picked[asked[p]];
-        for (std::size_t j = 0; j < rows_of_shard.size(); ++j)
-            std::memcpy(out.bytes() + rows_of_shard[j] * row_bytes, parts[p].bytes() + j * row_bytes, row_bytes);
+        const detail::RowCopy copy(out, parts[p]);
+        for (std::size_t j = 0; j < rows_of_shard.size(); ++j) copy(rows_of_shard[j], j);
     }
     return out;
 }

@@ -1,6 +1,7 @@
 // pss/wire.hpp: the frame format the Tcp transport speaks, its encoder and its validating decoder.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -44,7 +45,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | 24 | 8 | variable id | `ShardKey::variable` |
 /// | 32 | 4 | shard id | `ShardKey::shard` |
 /// | 36 | 2 | tensors | tensors described: at most 1 without `frame_flag_values`, else at most `WireLimits::max_tensors` |
-/// | 38 | 2 | descriptor words | u64 words of the descriptor section: one per tensor plus its rank |
+/// | 38 | 2 | descriptor words | u64 words of the descriptor section: one per tensor plus its rank, plus one per string tensor |
 /// | 40 | 4 | name length | bytes of the shard name (a call's function name) |
 /// | 44 | 4 | message length | bytes of the error message |
 /// | 48 | 8 | ids count | number of row ids |
@@ -54,8 +55,10 @@ static_assert(std::endian::native == std::endian::little,
 /// | 76 | 4 | checksum | CRC-32C of bytes 0 to 75 and of the sections below, but not of the payload |
 ///
 /// Then: the descriptors (for each tensor a word `dtype | rank << 8`, the other bytes 0, then rank x
-/// u64 extents), the name, the message, the CBOR values, the ids (count x i64), and the payload (each
-/// tensor's row-major elements, in order). All integers are little-endian.
+/// u64 extents, then for a string tensor one word more: its encoded bytes), the name, the message, the
+/// CBOR values, the ids (count x i64), and the payload (each tensor's row-major elements, in order; a
+/// string tensor's elements encoded as one u64 length per element, then their bytes one after another).
+/// All integers are little-endian.
 ///
 /// A shard operation carries at most one tensor (its `payload`); a call and a call's reply carry
 /// `Values`: the non-tensor values in CBOR (nlohmann/json's encoder and decoder, fuzzed upstream), the
@@ -149,6 +152,7 @@ struct FrameHeader {
 struct TensorSpec {
     DType dtype = DType::float32;
     Shape shape;
+    std::uint64_t encoded_bytes = 0;  ///< a string tensor's bytes on the wire (lengths and characters)
 };
 
 /// @brief The variable sections of a received frame. Reused from frame to frame by a connection.
@@ -190,7 +194,7 @@ struct FrameBody {
 /// `body.tensors`.
 /// @throws WireError
 ///   - `pss: wire: frame checksum 0x12345678 does not match the computed 0x9abcdef0; the frame was corrupted`
-///   - `pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
+///   - `pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 5 (string)`
 ///   - `pss: wire: frame tensor 0: rank 9 exceeds the limit 8`
 ///   - `pss: wire: frame payload length 12 does not match the tensors' 16 bytes (float32 (2, 2))`
 ///   - `pss: wire: frame tensor 0: shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
@@ -206,6 +210,12 @@ void decode_body(std::span<const std::byte, frame_header_size> header_bytes, con
 /// buffers to read into them (one scatter read).
 [[nodiscard]] std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body);
 [[nodiscard]] std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors);
+
+/// @brief Turns each string tensor read in its wire form (`payload` and `tensors`, as `payload_buffer`
+/// and `value_tensors` made them) into its `xt::xarray<std::string>`, checking the encoding.
+/// @throws WireError `pss: wire: frame tensor 0: its string lengths add up to 60 bytes, but 64 follow them`, or
+///   `pss: wire: frame tensor 0: string 2 has length 9, more than the 4 left of the 64 bytes after the lengths`
+void decode_string_tensors(Tensor& payload, std::vector<Tensor>& tensors, std::optional<std::uint64_t> request_id);
 
 /// @brief The Request a validated request frame carries. `payload` is the received tensor (or, for an
 /// elided payload, the buffer the receiver offers; it may be empty); `tensors` a call's.
@@ -234,10 +244,12 @@ public:
         out.push_back(asio::buffer(ids_.data(), ids_.size()));
         if (payload_length_ == 0) return;
         if (many_ == nullptr) {
-            out.push_back(asio::buffer(payload_, payload_length_));
+            out.push_back(encoded_.empty() ? asio::buffer(payload_, payload_length_) : asio::buffer(encoded_.front()));
             return;
         }
-        for (const Tensor& t : *many_) out.push_back(asio::buffer(t.bytes(), t.nbytes()));
+        auto encoded = encoded_.begin();  // the string tensors' wire forms, in order
+        for (const Tensor& t : *many_)
+            out.push_back(t.dtype() == DType::string ? asio::buffer(*encoded++) : asio::buffer(t.bytes(), t.nbytes()));
     }
     /// @brief The frame's bytes in one buffer (tests, and the fuzzer's seeds).
     [[nodiscard]] std::vector<std::byte> bytes() const {
@@ -272,12 +284,13 @@ private:
     FrameHeader header_;
     std::array<std::byte, frame_header_size> header_bytes_{};
     // A shard operation's one tensor is described here, with no allocation; a call's tensors below.
-    std::array<std::byte, 8 * (1 + max_wire_rank)> one_descriptor_{};
+    std::array<std::byte, 8 * (2 + max_wire_rank)> one_descriptor_{};
     std::size_t descriptor_length_ = 0;
     std::vector<std::byte> many_descriptors_;
     std::span<const std::byte> name_, message_, values_, ids_;
     const std::byte* payload_ = nullptr;
     const std::vector<Tensor>* many_ = nullptr;
+    std::vector<std::vector<std::byte>> encoded_;  // the string tensors sent, in their wire form (a copy)
     std::size_t payload_length_ = 0;
 };
 
@@ -457,8 +470,8 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
         fail("of a shard operation describes " + std::to_string(h.tensors) + " tensors; it carries one at most");
     if (h.payload_elided() && !h.has_payload())
         fail("flags " + std::to_string(h.flags) + " mark a payload elided but the frame has no payload to elide");
-    // Each tensor takes one descriptor word and at most max_wire_rank more.
-    if (h.descriptor_words < h.tensors || h.descriptor_words > std::uint64_t{h.tensors} * (1 + max_wire_rank))
+    // Each tensor takes one descriptor word and at most max_wire_rank more (and a string tensor one more).
+    if (h.descriptor_words < h.tensors || h.descriptor_words > std::uint64_t{h.tensors} * (2 + max_wire_rank))
         fail("descriptor words " + std::to_string(h.descriptor_words) + " cannot describe " + std::to_string(h.tensors) +
              " tensors of rank 0 to " + std::to_string(max_wire_rank));
     too_big("payload length", h.payload_length, limits.max_payload_bytes);
@@ -509,7 +522,7 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         const auto dtype = static_cast<std::uint8_t>(d & 0xFFu);
         const auto rank = static_cast<std::size_t>((d >> 8) & 0xFFu);
         if (!is_valid_dtype(dtype))
-            fail(which + "dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
+            fail(which + "dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 5 (string)");
         if (rank > max_wire_rank)
             fail(which + "rank " + std::to_string(rank) + " exceeds the limit " + std::to_string(max_wire_rank));
         if ((d >> 16) != 0) fail(which + "descriptor " + std::to_string(d) + " has bits set above the rank byte");
@@ -519,13 +532,28 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         spec.dtype = static_cast<DType>(dtype);
         spec.shape.resize(rank);
         for (std::size_t a = 0; a < rank; ++a, word += 8) spec.shape[a] = detail::get_le<8>(word);
-        const std::size_t element_size = dtype_size(spec.dtype);
+        const bool strings = spec.dtype == DType::string;
+        // A string element takes at least its 8-byte length on the wire.
+        const std::size_t element_size = strings ? 8 : dtype_size(spec.dtype);
         const std::int64_t elements =
             detail::bounded_elements(spec.shape, (limits.max_payload_bytes - needed) / element_size);
         if (elements < 0)
             fail(which + "shape " + format_shape(spec.shape) + " of " + std::string(dtype_name(spec.dtype)) +
                  " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) + " bytes");
-        needed += static_cast<std::uint64_t>(elements) * element_size;
+        if (!strings) {
+            needed += static_cast<std::uint64_t>(elements) * element_size;
+            continue;
+        }
+        if (word == end) fail(which + "its encoded length is missing; the descriptor words end early");
+        spec.encoded_bytes = detail::get_le<8>(word);
+        word += 8;
+        if (header.payload_elided()) continue;  // described, not sent
+        if (spec.encoded_bytes < static_cast<std::uint64_t>(elements) * 8 ||
+            spec.encoded_bytes > limits.max_payload_bytes - needed)
+            fail(which + "encoded length " + std::to_string(spec.encoded_bytes) + " of " + std::to_string(elements) +
+                 " strings is below their lengths' " + std::to_string(elements * 8) + " bytes or exceeds the payload limit " +
+                 std::to_string(limits.max_payload_bytes));
+        needed += spec.encoded_bytes;
     }
     if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
     if (!header.payload_elided() && header.payload_length != needed) {
@@ -540,6 +568,8 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
 inline Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse) {
     if (!header.has_payload() || header.payload_elided()) return {};
     const TensorSpec& spec = body.payload();
+    if (spec.dtype == DType::string)
+        return Tensor(detail::EncodedStrings{spec.shape, std::vector<std::byte>(spec.encoded_bytes)});
     if (reuse.has_value() && reuse.dtype() == spec.dtype && reuse.size() == num_elements(spec.shape)) {
         reuse.visit_mut([&](auto& array) { array.resize(spec.shape); });  // same size: the buffer is kept
         return reuse;
@@ -551,8 +581,70 @@ inline std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameB
     std::vector<Tensor> tensors;
     if (!header.has_values()) return tensors;
     tensors.reserve(body.tensors.size());
-    for (const auto& spec : body.tensors) tensors.push_back(Tensor::uninitialized(spec.dtype, spec.shape));
+    for (const auto& spec : body.tensors)
+        tensors.push_back(spec.dtype == DType::string
+                              ? Tensor(detail::EncodedStrings{spec.shape, std::vector<std::byte>(spec.encoded_bytes)})
+                              : Tensor::uninitialized(spec.dtype, spec.shape));
     return tensors;
+}
+
+namespace detail {
+
+/// A string tensor's wire form: one u64 length per element, then the elements' bytes.
+[[nodiscard]] inline std::size_t encoded_string_bytes(const xt::xarray<std::string>& strings) noexcept {
+    std::size_t n = 8 * strings.size();
+    for (const auto& s : strings) n += s.size();
+    return n;
+}
+
+inline std::vector<std::byte> encode_strings(const xt::xarray<std::string>& strings) {
+    std::vector<std::byte> out(encoded_string_bytes(strings));
+    std::byte* length = out.data();
+    std::byte* chars = out.data() + 8 * strings.size();
+    for (const auto& s : strings) {
+        put_le<8>(length, s.size());
+        length += 8;
+        if (!s.empty()) std::memcpy(chars, s.data(), s.size());
+        chars += s.size();
+    }
+    return out;
+}
+
+inline void decode_strings(Tensor& tensor, std::size_t index, std::optional<std::uint64_t> request_id) {
+    EncodedStrings* encoded = tensor.encoded_strings();
+    if (encoded == nullptr) return;
+    const std::vector<std::byte>& bytes = encoded->bytes;
+    auto strings = xt::xarray<std::string>::from_shape(encoded->shape);
+    const std::size_t n = strings.size();  // decode_body checked 8 * n <= bytes.size()
+    const std::uint64_t chars = bytes.size() - 8 * n;
+    std::uint64_t total = 0;
+    auto fail = [&](const std::string& what) {
+        throw WireError("pss: wire: frame tensor " + std::to_string(index) + ": " + what, request_id);
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t length = get_le<8>(bytes.data() + 8 * i);
+        if (length > chars - total)
+            fail("string " + std::to_string(i) + " has length " + std::to_string(length) + ", more than the " +
+                 std::to_string(chars - total) + " left of the " + std::to_string(chars) + " bytes after the lengths");
+        total += length;
+    }
+    if (total != chars)
+        fail("its string lengths add up to " + std::to_string(total) + " bytes, but " + std::to_string(chars) +
+             " follow them");
+    const char* text = reinterpret_cast<const char*>(bytes.data()) + 8 * n;
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto length = static_cast<std::size_t>(get_le<8>(bytes.data() + 8 * i));
+        strings.data()[i].assign(text, length);
+        text += length;
+    }
+    tensor = Tensor(std::move(strings));
+}
+
+}  // namespace detail
+
+inline void decode_string_tensors(Tensor& payload, std::vector<Tensor>& tensors, std::optional<std::uint64_t> request_id) {
+    detail::decode_strings(payload, 0, request_id);
+    for (std::size_t i = 0; i < tensors.size(); ++i) detail::decode_strings(tensors[i], i, request_id);
 }
 
 inline std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors) {
@@ -596,6 +688,10 @@ inline void OutgoingFrame::describe(const Tensor& t, std::byte*& out) {
         detail::put_le<8>(out, extent);
         out += 8;
     }
+    if (t.dtype() == DType::string) {
+        detail::put_le<8>(out, detail::encoded_string_bytes(t.get<std::string>()));
+        out += 8;
+    }
 }
 
 inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values* values,
@@ -612,7 +708,13 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
         for (const Tensor& t : values->tensors) {
             if (!t.has_value()) throw InvalidArgumentError("pss: wire: a call's values hold an empty tensor");
             words += 1 + t.shape().size();
-            bytes += t.nbytes();
+            if (t.dtype() == DType::string) {
+                encoded_.push_back(detail::encode_strings(t.get<std::string>()));
+                bytes += encoded_.back().size();
+                ++words;
+            } else {
+                bytes += t.nbytes();
+            }
         }
         if (words > std::numeric_limits<std::uint16_t>::max())
             throw InvalidArgumentError("pss: wire: a call's tensors need " + std::to_string(words) +
@@ -637,7 +739,8 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
         h.flags = elide ? frame_flag_payload_elided : std::uint8_t{0};
         h.tensors = 1;
         h.descriptor_words = static_cast<std::uint16_t>(descriptor_length_ / 8);
-        h.payload_length = elide ? 0 : payload.nbytes();
+        if (payload.dtype() == DType::string && !elide) encoded_.push_back(detail::encode_strings(payload.get<std::string>()));
+        h.payload_length = elide ? 0 : encoded_.empty() ? payload.nbytes() : encoded_.front().size();
         payload_ = payload.bytes();
         payload_length_ = static_cast<std::size_t>(h.payload_length);
     }
@@ -713,6 +816,7 @@ inline DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLim
     std::vector<asio::mutable_buffer> into = tensor_buffers(frame.tensors);
     if (frame.payload.has_value()) into.push_back(asio::buffer(frame.payload.bytes(), frame.payload.nbytes()));
     asio::buffer_copy(into, asio::buffer(bytes.data() + body_end, static_cast<std::size_t>(h.payload_length)));
+    decode_string_tensors(frame.payload, frame.tensors, h.request_id);
     frame.size = static_cast<std::size_t>(end);
     return frame;
 }

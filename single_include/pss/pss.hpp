@@ -74,74 +74,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
-
-PSS_NAMESPACE_BEGIN
-
-/// @brief Element type of a variable or tensor. The numeric values are part of the wire format.
-enum class DType : std::uint8_t { float32 = 1, float64 = 2, int32 = 3, int64 = 4 };
-
-/// @brief True for the C++ types a pss variable may hold: float, double, std::int32_t, std::int64_t.
-template <class T>
-concept Element = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
-                  std::same_as<T, std::int64_t>;
-
-/// @brief True for the element types an optimizer can update (gradients are real numbers).
-template <class T>
-concept FloatingElement = std::same_as<T, float> || std::same_as<T, double>;
-
-/// @brief The DType of a C++ element type: `dtype_of<float>` is `DType::float32`.
-template <Element T>
-inline constexpr DType dtype_of = std::same_as<T, float>          ? DType::float32
-                                  : std::same_as<T, double>       ? DType::float64
-                                  : std::same_as<T, std::int32_t> ? DType::int32
-                                                                  : DType::int64;
-
-/// @brief TensorFlow's name of a dtype: "float32", "float64", "int32", "int64"; "unknown" otherwise.
-[[nodiscard]] constexpr std::string_view dtype_name(DType dtype) noexcept {
-    switch (dtype) {
-        case DType::float32: return "float32";
-        case DType::float64: return "float64";
-        case DType::int32: return "int32";
-        case DType::int64: return "int64";
-    }
-    return "unknown";
-}
-
-/// @brief Bytes per element of a dtype (TensorFlow's `dtype.size`); 0 for a value outside the enum.
-[[nodiscard]] constexpr std::size_t dtype_size(DType dtype) noexcept {
-    switch (dtype) {
-        case DType::float32:
-        case DType::int32: return 4;
-        case DType::float64:
-        case DType::int64: return 8;
-    }
-    return 0;
-}
-
-/// @brief True when `dtype` is float32 or float64, the types a gradient may be applied to.
-[[nodiscard]] constexpr bool is_floating(DType dtype) noexcept {
-    return dtype == DType::float32 || dtype == DType::float64;
-}
-
-/// @brief True when the raw byte `value` names one of the four dtypes (used on untrusted input).
-[[nodiscard]] constexpr bool is_valid_dtype(std::uint8_t value) noexcept { return value >= 1 && value <= 4; }
-
-/// @brief Calls `f(std::type_identity<T>{})` with the C++ element type of `dtype`.
-template <class F>
-decltype(auto) visit_dtype(DType dtype, F&& f) {
-    switch (dtype) {
-        case DType::float32: return std::forward<F>(f)(std::type_identity<float>{});
-        case DType::float64: return std::forward<F>(f)(std::type_identity<double>{});
-        case DType::int32: return std::forward<F>(f)(std::type_identity<std::int32_t>{});
-        case DType::int64: break;
-    }
-    return std::forward<F>(f)(std::type_identity<std::int64_t>{});
-}
-
-PSS_NAMESPACE_END
 
 // pss/errors.hpp: the exception types pss throws, mirroring TensorFlow's tf.errors.
 
@@ -211,6 +147,99 @@ PSS_DEFINE_ERROR(InternalError, internal)
         case ErrorCode::internal: break;
     }
     throw InternalError(message);
+}
+
+PSS_NAMESPACE_END
+
+PSS_NAMESPACE_BEGIN
+
+/// @brief Element type of a variable or tensor. The numeric values are part of the wire format.
+/// `string` is TensorFlow's tf.string: each element a byte string of any length (vocabularies, keys).
+enum class DType : std::uint8_t { float32 = 1, float64 = 2, int32 = 3, int64 = 4, string = 5 };
+
+/// @brief True for the C++ types a pss variable may hold: float, double, std::int32_t, std::int64_t.
+template <class T>
+concept Element = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
+                  std::same_as<T, std::int64_t>;
+
+/// @brief True for every element type a Tensor or a variable may hold: an Element, or std::string
+/// (DType::string). Strings are read, assigned, gathered, scatter-updated and saved; arithmetic and
+/// gradients take Elements only.
+template <class T>
+concept TensorElement = Element<T> || std::same_as<T, std::string>;
+
+/// @brief True for the element types an optimizer can update (gradients are real numbers).
+template <class T>
+concept FloatingElement = std::same_as<T, float> || std::same_as<T, double>;
+
+/// @brief The DType of a C++ element type: `dtype_of<float>` is `DType::float32`.
+template <TensorElement T>
+inline constexpr DType dtype_of = std::same_as<T, float>          ? DType::float32
+                                  : std::same_as<T, double>       ? DType::float64
+                                  : std::same_as<T, std::int32_t> ? DType::int32
+                                  : std::same_as<T, std::int64_t> ? DType::int64
+                                                                  : DType::string;
+
+/// @brief TensorFlow's name of a dtype: "float32", "float64", "int32", "int64", "string"; "unknown" otherwise.
+[[nodiscard]] constexpr std::string_view dtype_name(DType dtype) noexcept {
+    switch (dtype) {
+        case DType::float32: return "float32";
+        case DType::float64: return "float64";
+        case DType::int32: return "int32";
+        case DType::int64: return "int64";
+        case DType::string: return "string";
+    }
+    return "unknown";
+}
+
+/// @brief Bytes per element of a dtype (TensorFlow's `dtype.size`); 0 for `string` (its elements
+/// differ in length) and for a value outside the enum.
+[[nodiscard]] constexpr std::size_t dtype_size(DType dtype) noexcept {
+    switch (dtype) {
+        case DType::float32:
+        case DType::int32: return 4;
+        case DType::float64:
+        case DType::int64: return 8;
+        case DType::string: return 0;
+    }
+    return 0;
+}
+
+/// @brief True when `dtype` is float32 or float64, the types a gradient may be applied to.
+[[nodiscard]] constexpr bool is_floating(DType dtype) noexcept {
+    return dtype == DType::float32 || dtype == DType::float64;
+}
+
+/// @brief True when the raw byte `value` names one of the five dtypes (used on untrusted input).
+[[nodiscard]] constexpr bool is_valid_dtype(std::uint8_t value) noexcept { return value >= 1 && value <= 5; }
+
+namespace detail {
+[[noreturn]] inline void throw_not_numeric() {
+    throw InvalidArgumentError(
+        "pss: a string value was given where numbers are needed (float32, float64, int32 or int64); string "
+        "variables are read, assigned, gathered (sparse_read) and scatter_updated, not computed with");
+}
+}  // namespace detail
+
+/// @brief Calls `f(std::type_identity<T>{})` with the C++ element type of a numeric `dtype` (an Element).
+/// @throws InvalidArgumentError for DType::string, which `visit_any_dtype` takes.
+template <class F>
+decltype(auto) visit_dtype(DType dtype, F&& f) {
+    switch (dtype) {
+        case DType::float32: return std::forward<F>(f)(std::type_identity<float>{});
+        case DType::float64: return std::forward<F>(f)(std::type_identity<double>{});
+        case DType::int32: return std::forward<F>(f)(std::type_identity<std::int32_t>{});
+        case DType::int64: break;
+        case DType::string: detail::throw_not_numeric();
+    }
+    return std::forward<F>(f)(std::type_identity<std::int64_t>{});
+}
+
+/// @brief Calls `f(std::type_identity<T>{})` with the C++ element type of any `dtype` (a TensorElement).
+template <class F>
+decltype(auto) visit_any_dtype(DType dtype, F&& f) {
+    if (dtype == DType::string) return std::forward<F>(f)(std::type_identity<std::string>{});
+    return visit_dtype(dtype, std::forward<F>(f));
 }
 
 PSS_NAMESPACE_END
@@ -509,10 +538,12 @@ PSS_NAMESPACE_END
 
 // pss/tensor.hpp: Tensor, the dtype-erased value that crosses a transport, and its numpy-like printing.
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -579,7 +610,17 @@ template <class S>
 /// @brief The same for a Shape, or a braced list: `format_shape({2, 3})` is "(2, 3)".
 [[nodiscard]] inline std::string format_shape(const Shape& shape) { return format_shape<Shape>(shape); }
 
-/// @brief A dense value of one of the four dtypes, owning its elements in an `xt::xarray<T>`.
+namespace detail {
+/// A string tensor as the wire carries it (see wire.hpp), between a transport's read and the decode that
+/// turns it into an `xt::xarray<std::string>`; no Tensor in a Request or Reply holds one.
+struct EncodedStrings {
+    Shape shape;
+    std::vector<std::byte> bytes;
+};
+}  // namespace detail
+
+/// @brief A dense value of one of the five dtypes, owning its elements in an `xt::xarray<T>`
+/// (`xt::xarray<std::string>` for DType::string).
 ///
 /// Tensors are what requests and replies carry. Moving one moves its buffer (no element is copied),
 /// which is how the in-process transport hands payloads between tasks without copying them.
@@ -587,31 +628,36 @@ template <class S>
 class Tensor {
 public:
     using Storage = std::variant<std::monostate, xt::xarray<float>, xt::xarray<double>, xt::xarray<std::int32_t>,
-                                 xt::xarray<std::int64_t>>;
+                                 xt::xarray<std::int64_t>, xt::xarray<std::string>, detail::EncodedStrings>;
 
     Tensor() = default;
 
     /// @brief Takes `array` (move it in to avoid a copy).
-    template <Element T>
+    template <TensorElement T>
     Tensor(xt::xarray<T> array) : storage_(std::move(array)) {}  // NOLINT: implicit by design
 
-    /// @brief Evaluates any xtensor expression of an Element type into a new Tensor.
+    /// @brief Evaluates any xtensor expression of a TensorElement type into a new Tensor.
     template <class E>
         requires(!std::same_as<std::remove_cvref_t<E>, xt::xarray<typename std::remove_cvref_t<E>::value_type>> &&
-                 Element<typename std::remove_cvref_t<E>::value_type>)
+                 TensorElement<typename std::remove_cvref_t<E>::value_type>)
     Tensor(const xt::xexpression<E>& expression)  // NOLINT: implicit by design
         : storage_(xt::xarray<typename E::value_type>(expression)) {}
 
-    /// @brief A tensor of `shape` filled with zeros.
+    /// @brief Used by the wire: a string tensor in its encoded form (decoded by the wire before use).
+    explicit Tensor(detail::EncodedStrings encoded) : storage_(std::move(encoded)) {}
+
+    /// @brief A tensor of `shape` filled with zeros (empty strings for DType::string).
     [[nodiscard]] static Tensor zeros(DType dtype, const Shape& shape) {
-        return visit_dtype(dtype, [&]<class T>(std::type_identity<T>) {
-            return Tensor(xt::xarray<T>(xt::zeros<T>(shape)));
+        return visit_any_dtype(dtype, [&]<class T>(std::type_identity<T>) {
+            auto zero = xt::xarray<T>::from_shape(shape);
+            zero.fill(T{});
+            return Tensor(std::move(zero));
         });
     }
 
-    /// @brief A tensor of `shape` whose elements are not initialised (to be overwritten).
+    /// @brief A tensor of `shape` whose elements are not initialised (to be overwritten; strings start empty).
     [[nodiscard]] static Tensor uninitialized(DType dtype, const Shape& shape) {
-        return visit_dtype(dtype, [&]<class T>(std::type_identity<T>) {
+        return visit_any_dtype(dtype, [&]<class T>(std::type_identity<T>) {
             return Tensor(xt::xarray<T>::from_shape(shape));
         });
     }
@@ -624,36 +670,49 @@ public:
             case 2: return DType::float64;
             case 3: return DType::int32;
             case 4: return DType::int64;
+            case 5:
+            case 6: return DType::string;
             default: return DType::float32;
         }
     }
 
     [[nodiscard]] Shape shape() const {
-        return visit([](const auto& a) { return Shape(a.shape().begin(), a.shape().end()); }, Shape{});
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->shape;
+        return visit_any([](const auto& a) { return Shape(a.shape().begin(), a.shape().end()); }, Shape{});
     }
     [[nodiscard]] std::size_t rank() const {
-        return visit([](const auto& a) { return a.dimension(); }, std::size_t{0});
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->shape.size();
+        return visit_any([](const auto& a) { return a.dimension(); }, std::size_t{0});
     }
     [[nodiscard]] std::size_t size() const {
-        return visit([](const auto& a) { return a.size(); }, std::size_t{0});
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return num_elements(e->shape);
+        return visit_any([](const auto& a) { return a.size(); }, std::size_t{0});
     }
-    [[nodiscard]] std::size_t nbytes() const { return has_value() ? size() * dtype_size(dtype()) : 0; }
+    /// @brief Bytes of the elements where they are one block (what `bytes()` points at): 0 for a
+    /// string tensor, whose elements each hold their own bytes.
+    [[nodiscard]] std::size_t nbytes() const {
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->bytes.size();
+        return has_value() ? size() * dtype_size(dtype()) : 0;
+    }
 
     /// @brief The elements as `xt::xarray<T>`.
     /// @throws InvalidArgumentError "pss: tensor holds dtype float32, not int32" when T is not the dtype.
-    template <Element T>
+    template <TensorElement T>
     [[nodiscard]] xt::xarray<T>& get() {
         if (auto* p = std::get_if<xt::xarray<T>>(&storage_)) return *p;
         throw_wrong_dtype(dtype_of<T>);
     }
-    template <Element T>
+    template <TensorElement T>
     [[nodiscard]] const xt::xarray<T>& get() const {
         if (const auto* p = std::get_if<xt::xarray<T>>(&storage_)) return *p;
         throw_wrong_dtype(dtype_of<T>);
     }
 
-    /// @brief Raw bytes of the elements, contiguous in row-major order (what the wire sends).
+    /// @brief Raw bytes of the elements, contiguous in row-major order (what the wire sends); null for
+    /// a string tensor (the wire encodes its elements).
     [[nodiscard]] const std::byte* bytes() const {
+        if (const auto* e = std::get_if<detail::EncodedStrings>(&storage_)) return e->bytes.data();
+        if (storage_.index() == 5) return nullptr;
         return visit([](const auto& a) { return reinterpret_cast<const std::byte*>(a.data()); },
                      static_cast<const std::byte*>(nullptr));
     }
@@ -661,26 +720,55 @@ public:
         return const_cast<std::byte*>(std::as_const(*this).bytes());
     }
 
-    /// @brief Calls `f(xt::xarray<T>&)` with the held array; returns `empty` when there is none.
+    /// @brief Calls `f(xt::xarray<T>&)` with the held numeric array; returns `empty` when there is none.
+    /// @throws InvalidArgumentError for a string tensor (see `visit_any`).
     template <class F, class R>
     R visit(F&& f, R empty) const {
-        return std::visit(
+        return visit_any(
             [&](const auto& a) -> R {
-                if constexpr (std::is_same_v<std::decay_t<decltype(a)>, std::monostate>)
-                    return empty;
+                if constexpr (std::is_same_v<typename std::decay_t<decltype(a)>::value_type, std::string>)
+                    detail::throw_not_numeric();
                 else
                     return f(a);
             },
-            storage_);
+            std::move(empty));
     }
-    /// @brief Calls `f(xt::xarray<T>&)` with the held array.
-    /// @throws InternalError when the tensor is empty.
+    /// @brief Calls `f(xt::xarray<T>&)` with the held numeric array.
+    /// @throws InternalError when the tensor is empty, InvalidArgumentError for a string tensor.
     template <class F>
     decltype(auto) visit_mut(F&& f) {
         if (!has_value()) throw InternalError("pss: an empty tensor was used where a value was needed");
         return visit_dtype(dtype(), [&]<class T>(std::type_identity<T>) -> decltype(auto) {
             return f(std::get<xt::xarray<T>>(storage_));
         });
+    }
+    /// @brief As `visit`, for every dtype: `f` also takes `xt::xarray<std::string>`.
+    template <class F, class R>
+    R visit_any(F&& f, R empty) const {
+        return std::visit(
+            [&](const auto& a) -> R {
+                using A = std::decay_t<decltype(a)>;
+                if constexpr (std::is_same_v<A, std::monostate>)
+                    return empty;
+                else if constexpr (std::is_same_v<A, detail::EncodedStrings>)
+                    throw InternalError("pss: a string tensor was used before the wire decoded it");
+                else
+                    return f(a);
+            },
+            storage_);
+    }
+    /// @brief As `visit_mut`, for every dtype.
+    template <class F>
+    decltype(auto) visit_any_mut(F&& f) {
+        if (!has_value()) throw InternalError("pss: an empty tensor was used where a value was needed");
+        if (storage_.index() == 6) throw InternalError("pss: a string tensor was used before the wire decoded it");
+        return visit_any_dtype(dtype(), [&]<class T>(std::type_identity<T>) -> decltype(auto) {
+            return f(std::get<xt::xarray<T>>(storage_));
+        });
+    }
+    /// @brief The encoded form the wire read a string tensor into, or null.
+    [[nodiscard]] detail::EncodedStrings* encoded_strings() noexcept {
+        return std::get_if<detail::EncodedStrings>(&storage_);
     }
 
 private:
@@ -694,6 +782,65 @@ private:
 };
 
 namespace detail {
+
+/// Copies whole rows between two tensors of one dtype and row width (the elements past axis 0): a
+/// memcpy for numbers, element by element for strings. Made once per operation, applied per row.
+class RowCopy {
+public:
+    RowCopy(Tensor& to, const Tensor& from) {
+        const std::size_t width = row_elements(from.shape());
+        if (from.dtype() == DType::string) {
+            to_strings_ = to.get<std::string>().data();
+            from_strings_ = from.get<std::string>().data();
+            width_ = width;
+        } else {
+            to_bytes_ = to.bytes();
+            from_bytes_ = from.bytes();
+            width_ = width * dtype_size(from.dtype());
+        }
+    }
+    /// Rows [from_row, from_row + rows) of `from` to rows [to_row, to_row + rows) of `to`.
+    void operator()(std::size_t to_row, std::size_t from_row, std::size_t rows = 1) const {
+        if (rows * width_ == 0) return;
+        if (to_strings_ != nullptr)
+            std::copy_n(from_strings_ + from_row * width_, rows * width_, to_strings_ + to_row * width_);
+        else
+            std::memcpy(to_bytes_ + to_row * width_, from_bytes_ + from_row * width_, rows * width_);
+    }
+
+private:
+    std::byte* to_bytes_ = nullptr;
+    const std::byte* from_bytes_ = nullptr;
+    std::string* to_strings_ = nullptr;
+    const std::string* from_strings_ = nullptr;
+    std::size_t width_ = 0;  // bytes of a row for numbers, elements for strings
+};
+
+/// Python's repr of bytes, as TensorFlow prints a string element: b'abc', b'it\'s', b'\x00'.
+inline void format_element(std::string& out, const std::string& value) {
+    static constexpr char hex[] = "0123456789abcdef";
+    out += "b'";
+    for (const char c : value) {
+        const auto u = static_cast<unsigned char>(c);
+        if (c == '\\' || c == '\'') {
+            out += '\\';
+            out += c;
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if (u < 0x20 || u >= 0x7f) {
+            out += "\\x";
+            out += hex[u >> 4];
+            out += hex[u & 0xFu];
+        } else {
+            out += c;
+        }
+    }
+    out += '\'';
+}
 
 template <class T>
 void format_element(std::string& out, T value) {
@@ -737,9 +884,10 @@ void format_block(std::string& out, const T* data, const Shape& shape, std::size
 
 }  // namespace detail
 
-/// @brief numpy-like text of a tensor's values: `[1, 2, 3]`, `[[1., 2.5], [3., 4.]]`, `7` for a scalar.
+/// @brief numpy-like text of a tensor's values: `[1, 2, 3]`, `[[1., 2.5], [3., 4.]]`, `7` for a scalar,
+/// `[b'the', b'a']` for strings (Python's bytes, as TensorFlow prints them).
 [[nodiscard]] inline std::string format_values(const Tensor& tensor) {
-    return tensor.visit(
+    return tensor.visit_any(
         [](const auto& a) {
             std::string out;
             const Shape shape(a.shape().begin(), a.shape().end());
@@ -3523,6 +3671,11 @@ constexpr void check_bytes_per_string(std::string_view who, std::int64_t bytes_p
                                    "at least 1 (the size estimate of a string element; default 16)");
 }
 
+/// Bytes a size partitioner counts per element: the dtype's size, or `bytes_per_string` for a string.
+[[nodiscard]] constexpr std::size_t element_bytes(DType dtype, std::int64_t bytes_per_string) noexcept {
+    return dtype == DType::string ? static_cast<std::size_t>(bytes_per_string) : dtype_size(dtype);
+}
+
 }  // namespace detail
 
 PSS_NAMESPACE_END
@@ -3580,14 +3733,14 @@ PSS_NAMESPACE_BEGIN
 /// it, with as few shards as that takes: TensorFlow's `MaxSizePartitioner`.
 ///
 /// TensorFlow's arithmetic (`variable_axis_size_partitioner`), computed exactly in integers:
-/// - `bytes_per_slice = (num_elements / shape[0]) * dtype_size` (one row of axis 0),
+/// - `bytes_per_slice = (num_elements / shape[0]) * dtype_size` (one row of axis 0; a string element
+///   counts as `bytes_per_string` bytes, as TensorFlow counts it),
 /// - `slices_per_shard = max(1, floor(max_shard_bytes / bytes_per_slice))`,
 /// - `k = ceil(shape[0] / slices_per_shard)`, then `min(k, max_shards)` when `max_shards` is not 0.
 ///
 /// A single row larger than `max_shard_bytes` cannot be split (only axis 0 is), so then every row is
 /// its own shard and shards exceed the limit; `max_shards` also takes precedence over the limit.
 /// A variable with shape[0] == 0 or with empty rows gets 1 shard (TensorFlow divides by zero there).
-/// `bytes_per_string` is validated and kept for parity with TensorFlow; pss has no string dtype.
 /// @par Example
 /// @code
 /// pss::MaxSizePartitioner p(4);                                // at most 4 bytes a shard
@@ -3598,7 +3751,7 @@ class MaxSizePartitioner {
 public:
     /// @param max_shard_bytes the most bytes a shard should hold (TensorFlow suggests (64 << 20) - 1)
     /// @param max_shards the most shards; 0 (the default) means no limit, TensorFlow's None
-    /// @param bytes_per_string the size estimate of a string element (kept for parity, unused)
+    /// @param bytes_per_string the size estimate of a string element (TensorFlow's default, 16)
     /// @throws InvalidArgumentError when max_shard_bytes or bytes_per_string is below 1 or max_shards is
     /// negative, e.g. `pss: MaxSizePartitioner: max_shard_bytes is 0, but it must be at least 1 ...`
     constexpr explicit MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards = 0,
@@ -3616,7 +3769,8 @@ public:
     /// @brief ceil(shape[0] / max(1, floor(max_shard_bytes / bytes of one row))), capped by max_shards.
     [[nodiscard]] constexpr std::size_t operator()(std::span<const std::size_t> shape, DType dtype) const noexcept {
         if (shape.empty() || shape[0] == 0) return 1;
-        const std::size_t bytes_per_slice = detail::saturating_mul(detail::product_from(shape, 1), dtype_size(dtype));
+        const std::size_t bytes_per_slice = detail::saturating_mul(detail::product_from(shape, 1),
+                                                                  detail::element_bytes(dtype, bytes_per_string_));
         if (bytes_per_slice == 0) return 1;
         const std::size_t slices_per_shard =
             std::max<std::size_t>(1, static_cast<std::size_t>(max_shard_bytes_) / bytes_per_slice);
@@ -3656,8 +3810,8 @@ PSS_NAMESPACE_BEGIN
 /// A [1024, 1024] float32 variable (4 MiB) with the default 256 KiB answers 16 when max_shards >= 16,
 /// and max_shards otherwise.
 ///
-/// `bytes_per_string` is TensorFlow's size estimate for string elements; pss has no string dtype, so it
-/// is validated and kept for parity but does not change the answer.
+/// `bytes_per_string` is TensorFlow's size estimate of a string element: a DType::string variable's
+/// elements count as that many bytes each (as TensorFlow's `min_max_variable_partitioner` counts them).
 /// @par Example
 /// @code
 /// pss::MinSizePartitioner p(256 << 10, 16);
@@ -3686,7 +3840,8 @@ public:
     /// @brief max(1, min(shape[0], max_shards, ceil(total bytes / min_shard_bytes))).
     [[nodiscard]] constexpr std::size_t operator()(std::span<const std::size_t> shape, DType dtype) const noexcept {
         if (shape.empty()) return 1;
-        const std::size_t total_bytes = detail::saturating_mul(detail::product_from(shape, 0), dtype_size(dtype));
+        const std::size_t total_bytes = detail::saturating_mul(detail::product_from(shape, 0),
+                                                              detail::element_bytes(dtype, bytes_per_string_));
         const std::size_t by_size = detail::ceil_div(total_bytes, static_cast<std::size_t>(min_shard_bytes_));
         return std::max<std::size_t>(1, std::min({shape[0], static_cast<std::size_t>(max_shards_), by_size}));
     }
@@ -4730,6 +4885,7 @@ PSS_NAMESPACE_END
 
 // pss/wire.hpp: the frame format the Tcp transport speaks, its encoder and its validating decoder.
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -4767,7 +4923,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | 24 | 8 | variable id | `ShardKey::variable` |
 /// | 32 | 4 | shard id | `ShardKey::shard` |
 /// | 36 | 2 | tensors | tensors described: at most 1 without `frame_flag_values`, else at most `WireLimits::max_tensors` |
-/// | 38 | 2 | descriptor words | u64 words of the descriptor section: one per tensor plus its rank |
+/// | 38 | 2 | descriptor words | u64 words of the descriptor section: one per tensor plus its rank, plus one per string tensor |
 /// | 40 | 4 | name length | bytes of the shard name (a call's function name) |
 /// | 44 | 4 | message length | bytes of the error message |
 /// | 48 | 8 | ids count | number of row ids |
@@ -4777,8 +4933,10 @@ static_assert(std::endian::native == std::endian::little,
 /// | 76 | 4 | checksum | CRC-32C of bytes 0 to 75 and of the sections below, but not of the payload |
 ///
 /// Then: the descriptors (for each tensor a word `dtype | rank << 8`, the other bytes 0, then rank x
-/// u64 extents), the name, the message, the CBOR values, the ids (count x i64), and the payload (each
-/// tensor's row-major elements, in order). All integers are little-endian.
+/// u64 extents, then for a string tensor one word more: its encoded bytes), the name, the message, the
+/// CBOR values, the ids (count x i64), and the payload (each tensor's row-major elements, in order; a
+/// string tensor's elements encoded as one u64 length per element, then their bytes one after another).
+/// All integers are little-endian.
 ///
 /// A shard operation carries at most one tensor (its `payload`); a call and a call's reply carry
 /// `Values`: the non-tensor values in CBOR (nlohmann/json's encoder and decoder, fuzzed upstream), the
@@ -4872,6 +5030,7 @@ struct FrameHeader {
 struct TensorSpec {
     DType dtype = DType::float32;
     Shape shape;
+    std::uint64_t encoded_bytes = 0;  ///< a string tensor's bytes on the wire (lengths and characters)
 };
 
 /// @brief The variable sections of a received frame. Reused from frame to frame by a connection.
@@ -4913,7 +5072,7 @@ struct FrameBody {
 /// `body.tensors`.
 /// @throws WireError
 ///   - `pss: wire: frame checksum 0x12345678 does not match the computed 0x9abcdef0; the frame was corrupted`
-///   - `pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 4 (int64)`
+///   - `pss: wire: frame tensor 0: dtype byte 9 is not a dtype; expected 1 (float32) to 5 (string)`
 ///   - `pss: wire: frame tensor 0: rank 9 exceeds the limit 8`
 ///   - `pss: wire: frame payload length 12 does not match the tensors' 16 bytes (float32 (2, 2))`
 ///   - `pss: wire: frame tensor 0: shape (4294967296, 4294967296) of float32 exceeds the payload limit 1073741824 bytes`
@@ -4929,6 +5088,12 @@ void decode_body(std::span<const std::byte, frame_header_size> header_bytes, con
 /// buffers to read into them (one scatter read).
 [[nodiscard]] std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body);
 [[nodiscard]] std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors);
+
+/// @brief Turns each string tensor read in its wire form (`payload` and `tensors`, as `payload_buffer`
+/// and `value_tensors` made them) into its `xt::xarray<std::string>`, checking the encoding.
+/// @throws WireError `pss: wire: frame tensor 0: its string lengths add up to 60 bytes, but 64 follow them`, or
+///   `pss: wire: frame tensor 0: string 2 has length 9, more than the 4 left of the 64 bytes after the lengths`
+void decode_string_tensors(Tensor& payload, std::vector<Tensor>& tensors, std::optional<std::uint64_t> request_id);
 
 /// @brief The Request a validated request frame carries. `payload` is the received tensor (or, for an
 /// elided payload, the buffer the receiver offers; it may be empty); `tensors` a call's.
@@ -4957,10 +5122,12 @@ public:
         out.push_back(asio::buffer(ids_.data(), ids_.size()));
         if (payload_length_ == 0) return;
         if (many_ == nullptr) {
-            out.push_back(asio::buffer(payload_, payload_length_));
+            out.push_back(encoded_.empty() ? asio::buffer(payload_, payload_length_) : asio::buffer(encoded_.front()));
             return;
         }
-        for (const Tensor& t : *many_) out.push_back(asio::buffer(t.bytes(), t.nbytes()));
+        auto encoded = encoded_.begin();  // the string tensors' wire forms, in order
+        for (const Tensor& t : *many_)
+            out.push_back(t.dtype() == DType::string ? asio::buffer(*encoded++) : asio::buffer(t.bytes(), t.nbytes()));
     }
     /// @brief The frame's bytes in one buffer (tests, and the fuzzer's seeds).
     [[nodiscard]] std::vector<std::byte> bytes() const {
@@ -4995,12 +5162,13 @@ private:
     FrameHeader header_;
     std::array<std::byte, frame_header_size> header_bytes_{};
     // A shard operation's one tensor is described here, with no allocation; a call's tensors below.
-    std::array<std::byte, 8 * (1 + max_wire_rank)> one_descriptor_{};
+    std::array<std::byte, 8 * (2 + max_wire_rank)> one_descriptor_{};
     std::size_t descriptor_length_ = 0;
     std::vector<std::byte> many_descriptors_;
     std::span<const std::byte> name_, message_, values_, ids_;
     const std::byte* payload_ = nullptr;
     const std::vector<Tensor>* many_ = nullptr;
+    std::vector<std::vector<std::byte>> encoded_;  // the string tensors sent, in their wire form (a copy)
     std::size_t payload_length_ = 0;
 };
 
@@ -5180,8 +5348,8 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
         fail("of a shard operation describes " + std::to_string(h.tensors) + " tensors; it carries one at most");
     if (h.payload_elided() && !h.has_payload())
         fail("flags " + std::to_string(h.flags) + " mark a payload elided but the frame has no payload to elide");
-    // Each tensor takes one descriptor word and at most max_wire_rank more.
-    if (h.descriptor_words < h.tensors || h.descriptor_words > std::uint64_t{h.tensors} * (1 + max_wire_rank))
+    // Each tensor takes one descriptor word and at most max_wire_rank more (and a string tensor one more).
+    if (h.descriptor_words < h.tensors || h.descriptor_words > std::uint64_t{h.tensors} * (2 + max_wire_rank))
         fail("descriptor words " + std::to_string(h.descriptor_words) + " cannot describe " + std::to_string(h.tensors) +
              " tensors of rank 0 to " + std::to_string(max_wire_rank));
     too_big("payload length", h.payload_length, limits.max_payload_bytes);
@@ -5232,7 +5400,7 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         const auto dtype = static_cast<std::uint8_t>(d & 0xFFu);
         const auto rank = static_cast<std::size_t>((d >> 8) & 0xFFu);
         if (!is_valid_dtype(dtype))
-            fail(which + "dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 4 (int64)");
+            fail(which + "dtype byte " + std::to_string(dtype) + " is not a dtype; expected 1 (float32) to 5 (string)");
         if (rank > max_wire_rank)
             fail(which + "rank " + std::to_string(rank) + " exceeds the limit " + std::to_string(max_wire_rank));
         if ((d >> 16) != 0) fail(which + "descriptor " + std::to_string(d) + " has bits set above the rank byte");
@@ -5242,13 +5410,28 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         spec.dtype = static_cast<DType>(dtype);
         spec.shape.resize(rank);
         for (std::size_t a = 0; a < rank; ++a, word += 8) spec.shape[a] = detail::get_le<8>(word);
-        const std::size_t element_size = dtype_size(spec.dtype);
+        const bool strings = spec.dtype == DType::string;
+        // A string element takes at least its 8-byte length on the wire.
+        const std::size_t element_size = strings ? 8 : dtype_size(spec.dtype);
         const std::int64_t elements =
             detail::bounded_elements(spec.shape, (limits.max_payload_bytes - needed) / element_size);
         if (elements < 0)
             fail(which + "shape " + format_shape(spec.shape) + " of " + std::string(dtype_name(spec.dtype)) +
                  " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) + " bytes");
-        needed += static_cast<std::uint64_t>(elements) * element_size;
+        if (!strings) {
+            needed += static_cast<std::uint64_t>(elements) * element_size;
+            continue;
+        }
+        if (word == end) fail(which + "its encoded length is missing; the descriptor words end early");
+        spec.encoded_bytes = detail::get_le<8>(word);
+        word += 8;
+        if (header.payload_elided()) continue;  // described, not sent
+        if (spec.encoded_bytes < static_cast<std::uint64_t>(elements) * 8 ||
+            spec.encoded_bytes > limits.max_payload_bytes - needed)
+            fail(which + "encoded length " + std::to_string(spec.encoded_bytes) + " of " + std::to_string(elements) +
+                 " strings is below their lengths' " + std::to_string(elements * 8) + " bytes or exceeds the payload limit " +
+                 std::to_string(limits.max_payload_bytes));
+        needed += spec.encoded_bytes;
     }
     if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
     if (!header.payload_elided() && header.payload_length != needed) {
@@ -5263,6 +5446,8 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
 inline Tensor payload_buffer(const FrameHeader& header, const FrameBody& body, Tensor reuse) {
     if (!header.has_payload() || header.payload_elided()) return {};
     const TensorSpec& spec = body.payload();
+    if (spec.dtype == DType::string)
+        return Tensor(detail::EncodedStrings{spec.shape, std::vector<std::byte>(spec.encoded_bytes)});
     if (reuse.has_value() && reuse.dtype() == spec.dtype && reuse.size() == num_elements(spec.shape)) {
         reuse.visit_mut([&](auto& array) { array.resize(spec.shape); });  // same size: the buffer is kept
         return reuse;
@@ -5274,8 +5459,70 @@ inline std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameB
     std::vector<Tensor> tensors;
     if (!header.has_values()) return tensors;
     tensors.reserve(body.tensors.size());
-    for (const auto& spec : body.tensors) tensors.push_back(Tensor::uninitialized(spec.dtype, spec.shape));
+    for (const auto& spec : body.tensors)
+        tensors.push_back(spec.dtype == DType::string
+                              ? Tensor(detail::EncodedStrings{spec.shape, std::vector<std::byte>(spec.encoded_bytes)})
+                              : Tensor::uninitialized(spec.dtype, spec.shape));
     return tensors;
+}
+
+namespace detail {
+
+/// A string tensor's wire form: one u64 length per element, then the elements' bytes.
+[[nodiscard]] inline std::size_t encoded_string_bytes(const xt::xarray<std::string>& strings) noexcept {
+    std::size_t n = 8 * strings.size();
+    for (const auto& s : strings) n += s.size();
+    return n;
+}
+
+inline std::vector<std::byte> encode_strings(const xt::xarray<std::string>& strings) {
+    std::vector<std::byte> out(encoded_string_bytes(strings));
+    std::byte* length = out.data();
+    std::byte* chars = out.data() + 8 * strings.size();
+    for (const auto& s : strings) {
+        put_le<8>(length, s.size());
+        length += 8;
+        if (!s.empty()) std::memcpy(chars, s.data(), s.size());
+        chars += s.size();
+    }
+    return out;
+}
+
+inline void decode_strings(Tensor& tensor, std::size_t index, std::optional<std::uint64_t> request_id) {
+    EncodedStrings* encoded = tensor.encoded_strings();
+    if (encoded == nullptr) return;
+    const std::vector<std::byte>& bytes = encoded->bytes;
+    auto strings = xt::xarray<std::string>::from_shape(encoded->shape);
+    const std::size_t n = strings.size();  // decode_body checked 8 * n <= bytes.size()
+    const std::uint64_t chars = bytes.size() - 8 * n;
+    std::uint64_t total = 0;
+    auto fail = [&](const std::string& what) {
+        throw WireError("pss: wire: frame tensor " + std::to_string(index) + ": " + what, request_id);
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t length = get_le<8>(bytes.data() + 8 * i);
+        if (length > chars - total)
+            fail("string " + std::to_string(i) + " has length " + std::to_string(length) + ", more than the " +
+                 std::to_string(chars - total) + " left of the " + std::to_string(chars) + " bytes after the lengths");
+        total += length;
+    }
+    if (total != chars)
+        fail("its string lengths add up to " + std::to_string(total) + " bytes, but " + std::to_string(chars) +
+             " follow them");
+    const char* text = reinterpret_cast<const char*>(bytes.data()) + 8 * n;
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto length = static_cast<std::size_t>(get_le<8>(bytes.data() + 8 * i));
+        strings.data()[i].assign(text, length);
+        text += length;
+    }
+    tensor = Tensor(std::move(strings));
+}
+
+}  // namespace detail
+
+inline void decode_string_tensors(Tensor& payload, std::vector<Tensor>& tensors, std::optional<std::uint64_t> request_id) {
+    detail::decode_strings(payload, 0, request_id);
+    for (std::size_t i = 0; i < tensors.size(); ++i) detail::decode_strings(tensors[i], i, request_id);
 }
 
 inline std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors) {
@@ -5319,6 +5566,10 @@ inline void OutgoingFrame::describe(const Tensor& t, std::byte*& out) {
         detail::put_le<8>(out, extent);
         out += 8;
     }
+    if (t.dtype() == DType::string) {
+        detail::put_le<8>(out, detail::encoded_string_bytes(t.get<std::string>()));
+        out += 8;
+    }
 }
 
 inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values* values,
@@ -5335,7 +5586,13 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
         for (const Tensor& t : values->tensors) {
             if (!t.has_value()) throw InvalidArgumentError("pss: wire: a call's values hold an empty tensor");
             words += 1 + t.shape().size();
-            bytes += t.nbytes();
+            if (t.dtype() == DType::string) {
+                encoded_.push_back(detail::encode_strings(t.get<std::string>()));
+                bytes += encoded_.back().size();
+                ++words;
+            } else {
+                bytes += t.nbytes();
+            }
         }
         if (words > std::numeric_limits<std::uint16_t>::max())
             throw InvalidArgumentError("pss: wire: a call's tensors need " + std::to_string(words) +
@@ -5360,7 +5617,8 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
         h.flags = elide ? frame_flag_payload_elided : std::uint8_t{0};
         h.tensors = 1;
         h.descriptor_words = static_cast<std::uint16_t>(descriptor_length_ / 8);
-        h.payload_length = elide ? 0 : payload.nbytes();
+        if (payload.dtype() == DType::string && !elide) encoded_.push_back(detail::encode_strings(payload.get<std::string>()));
+        h.payload_length = elide ? 0 : encoded_.empty() ? payload.nbytes() : encoded_.front().size();
         payload_ = payload.bytes();
         payload_length_ = static_cast<std::size_t>(h.payload_length);
     }
@@ -5436,6 +5694,7 @@ inline DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLim
     std::vector<asio::mutable_buffer> into = tensor_buffers(frame.tensors);
     if (frame.payload.has_value()) into.push_back(asio::buffer(frame.payload.bytes(), frame.payload.nbytes()));
     asio::buffer_copy(into, asio::buffer(bytes.data() + body_end, static_cast<std::size_t>(h.payload_length)));
+    decode_string_tensors(frame.payload, frame.tensors, h.request_id);
     frame.size = static_cast<std::size_t>(end);
     return frame;
 }
@@ -6310,6 +6569,7 @@ private:
         if (auto it = pending_.find(header_.request_id); it != pending_.end()) {
             const Request& request = it->second.out->request;
             if (request.kind == RequestKind::operation && request.op == Op::read && request.payload.has_value() &&
+                spec.dtype != DType::string &&
                 request.payload.dtype() == spec.dtype && request.payload.size() == num_elements(spec.shape))
                 target_ = it->second.out;
         }
@@ -6330,6 +6590,11 @@ private:
         if (ec) return lose(ec);
         Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
         target_.reset();
+        try {
+            decode_string_tensors(payload, incoming_values_, header_.request_id);
+        } catch (const WireError& e) {
+            return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
+        }
         Reply reply = to_reply(header_, body_, std::move(payload), std::move(incoming_values_));
         incoming_values_.clear();
         last_heard_ = Clock::now();
@@ -6767,6 +7032,11 @@ private:
 
     void on_payload(std::error_code ec) {
         if (ec || closed_) return close();
+        try {
+            decode_string_tensors(incoming_, incoming_values_, header_.request_id);
+        } catch (const WireError& e) {
+            return refuse(e);
+        }
         proven_ = true;
         clear_deadline();
         end_frame();
@@ -7933,32 +8203,34 @@ inline void from_json(const nlohmann::json& j, FileRecord& r) {
     r.chunk_crc32 = json_integers<std::uint32_t>(j.at("chunk_crc32"), "\"chunk_crc32\"");
 }
 
-/// numpy's dtype string of a pss dtype: "<f4", "<f8", "<i4", "<i8".
-[[nodiscard]] inline std::string npy_descr(DType dtype) {
+/// numpy's dtype string of a pss dtype: "<f4", "<f8", "<i4", "<i8"; "|S<width>" for strings (numpy's
+/// fixed-width bytes, each element padded with NUL bytes to the longest).
+[[nodiscard]] inline std::string npy_descr(DType dtype, std::size_t string_width = 1) {
     switch (dtype) {
         case DType::float32: return "<f4";
         case DType::float64: return "<f8";
         case DType::int32: return "<i4";
         case DType::int64: return "<i8";
+        case DType::string: return "|S" + std::to_string(string_width);
     }
     return "?";
 }
 
 /// The .npy header numpy writes for a C-order array (version 1.0, padded to 64 bytes), by xtensor's npy
 /// writer.
-[[nodiscard]] inline std::string npy_header(DType dtype, const Shape& shape) {
+[[nodiscard]] inline std::string npy_header(const std::string& descr, const Shape& shape) {
     std::ostringstream out;
-    xt::detail::write_header(out, npy_descr(dtype), false, shape);
+    xt::detail::write_header(out, descr, false, shape);
     return out.str();
 }
 
-/// Writes an array as a .npy file (created; it must not exist), straight from `data`: the header, then
-/// `nbytes` of data, checksummed as they go out, then fsync. Returns the file's record (its name is
-/// the path's last component).
+/// Writes an array as a .npy file (created; it must not exist), straight from `data`: the header (of
+/// numpy dtype `descr`), then `nbytes` of data, checksummed as they go out, then fsync. Returns the
+/// file's record (its name is the path's last component).
 /// @throws FailedPreconditionError naming the path and the system's reason (disk full, read-only).
-inline FileRecord write_npy(const std::string& path, DType dtype, const Shape& shape, const void* data,
+inline FileRecord write_npy(const std::string& path, const std::string& descr, const Shape& shape, const void* data,
                             std::size_t nbytes) {
-    const std::string header = npy_header(dtype, shape);
+    const std::string header = npy_header(descr, shape);
     FileHandle f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (f.get() < 0) throw_file_error("creating", path, errno);
     checkpoint_save_point("file created");
@@ -7984,11 +8256,37 @@ inline FileRecord write_npy(const std::string& path, DType dtype, const Shape& s
     return r;
 }
 
+/// The same for an array of a numeric dtype.
+inline FileRecord write_npy(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                            std::size_t nbytes) {
+    return write_npy(path, npy_descr(dtype), shape, data, nbytes);
+}
+
+/// The same for strings, as numpy's fixed-width bytes (`|S<width>`, the longest element's length, at
+/// least 1): what `numpy.load` gives back as a bytes_ array. numpy drops the NUL bytes that end an
+/// element, so an element ending in one cannot be saved exactly, and is refused.
+/// @throws InvalidArgumentError naming `what` and the element, before the file is created.
+inline FileRecord write_npy_strings(const std::string& path, const std::string& what, const Shape& shape,
+                                    const std::string* strings, std::size_t count) {
+    std::size_t width = 1;
+    for (std::size_t i = 0; i < count; ++i) {
+        width = std::max(width, strings[i].size());
+        if (!strings[i].empty() && strings[i].back() == '\0')
+            throw InvalidArgumentError("pss: checkpoint: " + what + ": element " + std::to_string(i) +
+                                       " ends in a NUL byte, which numpy's fixed-width bytes (dtype |S) cannot keep; "
+                                       "nothing was saved");
+    }
+    std::vector<char> fixed(count * width, '\0');
+    for (std::size_t i = 0; i < count; ++i) std::copy(strings[i].begin(), strings[i].end(), fixed.begin() + i * width);
+    return write_npy(path, npy_descr(DType::string, width), shape, fixed.data(), fixed.size());
+}
+
 /// What a .npy header says.
 struct NpyHeader {
     DType dtype = DType::float32;
     Shape shape;
     std::size_t header_bytes = 0;
+    std::size_t element_size = 4;  ///< bytes of an element in the file (a string file's width)
 };
 
 /// Parses the dictionary of a .npy header, the Python literal numpy writes:
@@ -8099,16 +8397,24 @@ inline void parse_npy_dictionary(std::string_view text, std::string& descr, bool
     for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64})
         if (npy_descr(d) == descr) {
             h.dtype = d;
+            h.element_size = dtype_size(d);
             known = true;
         }
-    if (!known) throw bad("dtype '" + descr + "' is none of <f4, <f8, <i4, <i8");
+    if (descr.size() > 2 && descr.size() <= 12 && descr.starts_with("|S") &&
+        descr.find_first_not_of("0123456789", 2) == std::string::npos && descr[2] != '0') {
+        h.dtype = DType::string;
+        h.element_size = static_cast<std::size_t>(std::stoull(descr.substr(2)));  // at most 10 digits
+        known = true;
+    }
+    if (!known) throw bad("dtype '" + descr + "' is none of <f4, <f8, <i4, <i8, |S<width>");
     h.shape.assign(shape.begin(), shape.end());
     return h;
 }
 
-/// Reads rows [row_begin, row_end) of the .npy file `dir/record.file` into `out` (the rows' bytes), after
-/// checking the file's size, its header (dtype and shape must be `dtype` and `shape`) and the checksum
-/// of every chunk it reads. Reads only the header and the chunks that hold those rows.
+/// Reads rows [row_begin, row_end) of the .npy file `dir/record.file` into `out` (the rows' bytes; for
+/// DType::string, `out` points at the rows' std::string elements), after checking the file's size, its
+/// header (dtype and shape must be `dtype` and `shape`) and the checksum of every chunk it reads. Reads
+/// only the header and the chunks that hold those rows.
 /// @throws NotFoundError (missing file), InvalidArgumentError (truncated, checksum, header), each
 /// naming the file.
 inline void read_npy_rows(const std::string& dir, const FileRecord& record, DType dtype, const Shape& shape,
@@ -8145,14 +8451,19 @@ inline void read_npy_rows(const std::string& dir, const FileRecord& record, DTyp
         throw InvalidArgumentError("pss: checkpoint: " + path + " holds shape " + format_shape(h.shape) + " dtype " +
                                    std::string(dtype_name(h.dtype)) + " where the index says shape " +
                                    format_shape(shape) + " dtype " + std::string(dtype_name(dtype)));
-    const std::size_t row_bytes = row_elements(shape) * dtype_size(dtype);  // the index's shapes are checked
+    // The index's shapes are checked; a string file's width is at most 10 digits, so no product overflows.
+    const std::size_t row_bytes = row_elements(shape) * h.element_size;
     if (row_begin > row_end || (row_bytes != 0 && row_end > data_bytes / row_bytes))
         throw InvalidArgumentError("pss: checkpoint: " + path + " has no rows [" + std::to_string(row_begin) + ", " +
                                    std::to_string(row_end) + ")");
     const std::uint64_t want_begin = row_begin * row_bytes, want_end = row_end * row_bytes;
     if (want_begin == want_end) return;
-    std::vector<char> buffer;
+    std::vector<char> buffer, fixed;  // fixed: a string file's rows as stored, before they become strings
     auto* dest = static_cast<char*>(out);
+    if (dtype == DType::string) {
+        fixed.resize(static_cast<std::size_t>(want_end - want_begin));
+        dest = fixed.data();
+    }
     for (std::size_t c = want_begin / record.chunk_bytes; c < chunks && c * record.chunk_bytes < want_end; ++c) {
         const std::uint64_t cb = c * record.chunk_bytes;
         const std::uint64_t ce = std::min<std::uint64_t>(cb + record.chunk_bytes, data_bytes);
@@ -8172,6 +8483,11 @@ inline void read_npy_rows(const std::string& dir, const FileRecord& record, DTyp
             const std::uint64_t from = std::max(cb, want_begin), to = std::min(ce, want_end);
             std::memcpy(dest + (from - want_begin), target + (from - cb), static_cast<std::size_t>(to - from));
         }
+    }
+    auto* strings = static_cast<std::string*>(out);
+    for (std::size_t i = 0, w = h.element_size; i < fixed.size() / w; ++i) {
+        const char* element = fixed.data() + i * w;
+        strings[i].assign(element, std::find(element, element + w, '\0'));  // numpy's bytes_ end at the first NUL
     }
 }
 
@@ -8220,7 +8536,7 @@ struct CheckpointIndex {
 };
 
 [[nodiscard]] inline std::optional<DType> dtype_from_name(std::string_view name) {
-    for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64})
+    for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::string})
         if (dtype_name(d) == name) return d;
     return std::nullopt;
 }
@@ -8284,7 +8600,7 @@ inline constexpr std::uint64_t max_saved_bytes = std::uint64_t{1} << 62;
             v.dtype = *dtype;
             // Shapes are untrusted: none may describe more bytes than a file can hold (no size overflows).
             auto check_shape = [&](const Shape& shape, const std::string& what) {
-                if (bounded_elements(shape, max_saved_bytes / dtype_size(v.dtype)) < 0)
+                if (bounded_elements(shape, max_saved_bytes / std::max<std::size_t>(dtype_size(v.dtype), 1)) < 0)
                     throw bad("variable '" + v.name + "': " + what + " shape " + format_shape(shape) +
                               " is larger than a checkpoint can hold");
             };
@@ -8353,6 +8669,7 @@ struct RowPiece {
 inline void read_saved_rows(const std::string& dir, const SavedVariable& v, const std::string& slot, std::size_t begin,
                             std::size_t end, void* out) {
     const std::size_t row_bytes = row_elements(v.shape) * dtype_size(v.dtype);
+    const std::size_t row_strings = v.dtype == DType::string ? row_elements(v.shape) : 0;
     for (const auto& piece : pieces_of_rows(v, begin, end)) {
         const auto& s = v.shards[piece.shard];
         const FileRecord* record = &s.value;
@@ -8366,8 +8683,9 @@ inline void read_saved_rows(const std::string& dir, const SavedVariable& v, cons
         if (v.shape.empty()) {
             read_npy_rows(dir, *record, v.dtype, s.shape, 0, 1, out);
         } else {
-            read_npy_rows(dir, *record, v.dtype, s.shape, piece.from, piece.to,
-                          static_cast<char*>(out) + piece.at * row_bytes);
+            void* at = row_strings != 0 ? static_cast<void*>(static_cast<std::string*>(out) + piece.at * row_strings)
+                                        : static_cast<char*>(out) + piece.at * row_bytes;
+            read_npy_rows(dir, *record, v.dtype, s.shape, piece.from, piece.to, at);
         }
     }
 }
@@ -8664,6 +8982,9 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
                                        std::string(dtype_name(payload.dtype())));
     };
     const bool sparse = is_scatter(op) || op == Op::gather || op == Op::apply_sparse;
+    if (dtype == DType::string && !(op == Op::read || op == Op::gather || op == Op::assign || op == Op::scatter_update))
+        throw InvalidArgumentError("pss: " + what + ": a string variable is read, assigned, gathered (sparse_read) and "
+                                   "scatter_updated; " + std::string(op_name(op)) + " computes with numbers");
     if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
         throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
                                       std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
@@ -8684,41 +9005,40 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
 
 /// Copies rows [begin, begin + count) of `value` into a new tensor.
 inline Tensor slice_rows(const Tensor& value, std::size_t begin, std::size_t count) {
-    return value.visit(
-        [&](const auto& a) {
-            using T = typename std::decay_t<decltype(a)>::value_type;
-            const Shape shape(a.shape().begin(), a.shape().end());
-            const std::size_t width = row_elements(shape);
-            xt::xarray<T> out = xt::xarray<T>::from_shape(rows_shape(shape, count));
-            std::memcpy(out.data(), a.data() + begin * width, count * width * sizeof(T));
-            return Tensor(std::move(out));
-        },
-        Tensor{});
+    if (!value.has_value()) return {};
+    Tensor out = Tensor::uninitialized(value.dtype(), rows_shape(value.shape(), count));
+    RowCopy(out, value)(0, begin, count);
+    return out;
 }
 
 /// Copies the block [from[d], to[d]) of each axis d of `value` (from and to one entry per axis, within
-/// the shape) into a new tensor: runs of the last axis by memcpy, whatever the dtype.
+/// the shape) into a new tensor: runs of the last axis at once (a memcpy for numbers), whatever the dtype.
 inline Tensor slice_block(const Tensor& value, const Shape& from, const Shape& to) {
-    const Shape& shape = value.shape();
-    Shape out_shape(shape.size());
-    for (std::size_t d = 0; d < shape.size(); ++d) out_shape[d] = to[d] - from[d];
-    Tensor out = Tensor::uninitialized(value.dtype(), out_shape);
-    if (out.size() == 0) return out;
-    const std::size_t rank = shape.size(), element = dtype_size(value.dtype());
-    std::vector<std::size_t> stride(rank, 1);  // in elements
-    for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
-    const std::size_t run = out_shape[rank - 1] * element;
-    std::vector<std::size_t> at(rank, 0);  // the block's index of the run being copied (its last axis 0)
-    for (std::byte* target = out.bytes(); target != out.bytes() + out.nbytes(); target += run) {
-        std::size_t offset = 0;
-        for (std::size_t d = 0; d < rank; ++d) offset += (from[d] + at[d]) * stride[d];
-        std::memcpy(target, value.bytes() + offset * element, run);
-        for (std::size_t d = rank - 1; d-- > 0;) {  // the next run: an odometer over every axis but the last
-            if (++at[d] < out_shape[d]) break;
-            at[d] = 0;
-        }
-    }
-    return out;
+    return value.visit_any(
+        [&](const auto& a) {
+            using T = typename std::decay_t<decltype(a)>::value_type;
+            const Shape shape(a.shape().begin(), a.shape().end());
+            Shape out_shape(shape.size());
+            for (std::size_t d = 0; d < shape.size(); ++d) out_shape[d] = to[d] - from[d];
+            auto out = xt::xarray<T>::from_shape(out_shape);
+            if (out.size() == 0) return Tensor(std::move(out));
+            const std::size_t rank = shape.size();
+            std::vector<std::size_t> stride(rank, 1);  // in elements
+            for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
+            const std::size_t run = out_shape[rank - 1];
+            std::vector<std::size_t> at(rank, 0);  // the block's index of the run being copied (its last axis 0)
+            for (T* target = out.data(); target != out.data() + out.size(); target += run) {
+                std::size_t offset = 0;
+                for (std::size_t d = 0; d < rank; ++d) offset += (from[d] + at[d]) * stride[d];
+                std::copy_n(a.data() + offset, run, target);
+                for (std::size_t d = rank - 1; d-- > 0;) {  // the next run: an odometer over every axis but the last
+                    if (++at[d] < out_shape[d]) break;
+                    at[d] = 0;
+                }
+            }
+            return Tensor(std::move(out));
+        },
+        Tensor{});
 }
 
 }  // namespace detail
@@ -8792,6 +9112,9 @@ struct VariableInfo {
 ///
 /// A variable the strategy's partitioner splits along axis 0 has several shards, each on its own ps
 /// task and named `name/part_i` (TensorFlow's ShardedVariable); `ShardedVariable` names this same type.
+/// A variable holds numbers (float32, float64, int32, int64) or byte strings (DType::string, as a
+/// vocabulary): a string variable is read, assigned, gathered (sparse_read, slice) and scatter_updated,
+/// and any other operation on it throws InvalidArgumentError before anything is sent.
 /// Every operation crosses the transport as requests, one per shard touched, issued in parallel. Each is
 /// validated completely before any request is sent, so an operation that fails changes no shard.
 /// Handles are cheap to copy and share one variable; the last handle destroys the shards.
@@ -8873,9 +9196,9 @@ public:
     /// @param step in synchronous training, the step this pull is for: it waits until the steps it
     /// must see are applied (see consistency.hpp); 0 reads whatever is there.
     [[nodiscard]] Tensor read_value(std::uint64_t step = 0) const;
-    /// @brief The whole value as an xarray of the variable's element type.
+    /// @brief The whole value as an xarray of the variable's element type (std::string for DType::string).
     /// @throws InvalidArgumentError when T is not the variable's dtype.
-    template <Element T>
+    template <TensorElement T>
     [[nodiscard]] xt::xarray<T> read(std::uint64_t step = 0) const {
         check_dtype<T>("read");
         return std::move(read_value(step).get<T>());
@@ -8973,7 +9296,7 @@ private:
         return *info_;
     }
 
-    template <Element T>
+    template <TensorElement T>
     void check_dtype(const char* what) const {
         if (dtype_of<T> != dtype())
             throw InvalidArgumentError("pss: " + std::string(what) + " of variable '" + name() + "' as " +
@@ -9237,9 +9560,8 @@ inline Tensor Variable::read_value(std::uint64_t step) const {
     for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
-    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t i = 0; i < parts.size(); ++i)
-        std::memcpy(whole.bytes() + shards[i].row_offset * row_bytes, parts[i].bytes(), parts[i].nbytes());
+        detail::RowCopy(whole, parts[i])(shards[i].row_offset, 0, shards[i].shape[0]);
     return whole;
 }
 
@@ -9292,15 +9614,15 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     // Group the rows by shard, keeping their order within each shard (scatter_update's last row wins).
     std::vector<std::vector<std::size_t>> picked(shards.size());
     for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
-    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty() && step == 0) continue;
         Request r = request(op, shards[s], step);
         r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
+        const detail::RowCopy copy(r.payload, rows);
         for (std::size_t j = 0; j < picked[s].size(); ++j) {
             const std::size_t i = picked[s][j];
             r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
-            std::memcpy(r.payload.bytes() + j * row_bytes, rows.bytes() + i * row_bytes, row_bytes);
+            copy(j, i);
         }
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
@@ -9359,11 +9681,10 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
                     shards[asked[p]].index);
     if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
     Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
-    const std::size_t row_bytes = detail::row_elements(shape()) * dtype_size(dtype());
     for (std::size_t p = 0; p < parts.size(); ++p) {
         const auto& rows_of_shard = picked[asked[p]];
-        for (std::size_t j = 0; j < rows_of_shard.size(); ++j)
-            std::memcpy(out.bytes() + rows_of_shard[j] * row_bytes, parts[p].bytes() + j * row_bytes, row_bytes);
+        const detail::RowCopy copy(out, parts[p]);
+        for (std::size_t j = 0; j < rows_of_shard.size(); ++j) copy(rows_of_shard[j], j);
     }
     return out;
 }
@@ -10209,7 +10530,7 @@ private:
         };
         std::vector<Held> held;
     };
-    using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>>;
+    using AnyState = std::variant<State<float>, State<double>, State<std::int32_t>, State<std::int64_t>, State<std::string>>;
 
     struct Shard {
         std::string name;
@@ -10277,7 +10598,7 @@ private:
                                      std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
                                      " exists already on this task");
         Shard shard{request.name, request.payload.shape(), request.payload.dtype(), State<float>{}};
-        request.payload.visit_mut([&]<class T>(xt::xarray<T>& value) {
+        request.payload.visit_any_mut([&]<class T>(xt::xarray<T>& value) {
             State<T> state;
             state.value = std::move(value);
             shard.state = std::move(state);
@@ -10326,14 +10647,15 @@ private:
                 const std::size_t width = detail::row_elements(shard.shape);
                 xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shard.shape, request.ids.size()));
                 for (std::size_t i = 0; i < request.ids.size(); ++i)
-                    std::memcpy(out.data() + i * width, value.data() + static_cast<std::size_t>(request.ids[i]) * width,
-                                width * sizeof(T));
+                    std::copy_n(value.data() + static_cast<std::size_t>(request.ids[i]) * width, width, out.data() + i * width);
                 reply.payload = std::move(out);
                 return reply;
             }
             case Op::assign: std::swap(value, request.payload.template get<T>()); break;
             case Op::assign_add:
-            case Op::assign_sub: add_whole(request.op, value, request.payload.template get<T>()); break;
+            case Op::assign_sub:
+                if constexpr (Element<T>) add_whole(request.op, value, request.payload.template get<T>());
+                break;
             case Op::scatter_add:
             case Op::scatter_sub:
             case Op::scatter_update:
@@ -10503,7 +10825,7 @@ private:
     static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
         // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
         const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
-        auto each_row = [&]<Op K>() {
+        [[maybe_unused]] auto each_row = [&]<Op K>() {
             for (std::size_t i = 0; i < ids.size(); ++i) {
                 T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
                 const T* in = rows.data() + i * width;
@@ -10511,19 +10833,21 @@ private:
             }
         };
         // One loop per operation, so that each inner loop is a plain one the compiler vectorizes.
-        switch (op) {
-            case Op::scatter_update:
-                for (std::size_t i = 0; i < ids.size(); ++i)
-                    std::memcpy(value.data() + static_cast<std::size_t>(ids[i]) * width, rows.data() + i * width,
-                                width * sizeof(T));
-                return;
-            case Op::scatter_add: return each_row.template operator()<Op::scatter_add>();
-            case Op::scatter_sub: return each_row.template operator()<Op::scatter_sub>();
-            case Op::scatter_mul: return each_row.template operator()<Op::scatter_mul>();
-            case Op::scatter_div: return each_row.template operator()<Op::scatter_div>();
-            case Op::scatter_min: return each_row.template operator()<Op::scatter_min>();
-            case Op::scatter_max: return each_row.template operator()<Op::scatter_max>();
-            default: return;
+        if (op == Op::scatter_update) {
+            for (std::size_t i = 0; i < ids.size(); ++i)
+                std::copy_n(rows.data() + i * width, width, value.data() + static_cast<std::size_t>(ids[i]) * width);
+            return;
+        }
+        if constexpr (Element<T>) {  // strings are only scatter_updated (detail::validate_request)
+            switch (op) {
+                case Op::scatter_add: return each_row.template operator()<Op::scatter_add>();
+                case Op::scatter_sub: return each_row.template operator()<Op::scatter_sub>();
+                case Op::scatter_mul: return each_row.template operator()<Op::scatter_mul>();
+                case Op::scatter_div: return each_row.template operator()<Op::scatter_div>();
+                case Op::scatter_min: return each_row.template operator()<Op::scatter_min>();
+                case Op::scatter_max: return each_row.template operator()<Op::scatter_max>();
+                default: return;
+            }
         }
     }
 
@@ -10552,7 +10876,8 @@ private:
         xt::xarray<T> value;
         typename detail::OptionalSlots<OptimizerPolicy, T>::type slots{};
     };
-    using AnyStaged = std::variant<Staged<float>, Staged<double>, Staged<std::int32_t>, Staged<std::int64_t>>;
+    using AnyStaged =
+        std::variant<Staged<float>, Staged<double>, Staged<std::int32_t>, Staged<std::int64_t>, Staged<std::string>>;
 
     /// Writes `<prefix>.npy` (the value) and `<prefix>.<slot>.npy` for each slot tensor of a float shard
     /// (fresh slots when no gradient came yet), each fsync'd; replies with their records and the slots'
@@ -10566,8 +10891,12 @@ private:
     template <class T>
     Reply save_state(const Shard& shard, const State<T>& state, const std::string& prefix) const {
         nlohmann::json out;
-        out["value"] = detail::write_npy(prefix + ".npy", shard.dtype, shard.shape, state.value.data(),
-                                         state.value.size() * sizeof(T));
+        if constexpr (std::same_as<T, std::string>)
+            out["value"] = detail::write_npy_strings(prefix + ".npy", "save_shard on variable '" + shard.name + "'",
+                                                     shard.shape, state.value.data(), state.value.size());
+        else
+            out["value"] = detail::write_npy(prefix + ".npy", shard.dtype, shard.shape, state.value.data(),
+                                             state.value.size() * sizeof(T));
         nlohmann::json slots = nlohmann::json::object(), counters = nlohmann::json::object();
         if constexpr (FloatingElement<T>) {
             using SlotsType = typename OptimizerPolicy::template Slots<T>;
@@ -11159,7 +11488,7 @@ struct Codec<Tensor> {
     static nlohmann::json encode(ValuesWriter& w, const Tensor& t) { return w.tensor(t); }
     static Tensor decode(ValuesReader& r, const nlohmann::json& j) { return r.take_tensor(j); }
 };
-template <Element T>
+template <TensorElement T>
 struct Codec<xt::xarray<T>> {
     static nlohmann::json encode(ValuesWriter& w, const xt::xarray<T>& a) { return w.tensor(Tensor(a)); }
     static xt::xarray<T> decode(ValuesReader& r, const nlohmann::json& j) {
@@ -11223,7 +11552,8 @@ struct Codec<Variable> {
         const auto& name = field("name", &nlohmann::json::is_string, "a string");
         info->name = name.get<std::string>();
         const std::uint64_t dtype = unsigned_of(field("dtype", &nlohmann::json::is_number_unsigned, "a dtype code"), "dtype");
-        if (dtype < 1 || dtype > 4) r.fail("dtype code " + std::to_string(dtype) + " is unknown");
+        if (dtype > 255 || !is_valid_dtype(static_cast<std::uint8_t>(dtype)))
+            r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
         const auto& shape = field("shape", &nlohmann::json::is_array, "an array");
         if (shape.size() > 32) r.fail("a rank of " + std::to_string(shape.size()) + " is above 32");

@@ -65,8 +65,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             same_specs(back.body.tensors, specs));
     if (header.payload_length > 0) {
         std::vector<std::byte> sent;
-        if (back.payload.has_value()) sent.insert(sent.end(), back.payload.bytes(), back.payload.bytes() + back.payload.nbytes());
-        for (const auto& t : back.tensors) sent.insert(sent.end(), t.bytes(), t.bytes() + t.nbytes());
+        auto append = [&](const pss::Tensor& t) {  // what the wire carries of `t`: a string tensor encoded
+            if (t.dtype() != pss::DType::string) return sent.insert(sent.end(), t.bytes(), t.bytes() + t.nbytes()), void();
+            const auto encoded = pss::detail::encode_strings(t.get<std::string>());
+            sent.insert(sent.end(), encoded.begin(), encoded.end());
+        };
+        if (back.payload.has_value()) append(back.payload);
+        for (const auto& t : back.tensors) append(t);
         require(sent.size() == header.payload_length &&
                 std::memcmp(sent.data(), data + (frame.size - header.payload_length), header.payload_length) == 0);
     }
@@ -127,6 +132,18 @@ int main(int argc, char** argv) {
     pss::Request shutdown;
     shutdown.kind = pss::RequestKind::shutdown;
     write("request_shutdown", pss::OutgoingFrame::request(shutdown, 11, 0, false));
+    pss::Request strings;
+    strings.op = pss::Op::scatter_update;
+    strings.key = {3, 0};
+    strings.ids = {1, 0};
+    strings.payload = xt::xarray<std::string>{"the", ""};
+    write("request_scatter_update_strings", pss::OutgoingFrame::request(strings, 12, 0, false));
+    pss::Request call_strings;
+    call_strings.kind = pss::RequestKind::call;
+    call_strings.name = "f";
+    call_strings.values.cbor = {0x81, 0xa1, 0x66, 't', 'e', 'n', 's', 'o', 'r', 0x00};  // [{"tensor": 0}]
+    call_strings.values.tensors = {pss::Tensor(xt::xarray<std::string>{"a", "bc", "def"}), pss::Tensor(xt::xarray<float>{1})};
+    write("request_call_strings", pss::OutgoingFrame::request(call_strings, 13, 1, false));
     return 0;
 }
 #endif

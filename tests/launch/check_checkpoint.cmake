@@ -57,7 +57,7 @@ endforeach()
 
 # pss-ckpt on the manager's directory (its latest checkpoint).
 execute_process(COMMAND "${CKPT}" verify "${dir}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "verified 14 files, [0-9]+ bytes: every size, header and checksum matches the index")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "verified 16 files, [0-9]+ bytes: every size, header and checksum matches the index")
   message(FATAL_ERROR "pss-ckpt verify: ${rc}\n${out}${err}")
 endif()
 execute_process(COMMAND "${CKPT}" list "${dir}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

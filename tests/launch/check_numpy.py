@@ -8,6 +8,7 @@ file's size and zlib.crc32 against the index, and compares the values with what 
 Then flips one byte of a copy and checks that `pss-ckpt verify` fails naming that file. Exits 77 (skipped)
 when numpy is not installed (Debian: python3-numpy; tools/test.sh installs it).
 """
+import ast
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ latest = json.load(open(os.path.join(manager_dir, "latest")))["latest"]
 ckpt = os.path.join(manager_dir, latest)
 index = json.load(open(os.path.join(ckpt, "index.json")))
 assert index["format"] == "pss-checkpoint" and index["format_version"] == 1, index["format_version"]
-numpy_dtype = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64}
+numpy_dtype = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "string": np.bytes_}
 
 
 def check_file(record):
@@ -55,7 +56,9 @@ for var in index["variables"]:
         check_file(shard["value"])
         files += 1
         part = np.load(os.path.join(ckpt, shard["value"]["file"]))
-        assert part.dtype == dtype and list(part.shape) == shard["shape"], (shard["value"]["file"], part.dtype, part.shape)
+        # A string shard is numpy's fixed-width bytes (|S<its longest element>).
+        same_dtype = part.dtype.kind == "S" if var["dtype"] == "string" else part.dtype == dtype
+        assert same_dtype and list(part.shape) == shard["shape"], (shard["value"]["file"], part.dtype, part.shape)
         parts.append(part)
         for slot, record in shard["slots"].items():
             check_file(record)
@@ -63,7 +66,10 @@ for var in index["variables"]:
             slot_parts.setdefault(slot, []).append(np.load(os.path.join(ckpt, record["file"])))
     whole = np.concatenate(parts) if var["shape"] else parts[0]
     assert list(whole.shape) == var["shape"], (var["name"], whole.shape)
-    shown = np.array(pss_ckpt_show(var["name"]), dtype=dtype).reshape(whole.shape)
+    shown = pss_ckpt_show(var["name"])
+    if var["dtype"] == "string":  # pss-ckpt shows Python's bytes literals: b'the'
+        shown = [[ast.literal_eval(word) for word in row] for row in shown]
+    shown = np.array(shown, dtype=dtype).reshape(whole.shape)
     assert np.array_equal(shown, whole), (var["name"], shown, whole)
     for slot, pieces in slot_parts.items():
         slot_whole = np.concatenate(pieces) if var["shape"] else pieces[0]
@@ -76,6 +82,10 @@ for var in index["variables"]:
 emb = next(v for v in index["variables"] if v["name"] == "embedding/embeddings")
 velocity = np.load(os.path.join(ckpt, emb["shards"][1]["slots"]["velocity"]["file"]))
 assert velocity.shape == (6, 4) and velocity.dtype == np.float32 and (velocity >= 0).all() and velocity.any()
+# The vocabulary as the three steps left it: rows 0 to 2 replaced.
+vocabulary = next(v for v in index["variables"] if v["name"] == "vocabulary")
+words = np.concatenate([np.load(os.path.join(ckpt, s["value"]["file"])) for s in vocabulary["shards"]])
+assert words.tolist() == [b"word0", b"word1", b"word2", b"to", b"in", b"is"], words
 
 # A flipped byte: pss-ckpt verify fails and names the file.
 with tempfile.TemporaryDirectory() as scratch:

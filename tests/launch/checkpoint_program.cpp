@@ -50,6 +50,7 @@ std::vector<pss::Variable> build(Strategy& strategy) {
     vars.emplace_back(pattern<float>({12, 4}, 1), "embedding/embeddings");
     vars.emplace_back(pattern<double>({5}, 2), "dense/bias");
     vars.emplace_back(xt::xarray<std::int64_t>{7, -3}, "step_counts");
+    vars.emplace_back(xt::xarray<std::string>{"the", "of", "and", "to", "in", "is"}, "vocabulary");
     return vars;
 }
 
@@ -59,6 +60,7 @@ void train_step(std::vector<pss::Variable>& vars, int k) {
     vars[0].apply_gradient(pattern<float>({12, 4}, 20 + k));
     vars[1].apply_gradient(pattern<double>({5}, 30 + k));
     vars[2].assign_add(xt::xarray<std::int64_t>{1, 1});
+    vars[3].scatter_update(std::vector<std::int64_t>{k % 6}, xt::xarray<std::string>{"word" + std::to_string(k)});
 }
 
 void print(const std::vector<pss::Variable>& vars, const char* when) {
@@ -66,6 +68,11 @@ void print(const std::vector<pss::Variable>& vars, const char* when) {
     for (const auto& v : vars) {
         std::cout << "  " << v.name() << " =";
         const pss::Tensor t = v.read_value();
+        if (t.dtype() == pss::DType::string) {
+            for (const auto& word : t.get<std::string>()) std::cout << " " << word;
+            std::cout << "\n";
+            continue;
+        }
         t.visit([](const auto& a) {
             for (auto x : a) {
                 char buffer[40];

@@ -109,6 +109,12 @@ void print_element(const std::byte* p, pss::DType dtype) {
             std::snprintf(buffer, sizeof buffer, "%" PRId64, x);
             break;
         }
+        case pss::DType::string: {  // p points at a std::string element
+            std::string text;
+            pss::detail::format_element(text, *reinterpret_cast<const std::string*>(p));
+            std::cout << text;
+            return;
+        }
     }
     std::cout << buffer;
 }
@@ -143,15 +149,18 @@ int show(const std::string& dir, const std::string& name, const std::string& row
     pss::Shape shape = v->shape;
     if (!shape.empty()) shape[0] = end - begin;
     pss::Tensor t = pss::Tensor::uninitialized(v->dtype, shape);
-    pss::detail::read_saved_rows(dir, *v, slot, begin, end, t.bytes());
+    const bool strings = v->dtype == pss::DType::string;
+    auto* elements = strings ? reinterpret_cast<std::byte*>(t.get<std::string>().data()) : t.bytes();
+    pss::detail::read_saved_rows(dir, *v, slot, begin, end, elements);
     std::cout << name << (slot.empty() ? "" : ":" + slot) << " rows " << begin << ":" << end << " shape "
               << pss::format_shape(shape) << " dtype " << pss::dtype_name(v->dtype) << "\n";
-    const std::size_t width = pss::detail::row_elements(v->shape), size = pss::dtype_size(v->dtype);
+    const std::size_t width = pss::detail::row_elements(v->shape);
+    const std::size_t size = strings ? sizeof(std::string) : pss::dtype_size(v->dtype);
     const std::size_t lines = v->shape.empty() ? 1 : end - begin;
     for (std::size_t r = 0; r < lines; ++r) {
         for (std::size_t c = 0; c < width; ++c) {
             if (c > 0) std::cout << " ";
-            print_element(t.bytes() + (r * width + c) * size, v->dtype);
+            print_element(elements + (r * width + c) * size, v->dtype);
         }
         std::cout << "\n";
     }
@@ -183,13 +192,23 @@ void verify_file(const std::string& dir, const pss::detail::FileRecord& record, 
     }
     // Header and chunk checksums, as a restore checks them, one row range at a time.
     const std::size_t rows = shape.empty() ? 1 : shape[0];
-    const std::size_t row_bytes = pss::detail::row_elements(shape) * pss::dtype_size(dtype);
+    const bool strings = dtype == pss::DType::string;
+    const std::size_t row_elements = pss::detail::row_elements(shape);
+    const std::size_t row_bytes = row_elements * (strings ? sizeof(std::string) : pss::dtype_size(dtype));
     const std::size_t step = std::max<std::size_t>(1, (std::size_t{64} << 20) / std::max<std::size_t>(1, row_bytes));
     std::vector<char> rows_buffer;
+    std::vector<std::string> rows_strings;
     for (std::size_t at = 0; at < rows || at == 0; at += step) {
         const std::size_t n = std::min(step, rows - at);
-        rows_buffer.resize(n * row_bytes);
-        pss::detail::read_npy_rows(dir, record, dtype, shape, at, at + n, rows_buffer.data());
+        void* into = nullptr;
+        if (strings) {
+            rows_strings.assign(n * row_elements, std::string());
+            into = rows_strings.data();
+        } else {
+            rows_buffer.resize(n * row_bytes);
+            into = rows_buffer.data();
+        }
+        pss::detail::read_npy_rows(dir, record, dtype, shape, at, at + n, into);
         if (rows == 0) break;
     }
 }

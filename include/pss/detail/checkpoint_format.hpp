@@ -407,32 +407,34 @@ inline void from_json(const nlohmann::json& j, FileRecord& r) {
     r.chunk_crc32 = json_integers<std::uint32_t>(j.at("chunk_crc32"), "\"chunk_crc32\"");
 }
 
-/// numpy's dtype string of a pss dtype: "<f4", "<f8", "<i4", "<i8".
-[[nodiscard]] inline std::string npy_descr(DType dtype) {
+/// numpy's dtype string of a pss dtype: "<f4", "<f8", "<i4", "<i8"; "|S<width>" for strings (numpy's
+/// fixed-width bytes, each element padded with NUL bytes to the longest).
+[[nodiscard]] inline std::string npy_descr(DType dtype, std::size_t string_width = 1) {
     switch (dtype) {
         case DType::float32: return "<f4";
         case DType::float64: return "<f8";
         case DType::int32: return "<i4";
         case DType::int64: return "<i8";
+        case DType::string: return "|S" + std::to_string(string_width);
     }
     return "?";
 }
 
 /// The .npy header numpy writes for a C-order array (version 1.0, padded to 64 bytes), by xtensor's npy
 /// writer.
-[[nodiscard]] inline std::string npy_header(DType dtype, const Shape& shape) {
+[[nodiscard]] inline std::string npy_header(const std::string& descr, const Shape& shape) {
     std::ostringstream out;
-    xt::detail::write_header(out, npy_descr(dtype), false, shape);
+    xt::detail::write_header(out, descr, false, shape);
     return out.str();
 }
 
-/// Writes an array as a .npy file (created; it must not exist), straight from `data`: the header, then
-/// `nbytes` of data, checksummed as they go out, then fsync. Returns the file's record (its name is
-/// the path's last component).
+/// Writes an array as a .npy file (created; it must not exist), straight from `data`: the header (of
+/// numpy dtype `descr`), then `nbytes` of data, checksummed as they go out, then fsync. Returns the
+/// file's record (its name is the path's last component).
 /// @throws FailedPreconditionError naming the path and the system's reason (disk full, read-only).
-inline FileRecord write_npy(const std::string& path, DType dtype, const Shape& shape, const void* data,
+inline FileRecord write_npy(const std::string& path, const std::string& descr, const Shape& shape, const void* data,
                             std::size_t nbytes) {
-    const std::string header = npy_header(dtype, shape);
+    const std::string header = npy_header(descr, shape);
     FileHandle f(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (f.get() < 0) throw_file_error("creating", path, errno);
     checkpoint_save_point("file created");
@@ -458,11 +460,37 @@ inline FileRecord write_npy(const std::string& path, DType dtype, const Shape& s
     return r;
 }
 
+/// The same for an array of a numeric dtype.
+inline FileRecord write_npy(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                            std::size_t nbytes) {
+    return write_npy(path, npy_descr(dtype), shape, data, nbytes);
+}
+
+/// The same for strings, as numpy's fixed-width bytes (`|S<width>`, the longest element's length, at
+/// least 1): what `numpy.load` gives back as a bytes_ array. numpy drops the NUL bytes that end an
+/// element, so an element ending in one cannot be saved exactly, and is refused.
+/// @throws InvalidArgumentError naming `what` and the element, before the file is created.
+inline FileRecord write_npy_strings(const std::string& path, const std::string& what, const Shape& shape,
+                                    const std::string* strings, std::size_t count) {
+    std::size_t width = 1;
+    for (std::size_t i = 0; i < count; ++i) {
+        width = std::max(width, strings[i].size());
+        if (!strings[i].empty() && strings[i].back() == '\0')
+            throw InvalidArgumentError("pss: checkpoint: " + what + ": element " + std::to_string(i) +
+                                       " ends in a NUL byte, which numpy's fixed-width bytes (dtype |S) cannot keep; "
+                                       "nothing was saved");
+    }
+    std::vector<char> fixed(count * width, '\0');
+    for (std::size_t i = 0; i < count; ++i) std::copy(strings[i].begin(), strings[i].end(), fixed.begin() + i * width);
+    return write_npy(path, npy_descr(DType::string, width), shape, fixed.data(), fixed.size());
+}
+
 /// What a .npy header says.
 struct NpyHeader {
     DType dtype = DType::float32;
     Shape shape;
     std::size_t header_bytes = 0;
+    std::size_t element_size = 4;  ///< bytes of an element in the file (a string file's width)
 };
 
 /// Parses the dictionary of a .npy header, the Python literal numpy writes:
@@ -573,16 +601,24 @@ inline void parse_npy_dictionary(std::string_view text, std::string& descr, bool
     for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64})
         if (npy_descr(d) == descr) {
             h.dtype = d;
+            h.element_size = dtype_size(d);
             known = true;
         }
-    if (!known) throw bad("dtype '" + descr + "' is none of <f4, <f8, <i4, <i8");
+    if (descr.size() > 2 && descr.size() <= 12 && descr.starts_with("|S") &&
+        descr.find_first_not_of("0123456789", 2) == std::string::npos && descr[2] != '0') {
+        h.dtype = DType::string;
+        h.element_size = static_cast<std::size_t>(std::stoull(descr.substr(2)));  // at most 10 digits
+        known = true;
+    }
+    if (!known) throw bad("dtype '" + descr + "' is none of <f4, <f8, <i4, <i8, |S<width>");
     h.shape.assign(shape.begin(), shape.end());
     return h;
 }
 
-/// Reads rows [row_begin, row_end) of the .npy file `dir/record.file` into `out` (the rows' bytes), after
-/// checking the file's size, its header (dtype and shape must be `dtype` and `shape`) and the checksum
-/// of every chunk it reads. Reads only the header and the chunks that hold those rows.
+/// Reads rows [row_begin, row_end) of the .npy file `dir/record.file` into `out` (the rows' bytes; for
+/// DType::string, `out` points at the rows' std::string elements), after checking the file's size, its
+/// header (dtype and shape must be `dtype` and `shape`) and the checksum of every chunk it reads. Reads
+/// only the header and the chunks that hold those rows.
 /// @throws NotFoundError (missing file), InvalidArgumentError (truncated, checksum, header), each
 /// naming the file.
 inline void read_npy_rows(const std::string& dir, const FileRecord& record, DType dtype, const Shape& shape,
@@ -619,14 +655,19 @@ inline void read_npy_rows(const std::string& dir, const FileRecord& record, DTyp
         throw InvalidArgumentError("pss: checkpoint: " + path + " holds shape " + format_shape(h.shape) + " dtype " +
                                    std::string(dtype_name(h.dtype)) + " where the index says shape " +
                                    format_shape(shape) + " dtype " + std::string(dtype_name(dtype)));
-    const std::size_t row_bytes = row_elements(shape) * dtype_size(dtype);  // the index's shapes are checked
+    // The index's shapes are checked; a string file's width is at most 10 digits, so no product overflows.
+    const std::size_t row_bytes = row_elements(shape) * h.element_size;
     if (row_begin > row_end || (row_bytes != 0 && row_end > data_bytes / row_bytes))
         throw InvalidArgumentError("pss: checkpoint: " + path + " has no rows [" + std::to_string(row_begin) + ", " +
                                    std::to_string(row_end) + ")");
     const std::uint64_t want_begin = row_begin * row_bytes, want_end = row_end * row_bytes;
     if (want_begin == want_end) return;
-    std::vector<char> buffer;
+    std::vector<char> buffer, fixed;  // fixed: a string file's rows as stored, before they become strings
     auto* dest = static_cast<char*>(out);
+    if (dtype == DType::string) {
+        fixed.resize(static_cast<std::size_t>(want_end - want_begin));
+        dest = fixed.data();
+    }
     for (std::size_t c = want_begin / record.chunk_bytes; c < chunks && c * record.chunk_bytes < want_end; ++c) {
         const std::uint64_t cb = c * record.chunk_bytes;
         const std::uint64_t ce = std::min<std::uint64_t>(cb + record.chunk_bytes, data_bytes);
@@ -646,6 +687,11 @@ inline void read_npy_rows(const std::string& dir, const FileRecord& record, DTyp
             const std::uint64_t from = std::max(cb, want_begin), to = std::min(ce, want_end);
             std::memcpy(dest + (from - want_begin), target + (from - cb), static_cast<std::size_t>(to - from));
         }
+    }
+    auto* strings = static_cast<std::string*>(out);
+    for (std::size_t i = 0, w = h.element_size; i < fixed.size() / w; ++i) {
+        const char* element = fixed.data() + i * w;
+        strings[i].assign(element, std::find(element, element + w, '\0'));  // numpy's bytes_ end at the first NUL
     }
 }
 
@@ -694,7 +740,7 @@ struct CheckpointIndex {
 };
 
 [[nodiscard]] inline std::optional<DType> dtype_from_name(std::string_view name) {
-    for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64})
+    for (DType d : {DType::float32, DType::float64, DType::int32, DType::int64, DType::string})
         if (dtype_name(d) == name) return d;
     return std::nullopt;
 }
@@ -758,7 +804,7 @@ inline constexpr std::uint64_t max_saved_bytes = std::uint64_t{1} << 62;
             v.dtype = *dtype;
             // Shapes are untrusted: none may describe more bytes than a file can hold (no size overflows).
             auto check_shape = [&](const Shape& shape, const std::string& what) {
-                if (bounded_elements(shape, max_saved_bytes / dtype_size(v.dtype)) < 0)
+                if (bounded_elements(shape, max_saved_bytes / std::max<std::size_t>(dtype_size(v.dtype), 1)) < 0)
                     throw bad("variable '" + v.name + "': " + what + " shape " + format_shape(shape) +
                               " is larger than a checkpoint can hold");
             };
@@ -827,6 +873,7 @@ struct RowPiece {
 inline void read_saved_rows(const std::string& dir, const SavedVariable& v, const std::string& slot, std::size_t begin,
                             std::size_t end, void* out) {
     const std::size_t row_bytes = row_elements(v.shape) * dtype_size(v.dtype);
+    const std::size_t row_strings = v.dtype == DType::string ? row_elements(v.shape) : 0;
     for (const auto& piece : pieces_of_rows(v, begin, end)) {
         const auto& s = v.shards[piece.shard];
         const FileRecord* record = &s.value;
@@ -840,8 +887,9 @@ inline void read_saved_rows(const std::string& dir, const SavedVariable& v, cons
         if (v.shape.empty()) {
             read_npy_rows(dir, *record, v.dtype, s.shape, 0, 1, out);
         } else {
-            read_npy_rows(dir, *record, v.dtype, s.shape, piece.from, piece.to,
-                          static_cast<char*>(out) + piece.at * row_bytes);
+            void* at = row_strings != 0 ? static_cast<void*>(static_cast<std::string*>(out) + piece.at * row_strings)
+                                        : static_cast<char*>(out) + piece.at * row_bytes;
+            read_npy_rows(dir, *record, v.dtype, s.shape, piece.from, piece.to, at);
         }
     }
 }

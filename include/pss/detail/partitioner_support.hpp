@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include <pss/config.hpp>
+#include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -45,6 +46,11 @@ constexpr void check_bytes_per_string(std::string_view who, std::int64_t bytes_p
     if (bytes_per_string < 1)
         throw_partitioner_argument(who, "bytes_per_string", bytes_per_string,
                                    "at least 1 (the size estimate of a string element; default 16)");
+}
+
+/// Bytes a size partitioner counts per element: the dtype's size, or `bytes_per_string` for a string.
+[[nodiscard]] constexpr std::size_t element_bytes(DType dtype, std::int64_t bytes_per_string) noexcept {
+    return dtype == DType::string ? static_cast<std::size_t>(bytes_per_string) : dtype_size(dtype);
 }
 
 }  // namespace detail

@@ -78,6 +78,9 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
                                        std::string(dtype_name(payload.dtype())));
     };
     const bool sparse = is_scatter(op) || op == Op::gather || op == Op::apply_sparse;
+    if (dtype == DType::string && !(op == Op::read || op == Op::gather || op == Op::assign || op == Op::scatter_update))
+        throw InvalidArgumentError("pss: " + what + ": a string variable is read, assigned, gathered (sparse_read) and "
+                                   "scatter_updated; " + std::string(op_name(op)) + " computes with numbers");
     if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
         throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
                                       std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
@@ -98,41 +101,40 @@ inline void validate_request(Op op, const std::string& what, const Shape& shape,
 
 /// Copies rows [begin, begin + count) of `value` into a new tensor.
 inline Tensor slice_rows(const Tensor& value, std::size_t begin, std::size_t count) {
-    return value.visit(
-        [&](const auto& a) {
-            using T = typename std::decay_t<decltype(a)>::value_type;
-            const Shape shape(a.shape().begin(), a.shape().end());
-            const std::size_t width = row_elements(shape);
-            xt::xarray<T> out = xt::xarray<T>::from_shape(rows_shape(shape, count));
-            std::memcpy(out.data(), a.data() + begin * width, count * width * sizeof(T));
-            return Tensor(std::move(out));
-        },
-        Tensor{});
+    if (!value.has_value()) return {};
+    Tensor out = Tensor::uninitialized(value.dtype(), rows_shape(value.shape(), count));
+    RowCopy(out, value)(0, begin, count);
+    return out;
 }
 
 /// Copies the block [from[d], to[d]) of each axis d of `value` (from and to one entry per axis, within
-/// the shape) into a new tensor: runs of the last axis by memcpy, whatever the dtype.
+/// the shape) into a new tensor: runs of the last axis at once (a memcpy for numbers), whatever the dtype.
 inline Tensor slice_block(const Tensor& value, const Shape& from, const Shape& to) {
-    const Shape& shape = value.shape();
-    Shape out_shape(shape.size());
-    for (std::size_t d = 0; d < shape.size(); ++d) out_shape[d] = to[d] - from[d];
-    Tensor out = Tensor::uninitialized(value.dtype(), out_shape);
-    if (out.size() == 0) return out;
-    const std::size_t rank = shape.size(), element = dtype_size(value.dtype());
-    std::vector<std::size_t> stride(rank, 1);  // in elements
-    for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
-    const std::size_t run = out_shape[rank - 1] * element;
-    std::vector<std::size_t> at(rank, 0);  // the block's index of the run being copied (its last axis 0)
-    for (std::byte* target = out.bytes(); target != out.bytes() + out.nbytes(); target += run) {
-        std::size_t offset = 0;
-        for (std::size_t d = 0; d < rank; ++d) offset += (from[d] + at[d]) * stride[d];
-        std::memcpy(target, value.bytes() + offset * element, run);
-        for (std::size_t d = rank - 1; d-- > 0;) {  // the next run: an odometer over every axis but the last
-            if (++at[d] < out_shape[d]) break;
-            at[d] = 0;
-        }
-    }
-    return out;
+    return value.visit_any(
+        [&](const auto& a) {
+            using T = typename std::decay_t<decltype(a)>::value_type;
+            const Shape shape(a.shape().begin(), a.shape().end());
+            Shape out_shape(shape.size());
+            for (std::size_t d = 0; d < shape.size(); ++d) out_shape[d] = to[d] - from[d];
+            auto out = xt::xarray<T>::from_shape(out_shape);
+            if (out.size() == 0) return Tensor(std::move(out));
+            const std::size_t rank = shape.size();
+            std::vector<std::size_t> stride(rank, 1);  // in elements
+            for (std::size_t d = rank - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
+            const std::size_t run = out_shape[rank - 1];
+            std::vector<std::size_t> at(rank, 0);  // the block's index of the run being copied (its last axis 0)
+            for (T* target = out.data(); target != out.data() + out.size(); target += run) {
+                std::size_t offset = 0;
+                for (std::size_t d = 0; d < rank; ++d) offset += (from[d] + at[d]) * stride[d];
+                std::copy_n(a.data() + offset, run, target);
+                for (std::size_t d = rank - 1; d-- > 0;) {  // the next run: an odometer over every axis but the last
+                    if (++at[d] < out_shape[d]) break;
+                    at[d] = 0;
+                }
+            }
+            return Tensor(std::move(out));
+        },
+        Tensor{});
 }
 
 }  // namespace detail

@@ -20,8 +20,8 @@ PSS_NAMESPACE_BEGIN
 /// A [1024, 1024] float32 variable (4 MiB) with the default 256 KiB answers 16 when max_shards >= 16,
 /// and max_shards otherwise.
 ///
-/// `bytes_per_string` is TensorFlow's size estimate for string elements; pss has no string dtype, so it
-/// is validated and kept for parity but does not change the answer.
+/// `bytes_per_string` is TensorFlow's size estimate of a string element: a DType::string variable's
+/// elements count as that many bytes each (as TensorFlow's `min_max_variable_partitioner` counts them).
 /// @par Example
 /// @code
 /// pss::MinSizePartitioner p(256 << 10, 16);
@@ -50,7 +50,8 @@ public:
     /// @brief max(1, min(shape[0], max_shards, ceil(total bytes / min_shard_bytes))).
     [[nodiscard]] constexpr std::size_t operator()(std::span<const std::size_t> shape, DType dtype) const noexcept {
         if (shape.empty()) return 1;
-        const std::size_t total_bytes = detail::saturating_mul(detail::product_from(shape, 0), dtype_size(dtype));
+        const std::size_t total_bytes = detail::saturating_mul(detail::product_from(shape, 0),
+                                                              detail::element_bytes(dtype, bytes_per_string_));
         const std::size_t by_size = detail::ceil_div(total_bytes, static_cast<std::size_t>(min_shard_bytes_));
         return std::max<std::size_t>(1, std::min({shape[0], static_cast<std::size_t>(max_shards_), by_size}));
     }

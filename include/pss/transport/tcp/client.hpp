@@ -549,6 +549,7 @@ private:
         if (auto it = pending_.find(header_.request_id); it != pending_.end()) {
             const Request& request = it->second.out->request;
             if (request.kind == RequestKind::operation && request.op == Op::read && request.payload.has_value() &&
+                spec.dtype != DType::string &&
                 request.payload.dtype() == spec.dtype && request.payload.size() == num_elements(spec.shape))
                 target_ = it->second.out;
         }
@@ -569,6 +570,11 @@ private:
         if (ec) return lose(ec);
         Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
         target_.reset();
+        try {
+            decode_string_tensors(payload, incoming_values_, header_.request_id);
+        } catch (const WireError& e) {
+            return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
+        }
         Reply reply = to_reply(header_, body_, std::move(payload), std::move(incoming_values_));
         incoming_values_.clear();
         last_heard_ = Clock::now();

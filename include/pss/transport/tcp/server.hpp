@@ -373,6 +373,11 @@ private:
 
     void on_payload(std::error_code ec) {
         if (ec || closed_) return close();
+        try {
+            decode_string_tensors(incoming_, incoming_values_, header_.request_id);
+        } catch (const WireError& e) {
+            return refuse(e);
+        }
         proven_ = true;
         clear_deadline();
         end_frame();
