@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <initializer_list>
 #include <latch>
 #include <map>
 #include <memory>
@@ -17,13 +20,17 @@
 #include <tuple>
 #include <vector>
 
+#include <stdlib.h>
+
 #include <doctest/doctest.h>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
+#include <xtensor/xnpy.hpp>
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xview.hpp>
 
 #include <nlohmann/json.hpp>
+#include <pss/data.hpp>
 #include <pss/pss.hpp>
 
 namespace {
@@ -1144,5 +1151,202 @@ TEST_SUITE("ClusterCoordinator") {
         coordinator.schedule([&v] { v.assign_add(xt::xarray<float>{2}); });
         coordinator.join();
         CHECK(v.read<float>()(0) == 2.0f);
+    }
+}
+
+// ---- datasets read from files (data.hpp) ---------------------------------------------------------------
+
+namespace {
+
+/// A fresh directory under /tmp, removed with what it holds.
+struct DataDir {
+    std::string path;
+    DataDir() {
+        std::string pattern = (std::filesystem::temp_directory_path() / "pss_data_XXXXXX").string();
+        REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+        path = pattern;
+    }
+    DataDir(const DataDir&) = delete;
+    DataDir& operator=(const DataDir&) = delete;
+    ~DataDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    std::string write(const std::string& name, const std::string& text) const {
+        const std::string file = path + "/" + name;
+        std::ofstream(file, std::ios::binary) << text;
+        return file;
+    }
+};
+
+/// Every batch of `dataset` until its end, as (x, y) pairs.
+std::vector<pss::data::Batch> drain(pss::data::Dataset& dataset) {
+    std::vector<pss::data::Batch> out;
+    while (auto batch = dataset.next()) out.push_back(std::move(*batch));
+    return out;
+}
+std::vector<pss::data::Batch> drain(pss::data::Dataset&& dataset) { return drain(dataset); }
+
+/// A column (n, 1): `column({1})` alone is ambiguous.
+xt::xarray<float> column(std::initializer_list<float> values) {
+    xt::xarray<float> out = xt::xarray<float>::from_shape({values.size(), 1});
+    std::copy(values.begin(), values.end(), out.begin());
+    return out;
+}
+
+}  // namespace
+
+TEST_SUITE("data.hpp") {
+    TEST_CASE("data: list_files sorts a directory's files of one extension; shard_files gives worker i every "
+              "file at i, i + workers, ... (TensorFlow's FILE auto-sharding)") {
+        DataDir dir;
+        for (const char* name : {"d.csv", "a.csv", "c.csv", "e.csv", "b.csv", "notes.txt"}) dir.write(name, "1\n");
+        const auto files = pss::data::list_files(dir.path, ".csv");
+        REQUIRE(files.size() == 5);
+        CHECK(files.front() == dir.path + "/a.csv");
+        CHECK(files.back() == dir.path + "/e.csv");
+        CHECK(pss::data::shard_files(files, 2, 0) ==
+              std::vector<std::string>{dir.path + "/a.csv", dir.path + "/c.csv", dir.path + "/e.csv"});
+        CHECK(pss::data::shard_files(files, 2, 1) == std::vector<std::string>{dir.path + "/b.csv", dir.path + "/d.csv"});
+        CHECK_THROWS_WITH_AS((void)pss::data::shard_files(files, 6, 0),
+                             "pss: data: 5 files cannot be shared by 6 workers, each reading its own files; give at "
+                             "least one file per worker",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::data::list_files(dir.path, ".npy"),
+                             ("pss: data: " + dir.path + " holds no file ending in \".npy\"").c_str(), pss::NotFoundError);
+        CHECK_THROWS_AS((void)pss::data::list_files(dir.path + "/missing", ".csv"), pss::NotFoundError);
+    }
+    TEST_CASE("data: CSV rows become batches of x (n, features) and y (n, 1), file after file; repeat and "
+              "drop_remainder as tf.data") {
+        DataDir dir;
+        const auto one = dir.write("one.csv", "f0,f1,label\n1,2,0\n3, 4 ,1\r\n\n");
+        const auto two = dir.write("two.csv", "f0,f1,label\n5,-6.5,+1\n");
+        auto batches = drain(pss::data::Dataset::csv({one, two}).batch(2));  // on a temporary
+        REQUIRE(batches.size() == 2);
+        CHECK(batches[0].x == xt::xarray<float>{{1, 2}, {3, 4}});
+        CHECK(batches[0].y == column({0, 1}));
+        CHECK(batches[1].x == xt::xarray<float>{{5, -6.5f}});
+        CHECK(batches[1].y == column({1}));
+
+        pss::data::Dataset twice = pss::data::Dataset::csv({one, two}, {.label = 0});
+        twice.batch(2, /*drop_remainder=*/true).repeat(2);  // on a dataset held in a variable
+        batches = drain(twice);
+        REQUIRE(batches.size() == 2);  // each pass's last, partial batch is dropped
+        CHECK(batches[0].x == xt::xarray<float>{{2, 0}, {4, 1}});  // column 0 is the label
+        CHECK(batches[1].y == column({1, 3}));
+        CHECK_FALSE(twice.next().has_value());  // the end stays the end
+
+        const auto bare = dir.write("bare.csv", "1;2\n3;4\n");
+        batches = drain(pss::data::Dataset::csv({bare}, {.label = -2, .header = false, .delimiter = ';'}).batch(5));
+        REQUIRE(batches.size() == 1);
+        CHECK(batches[0].x == xt::xarray<float>{{1, 2}, {3, 4}});
+        CHECK(batches[0].y.shape(1) == 0);
+    }
+    TEST_CASE("data: a shuffle buffer draws a seeded permutation, another each pass; the same seed, the same order") {
+        DataDir dir;
+        std::string text = "x,y\n";
+        for (int i = 0; i < 20; ++i) text += std::to_string(i) + "," + std::to_string(i) + "\n";
+        const auto file = dir.write("rows.csv", text);
+        auto order = [&](std::uint64_t seed, std::size_t buffer) {
+            auto ds = pss::data::Dataset::csv({file}).shuffle(buffer, seed).batch(7).repeat(2).prefetch(2);
+            std::vector<int> seen;
+            for (const auto& b : drain(ds))
+                for (float v : b.y) seen.push_back(static_cast<int>(v));
+            return seen;
+        };
+        const auto a = order(7, 20);
+        REQUIRE(a.size() == 40);
+        std::vector<int> first(a.begin(), a.begin() + 20), second(a.begin() + 20, a.end());
+        CHECK(first != second);  // each pass reshuffled
+        std::sort(first.begin(), first.end());
+        std::sort(second.begin(), second.end());
+        std::vector<int> all(20);
+        for (int i = 0; i < 20; ++i) all[static_cast<std::size_t>(i)] = i;
+        CHECK(first == all);  // every row once a pass
+        CHECK(second == all);
+        CHECK(order(7, 20) == a);
+        CHECK(order(8, 20) != a);
+        const auto kept = order(7, 1);  // a buffer of 1 keeps the files' order
+        CHECK(std::vector<int>(kept.begin(), kept.begin() + 20) == all);
+    }
+    TEST_CASE("data: a bad row is an error naming the file and the line, after the batches before it; then the "
+              "dataset ends") {
+        DataDir dir;
+        const auto good = dir.write("a.csv", "x,y\n1,1\n2,2\n");
+        const auto bad = dir.write("b.csv", "x,y\n3,3\n4,four\n5,5\n");
+        const auto short_row = dir.write("c.csv", "x,y\n6,6\n7\n");
+        for (std::size_t prefetch : {0, 2}) {
+            CAPTURE(prefetch);
+            auto ds = pss::data::Dataset::csv({good, bad}).batch(1).prefetch(prefetch);
+            CHECK(ds.next()->y == column({1}));
+            CHECK(ds.next()->y == column({2}));
+            CHECK_THROWS_WITH_AS((void)ds.next(), ("pss: data: " + bad + " line 3: column 1 is \"four\", not a number").c_str(),
+                                 pss::InvalidArgumentError);
+            CHECK_FALSE(ds.next().has_value());
+        }
+        auto ds = pss::data::Dataset::csv({short_row});
+        CHECK_THROWS_WITH_AS((void)ds.next(),
+                             ("pss: data: " + short_row + " line 3: 1 columns where 2 were expected").c_str(),
+                             pss::InvalidArgumentError);
+        auto missing = pss::data::Dataset::csv({dir.path + "/none.csv"});
+        CHECK_THROWS_WITH_AS((void)missing.next(),
+                             ("pss: data: cannot open " + dir.path + "/none.csv: No such file or directory").c_str(),
+                             pss::NotFoundError);
+        CHECK_THROWS_WITH_AS(pss::data::Dataset::csv({good}).batch(0), "pss: data: batch_size is 0; it must be at least 1",
+                             pss::InvalidArgumentError);
+    }
+    TEST_CASE("data: .npy arrays of numbers read as rows, numpy's files as xtensor writes them") {
+        DataDir dir;
+        xt::dump_npy(dir.path + "/a.npy", xt::xarray<double>{{0.5, 1, 7}, {2, 3, 8}});
+        xt::dump_npy(dir.path + "/b.npy", xt::xarray<std::int32_t>{{4, 5, 9}});
+        auto batches = drain(pss::data::Dataset::npy(pss::data::list_files(dir.path, ".npy")).batch(3));
+        REQUIRE(batches.size() == 1);
+        CHECK(batches[0].x == xt::xarray<float>{{0.5f, 1}, {2, 3}, {4, 5}});
+        CHECK(batches[0].y == column({7, 8, 9}));
+        xt::dump_npy(dir.path + "/c.npy", xt::xarray<float>{1, 2, 3});
+        auto flat = pss::data::Dataset::npy({dir.path + "/c.npy"});
+        CHECK_THROWS_WITH_AS((void)flat.next(),
+                             ("pss: data: " + dir.path + "/c.npy holds a float32 array of shape (3,); a dataset reads 2-D "
+                              "arrays of numbers (rows, columns)").c_str(),
+                             pss::InvalidArgumentError);
+    }
+    TEST_CASE("data: per-worker datasets: each worker reads its own files, and closures train on its batches") {
+        DataDir dir;
+        for (int f = 0; f < 4; ++f) {  // file f holds rows x = 10 f + r, y = 1
+            std::string text = "x,y\n";
+            for (int r = 0; r < 3; ++r) text += std::to_string(10 * f + r) + ",1\n";
+            dir.write("part-" + std::to_string(f) + ".csv", text);
+        }
+        const auto files = pss::data::list_files(dir.path, ".csv");
+        pss::ParameterServerStrategy<> strategy;  // 2 workers
+        pss::ClusterCoordinator coordinator(strategy);
+        auto datasets = coordinator.create_per_worker_dataset([&](int worker) {
+            return pss::data::Dataset::csv(pss::data::shard_files(files, coordinator.num_workers(), worker))
+                .batch(2)
+                .prefetch(1);
+        });
+        pss::Variable seen = [&] {
+            auto scope = strategy.scope();
+            return pss::Variable(xt::xarray<float>(xt::zeros<float>({40})), "seen");
+        }();
+        // Each closure marks the rows of one batch of its worker's files; 6 rows a worker make 3 batches.
+        std::vector<pss::RemoteValue<int>> workers;
+        for (int i = 0; i < 2; ++i)
+            for (int k = 0; k < 3; ++k)
+                workers.push_back(coordinator.schedule_on(i, [seen](pss::data::Dataset& ds) mutable {
+                    auto batch = ds.next();
+                    std::vector<std::int64_t> rows;
+                    for (float x : batch->x) rows.push_back(static_cast<std::int64_t>(x));
+                    seen.scatter_add(rows, xt::xarray<float>(xt::ones<float>({rows.size()})));
+                    return pss::get_current_worker_index();
+                }, datasets));
+        for (std::size_t i = 0; i < workers.size(); ++i) CHECK(workers[i].fetch() == static_cast<int>(i / 3));
+        const auto marks = seen.read<float>();
+        for (int x = 0; x < 40; ++x) {
+            CAPTURE(x);
+            CHECK(marks(x) == (x % 10 < 3 ? 1.0f : 0.0f));  // every row of every file once
+        }
+        CHECK_FALSE(datasets.at(0).next().has_value());
+        CHECK_FALSE(datasets.at(1).next().has_value());
     }
 }

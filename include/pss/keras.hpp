@@ -1,9 +1,12 @@
-// pss/keras.hpp: the whole library with its Keras-style layer (Sequential, Dense, Embedding, the losses);
+// pss/keras.hpp: the whole library with its Keras-style layer (Sequential, Dense, Embedding, the losses)
+// and the datasets read from files (pss/data.hpp);
 // the root of the second generated single header. Kept apart from pss/pss.hpp because it costs a third
 // of a translation unit's compile time, which a program using only strategies and variables need not pay.
 #pragma once
 
 #include <pss/pss.hpp>
+
+#include <pss/data.hpp>
 
 #include <pss/keras/layers.hpp>
 #include <pss/keras/losses.hpp>
