@@ -402,11 +402,17 @@ private:
                     if (stop) return;
                 }
                 std::optional<Batch> batch_made;
+                std::exception_ptr failure;
                 try {
                     batch_made = make_batch();
                 } catch (...) {
+                    failure = std::current_exception();
+                }
+                // Handed over only once the catch has let go of the exception: the reader then holds its
+                // last reference, so the exception dies on the reader's thread, after the reader used it.
+                if (failure) {
                     const std::lock_guard lock(mutex);
-                    error = std::current_exception();
+                    error = std::move(failure);
                     changed.notify_all();
                     return;
                 }
