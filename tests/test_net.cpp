@@ -304,8 +304,29 @@ TEST_SUITE("net") {
         put_u64(short_length, 56, 16);
         reseal(short_length);
         CHECK(decode_error(short_length) ==
-              "pss: wire: frame tensor 0: encoded length 16 of 3 strings is below their lengths' 24 bytes or exceeds "
-              "the payload limit 1073741824");
+              "pss: wire: frame tensor 0: encoded length 16 of 3 strings is below their lengths' 24 bytes");
+
+        // The payload limit bounds the decoded strings (32 bytes each in libstdc++, beside their characters),
+        // not their 8 wire bytes each: 3 strings and 4 characters fit in 100 bytes, not in 99 or 95.
+        static_assert(sizeof(std::string) == 32);
+        pss::WireLimits limits;
+        limits.max_payload_bytes = 100;
+        CHECK(decode_error(b, limits) == "(decoded)");
+        limits.max_payload_bytes = 99;
+        CHECK(decode_error(b, limits) == "pss: wire: frame tensor 0: encoded length 28 of 3 strings holds 4 bytes of "
+                                         "characters, more than the 3 the payload limit 99 leaves them");
+        limits.max_payload_bytes = 95;
+        CHECK(decode_error(b, limits) == "pss: wire: frame tensor 0: shape (3,) of string exceeds the payload limit 95 "
+                                         "bytes (a string is held in 32 bytes beside its characters)");
+        // 1,000 empty strings: 8,000 bytes on the wire, 32,000 once decoded, refused under a 10,000-byte limit.
+        assign.payload = xt::xarray<std::string>::from_shape({1000});
+        const Bytes empties = frame_bytes(pss::OutgoingFrame::request(assign, 12, 0, false));
+        CHECK(empties.size() == 80 + 24 + 8000);
+        limits.max_payload_bytes = 10000;
+        CHECK(decode_error(empties, limits) == "pss: wire: frame tensor 0: shape (1000,) of string exceeds the payload "
+                                              "limit 10000 bytes (a string is held in 32 bytes beside its characters)");
+        limits.max_payload_bytes = 32000;
+        CHECK(decode_error(empties, limits) == "(decoded)");
     }
 
     TEST_CASE("wire: every malformed frame is a WireError naming the field and its value" * doctest::timeout(30)) {

@@ -5391,7 +5391,11 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     body.tensors.resize(header.tensors);
     const std::byte* word = body.descriptor_bytes.data();
     const std::byte* const end = word + body.descriptor_bytes.size();
-    std::uint64_t needed = 0;  // payload bytes of the tensors so far, at most the limit
+    // The limit bounds what the decoded tensors hold, not only what the wire carries: a string element
+    // takes 8 bytes on the wire but a std::string (32 bytes in libstdc++) once decoded, so counting its
+    // wire bytes would let a 1 GiB payload of empty strings become 4 GiB of memory.
+    std::uint64_t needed = 0;  // payload bytes of the tensors so far on the wire
+    std::uint64_t held = 0;    // bytes the tensors so far hold once decoded, at most the limit
     for (std::size_t i = 0; i < body.tensors.size(); ++i) {
         const std::string which = "tensor " + std::to_string(i) + ": ";
         if (word == end) fail(which + "its descriptor is missing; the descriptor words end early");
@@ -5411,13 +5415,15 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         spec.shape.resize(rank);
         for (std::size_t a = 0; a < rank; ++a, word += 8) spec.shape[a] = detail::get_le<8>(word);
         const bool strings = spec.dtype == DType::string;
-        // A string element takes at least its 8-byte length on the wire.
-        const std::size_t element_size = strings ? 8 : dtype_size(spec.dtype);
+        const std::size_t element_size = strings ? sizeof(std::string) : dtype_size(spec.dtype);
         const std::int64_t elements =
-            detail::bounded_elements(spec.shape, (limits.max_payload_bytes - needed) / element_size);
+            detail::bounded_elements(spec.shape, (limits.max_payload_bytes - held) / element_size);
         if (elements < 0)
             fail(which + "shape " + format_shape(spec.shape) + " of " + std::string(dtype_name(spec.dtype)) +
-                 " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) + " bytes");
+                 " exceeds the payload limit " + std::to_string(limits.max_payload_bytes) + " bytes" +
+                 (strings ? " (a string is held in " + std::to_string(sizeof(std::string)) + " bytes beside its characters)"
+                          : std::string()));
+        held += static_cast<std::uint64_t>(elements) * element_size;
         if (!strings) {
             needed += static_cast<std::uint64_t>(elements) * element_size;
             continue;
@@ -5426,11 +5432,17 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         spec.encoded_bytes = detail::get_le<8>(word);
         word += 8;
         if (header.payload_elided()) continue;  // described, not sent
-        if (spec.encoded_bytes < static_cast<std::uint64_t>(elements) * 8 ||
-            spec.encoded_bytes > limits.max_payload_bytes - needed)
+        const std::uint64_t lengths = static_cast<std::uint64_t>(elements) * 8;
+        if (spec.encoded_bytes < lengths)
             fail(which + "encoded length " + std::to_string(spec.encoded_bytes) + " of " + std::to_string(elements) +
-                 " strings is below their lengths' " + std::to_string(elements * 8) + " bytes or exceeds the payload limit " +
-                 std::to_string(limits.max_payload_bytes));
+                 " strings is below their lengths' " + std::to_string(lengths) + " bytes");
+        const std::uint64_t characters = spec.encoded_bytes - lengths;
+        if (characters > limits.max_payload_bytes - held)
+            fail(which + "encoded length " + std::to_string(spec.encoded_bytes) + " of " + std::to_string(elements) +
+                 " strings holds " + std::to_string(characters) + " bytes of characters, more than the " +
+                 std::to_string(limits.max_payload_bytes - held) + " the payload limit " +
+                 std::to_string(limits.max_payload_bytes) + " leaves them");
+        held += characters;
         needed += spec.encoded_bytes;
     }
     if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
@@ -5492,8 +5504,7 @@ inline void decode_strings(Tensor& tensor, std::size_t index, std::optional<std:
     EncodedStrings* encoded = tensor.encoded_strings();
     if (encoded == nullptr) return;
     const std::vector<std::byte>& bytes = encoded->bytes;
-    auto strings = xt::xarray<std::string>::from_shape(encoded->shape);
-    const std::size_t n = strings.size();  // decode_body checked 8 * n <= bytes.size()
+    const std::size_t n = num_elements(encoded->shape);  // decode_body checked 8 * n <= bytes.size()
     const std::uint64_t chars = bytes.size() - 8 * n;
     std::uint64_t total = 0;
     auto fail = [&](const std::string& what) {
@@ -5509,6 +5520,8 @@ inline void decode_strings(Tensor& tensor, std::size_t index, std::optional<std:
     if (total != chars)
         fail("its string lengths add up to " + std::to_string(total) + " bytes, but " + std::to_string(chars) +
              " follow them");
+    // Allocated only once the lengths hold, so a hostile frame costs no more than its bytes.
+    auto strings = xt::xarray<std::string>::from_shape(encoded->shape);
     const char* text = reinterpret_cast<const char*>(bytes.data()) + 8 * n;
     for (std::size_t i = 0; i < n; ++i) {
         const auto length = static_cast<std::size_t>(get_le<8>(bytes.data() + 8 * i));
