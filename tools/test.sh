@@ -25,7 +25,7 @@ fi
 no_debug_info=(-DCMAKE_CXX_FLAGS_DEBUG=-g0)
 compiler=() extra=() packages=()
 case "$mode" in
-    plain) build=build; sanitize=""; packages=(python3-numpy python3-yaml iproute2 slurm-wlm munge openmpi-bin)
+    plain) build=build; sanitize=""; packages=(python3-numpy python3-yaml python3-sklearn iproute2 slurm-wlm munge openmpi-bin)
            extra=("${no_debug_info[@]}") ;;
     clang) build=build-clang; sanitize=""; packages=(clang python3-numpy iproute2)
            compiler=(-DCMAKE_CXX_COMPILER=clang++)
