@@ -493,6 +493,39 @@ TEST_SUITE("keras/model") {
         CHECK(history.loss[1] < 1.0);
     }
 
+    TEST_CASE("Sequential::fit: on a terminal, Keras' progress bar with the ETA and the time per step, and at the end "
+              "the epoch's time; Keras' time formats") {
+        std::ostringstream out;
+        pss::detail::ProgressLine progress(out, /*terminal=*/true, 4);
+        progress.update(0, 0.0);
+        progress.update(2, 0.5);
+        progress.finish(0.25);
+        std::vector<std::string> draws;
+        std::istringstream text(out.str());
+        for (std::string draw; std::getline(text, draw, '\r');) draws.push_back(draw);
+        REQUIRE(draws.size() == 4);  // before the first \r, then three draws
+        CHECK(draws[0].empty());
+        CHECK(draws[1] == "0/4 [..............................] - ETA: ? - loss: 0.0000");
+        CHECK(draws[2].starts_with("2/4 [==============>...............] - ETA: 0s - loss: 0.5000 - "));
+        CHECK(draws[2].ends_with("/step"));
+        CHECK(draws[3].starts_with("4/4 [==============================] - 0s "));
+        // Shorter than the draw before, so spaces wipe the rest of it.
+        CHECK(draws[3].size() == draws[2].size() + 1);
+        std::string last = draws[3];
+        REQUIRE(last.ends_with("\n"));
+        last.pop_back();
+        last.erase(last.find_last_not_of(' ') + 1);
+        CHECK(last.ends_with("/step - loss: 0.2500"));
+
+        using Line = pss::detail::ProgressLine;
+        CHECK(Line::per_step(2.4) == "2s/step");
+        CHECK(Line::per_step(0.045) == "45ms/step");
+        CHECK(Line::per_step(0.000812) == "812us/step");
+        CHECK(Line::duration(7.2) == "7s");
+        CHECK(Line::duration(125) == "2:05");
+        CHECK(Line::duration(3725) == "1:02:05");
+    }
+
     TEST_CASE("Sequential: layers are named dense, dense_1; errors before compile and for mismatched data") {
         pss::ParameterServerStrategy<> strategy;
         pss::Sequential model(strategy, {pss::Dense(2, "relu"), pss::Dense(1)});

@@ -157,22 +157,22 @@ public:
     ProgressLine(std::ostream& out, bool terminal, std::size_t total)
         : out_(out), terminal_(terminal), total_(total), start_(std::chrono::steady_clock::now()) {}
 
+    /// Keras' bar while an epoch runs: `12/43 [=======>......] - ETA: 3s - loss: 0.1234 - 45ms/step`.
     void update(std::size_t done, double mean_loss) {
         if (!terminal_) return;
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-        const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
-        constexpr std::size_t width = 30;
-        const std::size_t filled = total_ == 0 ? width : done * width / total_;
-        std::string bar(filled, '=');
-        if (filled < width) {
-            if (filled > 0) bar.back() = '>';
-            bar.append(width - filled, '.');
-        }
-        const std::string count = std::to_string(total_);
+        const double seconds = elapsed();
         std::ostringstream line;
-        line << std::setw(static_cast<int>(count.size())) << done << "/" << count << " [" << bar
-             << "] - loss: " << std::fixed << std::setprecision(4) << mean_loss << " - " << std::setprecision(rate < 10 ? 1 : 0)
-             << rate << " steps/s";
+        line << counted(done) << " [" << bar(done) << "]";
+        if (done < total_) {
+            line << " - ETA: " << (done == 0 ? std::string("?") : duration(seconds / static_cast<double>(done) *
+                                                                         static_cast<double>(total_ - done)));
+            line << " - loss: " << std::fixed << std::setprecision(4) << mean_loss;
+            if (done > 0) line << " - " << per_step(seconds / static_cast<double>(done));
+        } else {  // Keras' last draw: the epoch's time and time per step, then the loss
+            line << " - " << std::fixed << std::setprecision(0) << seconds << "s "
+                 << per_step(seconds / static_cast<double>(std::max<std::size_t>(total_, 1))) << " - loss: "
+                 << std::setprecision(4) << mean_loss;
+        }
         std::string text = line.str();
         const std::size_t length = text.size();
         if (length < drawn_) text.append(drawn_ - length, ' ');  // wipe the end of a longer line
@@ -190,7 +190,46 @@ public:
         out_.flush();
     }
 
+    /// Keras' time per step: `2s/step`, `45ms/step` or `812us/step`.
+    [[nodiscard]] static std::string per_step(double seconds) {
+        std::ostringstream text;
+        text << std::fixed << std::setprecision(0);
+        if (seconds >= 1) text << seconds << "s/step";
+        else if (seconds >= 1e-3) text << seconds * 1e3 << "ms/step";
+        else text << seconds * 1e6 << "us/step";
+        return text.str();
+    }
+
+    /// Keras' ETA: `7s`, `2:05` or `1:02:05`.
+    [[nodiscard]] static std::string duration(double seconds) {
+        const auto s = static_cast<long long>(seconds + 0.5);
+        char text[32];
+        if (s >= 3600) std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+        else if (s >= 60) std::snprintf(text, sizeof text, "%lld:%02lld", s / 60, s % 60);
+        else std::snprintf(text, sizeof text, "%llds", s);
+        return text;
+    }
+
 private:
+    [[nodiscard]] double elapsed() const {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+    [[nodiscard]] std::string counted(std::size_t done) const {
+        const std::string count = std::to_string(total_);
+        std::string d = std::to_string(done);
+        return std::string(count.size() > d.size() ? count.size() - d.size() : 0, ' ') + d + "/" + count;
+    }
+    [[nodiscard]] std::string bar(std::size_t done) const {
+        constexpr std::size_t width = 30;
+        const std::size_t filled = total_ == 0 ? width : std::min(done, total_) * width / total_;
+        std::string text(filled, '=');
+        if (filled < width) {
+            if (filled > 0) text.back() = '>';
+            text.append(width - filled, '.');
+        }
+        return text;
+    }
+
     std::ostream& out_;
     bool terminal_;
     std::size_t total_;
@@ -599,8 +638,10 @@ public:
     ///
     /// With `shuffle` the examples are visited in a new seeded permutation each epoch. An epoch's loss is
     /// the mean of its batch losses (what Keras prints). With `verbose`, prints `Epoch 1/5` and then,
-    /// on a terminal, a progress bar with the loss and the speed, redrawn as steps finish; on anything
-    /// else (a file, a pipe) one line `4/4 - loss: 0.123456`, without timings.
+    /// on a terminal, Keras' progress bar, redrawn as steps finish (`12/43 [=======>......] - ETA: 3s -
+    /// loss: 0.1234 - 45ms/step`, and at the end `43/43 [======] - 2s 45ms/step - loss: 0.0021`); on
+    /// anything else (a file, a pipe) one line `4/4 - loss: 0.123456`, without timings, so that two runs'
+    /// logs compare equal.
     /// @param x inputs, shape (examples, input_shape...); an Embedding's ids as floats
     /// @param y targets, batch axis first (class ids as floats for SparseCategoricalCrossentropy)
     /// @throws FailedPreconditionError before compile; InvalidArgumentError for data that does not fit
