@@ -6,7 +6,9 @@
 // batches, with every weight in local memory (no strategy, no requests). Printed as pss / plain.
 // And the cost of checkpoints: the same fit with pss::BackupAndRestore saving every 100 steps (weights and
 // Adagrad's accumulators: 256 MB a save, fsync'd, under PSS_BENCH_DIR or the system's temporary directory),
-// printed beside the fit without saves.
+// printed beside the fit without saves. And the cost of Keras' extras: the same fit with metrics
+// (accuracy and AUC, computed by the workers) and a validation split of 10% (evaluated on the chief at each
+// epoch's end), in training steps per second beside the fit without them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -81,7 +83,8 @@ constexpr int epochs = 5;  // benchmark iterations: one epoch each (the saving f
 
 /// Sequential::fit of one epoch a benchmark iteration; with `SaveEvery` > 0, one fit of all `epochs` under
 /// BackupAndRestore saving every `SaveEvery` steps (7 saves in 785 steps; the backup is removed at the end).
-template <int Workers, std::size_t SaveEvery = 0>
+/// With `Metrics`: compiled with accuracy and AUC, fit with validation_split 0.1 (141 steps an epoch).
+template <int Workers, std::size_t SaveEvery = 0, bool Metrics = false>
 void pss_fit(benchmark::State& state) {
     using Strategy = pss::ParameterServerStrategy<pss::InProcessTransport, pss::MinSizePartitioner, pss::Adagrad,
                                                   pss::LocalClusterResolver<2, Workers>, pss::Synchronous>;
@@ -91,7 +94,10 @@ void pss_fit(benchmark::State& state) {
                            pss::Dense(1, "sigmoid")},
                           /*seed=*/7);
     model.build({fields});
-    model.compile(pss::Adagrad(learning_rate), pss::BinaryCrossentropy());
+    if constexpr (Metrics)
+        model.compile(pss::Adagrad(learning_rate), pss::BinaryCrossentropy(), {"accuracy", pss::metrics::AUC()});
+    else
+        model.compile(pss::Adagrad(learning_rate), pss::BinaryCrossentropy());
     const Data& d = data();
     {  // warm-up (untimed): the workers' replicas, first pulls of the dense weights
         const xt::xarray<float> x = xt::view(d.ids, xt::range(0, warmup_examples), xt::all());
@@ -108,15 +114,17 @@ void pss_fit(benchmark::State& state) {
         const std::clock_t cpu_start = std::clock();
         const auto start = std::chrono::steady_clock::now();
         const auto history =
-            SaveEvery == 0 ? model.fit(d.ids, d.clicks, 1, batch, /*shuffle=*/false, /*verbose=*/false)
-                           : model.fit(d.ids, d.clicks, epochs, batch,
-                                       pss::BackupAndRestore{pss_bench::scratch_directory("pss_bench_ctr_backup"), true, SaveEvery}, /*shuffle=*/false,
-                                       /*verbose=*/false);
+            Metrics          ? model.fit(d.ids, d.clicks, {.batch_size = batch, .epochs = 1, .verbose = 0,
+                                                           .validation_split = 0.1, .shuffle = false})
+            : SaveEvery == 0 ? model.fit(d.ids, d.clicks, 1, batch, /*shuffle=*/false, /*verbose=*/false)
+                             : model.fit(d.ids, d.clicks, epochs, batch,
+                                         pss::BackupAndRestore{pss_bench::scratch_directory("pss_bench_ctr_backup"), true, SaveEvery}, /*shuffle=*/false,
+                                         /*verbose=*/false);
         seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         cpu_seconds += static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
         profile.set_enabled(false);
         loss = history.loss.back();
-        steps += steps_per_epoch * history.epoch.size();
+        steps += (Metrics ? (examples * 9 / 10 + batch - 1) / batch : steps_per_epoch) * history.epoch.size();
     }
     const auto s = profile.snapshot();
     const double step_ns = static_cast<double>(std::max<std::uint64_t>(s.step_ns, 1));
@@ -292,6 +300,11 @@ void plain_loop(benchmark::State& state) {
 BENCHMARK(plain_loop)->Iterations(epochs)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(pss_fit<1>)->Name("pss_fit/workers:1")->Iterations(epochs)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(pss_fit<2>)->Name("pss_fit/workers:2")->Iterations(epochs)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(pss_fit<2, 0, true>)
+    ->Name("pss_fit_metrics/workers:2")
+    ->Iterations(epochs)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(pss_fit<2, save_every_steps>)
     ->Name("pss_fit_saving/workers:2")
     ->Iterations(1)
@@ -324,6 +337,10 @@ int main(int argc, char** argv) {
     if (with_saves > 0 && without > 0)
         std::printf("%-34s %9.1f /s   %9.1f /s   %8.2f   (no limit set; beside the same fit without saves)\n",
                     "ctr steps, 2 workers, save/100", with_saves, without, with_saves / without);
+    const double with_metrics = reporter.value("pss_fit_metrics/workers:2" + suffix, "steps_per_second");
+    if (with_metrics > 0 && without > 0)
+        std::printf("%-34s %9.1f /s   %9.1f /s   %8.2f   >= 0.9 (beside the same fit without them)\n",
+                    "ctr steps, 2 workers, metrics+val", with_metrics, without, with_metrics / without);
     benchmark::Shutdown();
     return 0;
 }

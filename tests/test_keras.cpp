@@ -1,10 +1,15 @@
 // tests/test_keras.cpp: the Keras-style API: layers' and losses' gradients against central differences,
-// Sequential's fit (by hand, synchronous against one worker, asynchronous), compile, evaluate, predict.
+// Sequential's fit (by hand, synchronous against one worker, asynchronous), compile, evaluate, predict;
+// fit's options, metrics and callbacks.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <iomanip>
@@ -16,6 +21,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -496,31 +503,49 @@ TEST_SUITE("keras/model") {
     TEST_CASE("Sequential::fit: on a terminal, Keras' progress bar with the ETA and the time per step, and at the end "
               "the epoch's time; Keras' time formats") {
         std::ostringstream out;
-        pss::detail::ProgressLine progress(out, /*terminal=*/true, 4);
-        progress.update(0, 0.0);
-        progress.update(2, 0.5);
-        progress.finish(0.25);
+        pss::detail::ProgressLine progress(out, /*verbose=*/1, /*terminal=*/true, 4);
+        progress.update(0, {{"loss", 0.0}});
+        progress.update(2, {{"loss", 0.5}, {"auc", 0.75}});
+        progress.finish({{"loss", 0.25}, {"auc", 0.875}, {"val_loss", 0.0002}});
         std::vector<std::string> draws;
         std::istringstream text(out.str());
         for (std::string draw; std::getline(text, draw, '\r');) draws.push_back(draw);
         REQUIRE(draws.size() == 4);  // before the first \r, then three draws
         CHECK(draws[0].empty());
-        CHECK(draws[1] == "0/4 [..............................] - ETA: ? - loss: 0.0000");
-        CHECK(draws[2].starts_with("2/4 [==============>...............] - ETA: 0s - loss: 0.5000 - "));
+        CHECK(draws[1] == "0/4 [..............................] - ETA: ? - loss: 0.0000e+00");
+        CHECK(draws[2].starts_with("2/4 [==============>...............] - ETA: 0s - loss: 0.5000 - auc: 0.7500 - "));
         CHECK(draws[2].ends_with("/step"));
         CHECK(draws[3].starts_with("4/4 [==============================] - 0s "));
-        // Shorter than the draw before, so spaces wipe the rest of it.
-        CHECK(draws[3].size() == draws[2].size() + 1);
         std::string last = draws[3];
         REQUIRE(last.ends_with("\n"));
         last.pop_back();
-        last.erase(last.find_last_not_of(' ') + 1);
-        CHECK(last.ends_with("/step - loss: 0.2500"));
+        CHECK(last.ends_with("/step - loss: 0.2500 - auc: 0.8750 - val_loss: 2.0000e-04"));
+        // A shorter draw than the one before ends in spaces that wipe the rest of it.
+        std::ostringstream wiped;
+        pss::detail::ProgressLine shorter(wiped, 1, true, 4);
+        shorter.update(1, {{"loss", 0.5}, {"auc", 0.75}});
+        shorter.update(2, {{"loss", 0.5}});
+        const std::string second = wiped.str().substr(wiped.str().rfind('\r') + 1);
+        CHECK(second.size() == wiped.str().find('\r', 1) - 1);
+        CHECK(second.ends_with("  "));
+
+        // Keras' verbose=2: one line per epoch with its time; verbose=1 off a terminal: no time.
+        std::ostringstream plain, timed;
+        pss::detail::ProgressLine(plain, 1, false, 4).finish({{"loss", 0.25}, {"val_auc", 0.5}});
+        CHECK(plain.str() == "4/4 - loss: 0.250000 - val_auc: 0.500000\n");
+        pss::detail::ProgressLine(timed, 2, true, 4).finish({{"loss", 0.25}, {"val_auc", 0.5}});
+        CHECK(timed.str().starts_with("4/4 - 0s - loss: 0.2500 - val_auc: 0.5000 - "));
+        CHECK(timed.str().find("s/epoch - ") != std::string::npos);
+        CHECK(timed.str().ends_with("s/step\n"));
+        std::ostringstream silent;
+        pss::detail::ProgressLine(silent, 0, true, 4).finish({{"loss", 0.25}});
+        CHECK(silent.str().empty());
 
         using Line = pss::detail::ProgressLine;
         CHECK(Line::per_step(2.4) == "2s/step");
         CHECK(Line::per_step(0.045) == "45ms/step");
         CHECK(Line::per_step(0.000812) == "812us/step");
+        CHECK(Line::per(1.5, "epoch") == "2s/epoch");
         CHECK(Line::duration(7.2) == "7s");
         CHECK(Line::duration(125) == "2:05");
         CHECK(Line::duration(3725) == "1:02:05");
@@ -618,6 +643,431 @@ void check_bad_layer_config(const std::string& text, const std::string& message)
 }
 
 }  // namespace
+
+namespace {
+
+using AsyncTwoWorkers = pss::ParameterServerStrategy<>;
+
+/// x = 1..n as a column, y = 2x: the data of the by-hand fits.
+std::pair<xt::xarray<float>, xt::xarray<float>> line_data(std::size_t n) {
+    std::vector<float> xs, ys;
+    for (std::size_t i = 1; i <= n; ++i) {
+        xs.push_back(static_cast<float>(i));
+        ys.push_back(2.0f * static_cast<float>(i));
+    }
+    return {column_f(xs), column_f(ys)};
+}
+
+float scalar(const pss::Tensor& t) { return t.get<float>().data()[0]; }
+
+/// Binary data for the metric tests: 64 examples of 2 features, labels from a fixed rule with noise.
+std::pair<xt::xarray<float>, xt::xarray<float>> binary_data() {
+    xt::xarray<float> x = xt::xarray<float>::from_shape({64, 2});
+    xt::xarray<float> y = xt::xarray<float>::from_shape({64, 1});
+    for (std::size_t i = 0; i < 64; ++i) {
+        x(i, 0) = static_cast<float>(i % 8) / 4.0f - 1.0f;
+        x(i, 1) = static_cast<float>(i / 8) / 4.0f - 1.0f;
+        y(i, 0) = (x(i, 0) + 0.5f * x(i, 1) > 0.1f) != (i % 7 == 0) ? 1.0f : 0.0f;
+    }
+    return {x, y};
+}
+
+/// A ModelBase whose weights are one number, for driving callbacks by hand.
+class FakeModel final : public pss::ModelBase {
+public:
+    [[nodiscard]] std::vector<pss::Tensor> get_weights() const override { return {xt::xarray<float>{value}}; }
+    void set_weights(const std::vector<pss::Tensor>& values) override {
+        value = values.at(0).get<float>().data()[0];
+        ++assigned;
+    }
+    void save_weights(const std::string& path) const override { saved.push_back(path); }
+    float value = 0;
+    int assigned = 0;
+    mutable std::vector<std::string> saved;
+};
+
+}  // namespace
+
+TEST_SUITE("keras/fit") {
+    TEST_CASE("fit: sample_weight [1, 0, 2, 0] gives loss 0.75 and moves kernel 2 -> 1.65, bias 1 -> 0.85 (the weighted gradient by hand); class_weight is the same weights") {
+        const auto [x, y] = line_data(4);
+        pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.1));
+        pss::Sequential model(strategy, {pss::Dense(1)});
+        model.build({1});
+        model.set_weights({column_f({2.0f}), xt::xarray<float>{1.0f}});
+        model.compile("mse");
+        // Predictions 3, 5, 7, 9 against 2, 4, 6, 8: every error is 1, every example's loss 1. The loss is
+        // (1 + 0 + 2 + 0) / 4; d/dp_i = 2 w_i / 4, so d/dk = 0.5 * 1 + 1 * 3 = 3.5 and d/db = 1.5.
+        const auto history = model.fit(x, y, {.epochs = 1, .verbose = 0, .sample_weight = {1, 0, 2, 0}});
+        CHECK(history.loss == std::vector<double>{0.75});
+        const auto w = model.get_weights();
+        CHECK(close_relative(scalar(w[0]), 1.65, 1e-6));
+        CHECK(close_relative(scalar(w[1]), 0.85, 1e-6));
+        // Now predictions 2.5, 4.15, 5.8, 7.45: squared errors 0.25, 0.0225, 0.04, 0.3025, weighted (0.25 + 0.08) / 4.
+        CHECK(model.evaluate(x, y, pss::EvaluateOptions{.sample_weight = {1, 0, 2, 0}}).at("loss") ==
+              doctest::Approx(0.0825).epsilon(1e-5));
+
+        // class_weight {1: 3} on targets that are class ids is sample_weight 3 where y is 1: the same bits.
+        const xt::xarray<float> ids = column_f({1, 0, 1, 1, 0, 0});
+        const xt::xarray<float> xs = column_f({0.5f, -1, 2, 1.5f, 0, -0.5f});
+        std::vector<std::vector<pss::Tensor>> results;
+        for (int run = 0; run < 2; ++run) {
+            pss::Sequential m(strategy, {pss::Dense(1)});
+            m.build({1});
+            m.set_weights({column_f({0.3f}), xt::xarray<float>{0.1f}});
+            m.compile("mse");
+            pss::FitOptions options{.epochs = 3, .verbose = 0};
+            if (run == 0) options.class_weight = {{1, 3.0}};
+            else options.sample_weight = {3, 1, 3, 3, 1, 1};
+            (void)m.fit(xs, ids, options);
+            results.push_back(m.get_weights());
+        }
+        CHECK(results[0][0].get<float>() == results[1][0].get<float>());
+        CHECK(results[0][1].get<float>() == results[1][1].get<float>());
+        CHECK_FALSE(scalar(results[0][0]) == 0.3f);
+
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .sample_weight = {1, 2}}),
+                             "pss: Sequential::fit: sample_weight has 2 weights for 4 examples; give one weight per example",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .sample_weight = {1, -2, 1, 1}}),
+                             "pss: Sequential::fit: a sample weight is -2.000000; weights are finite and not negative",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("fit: validation_split 0.2 of 10 examples trains on the first 8 (2 batches of 4) and val_loss is evaluate on the last 2; validation_data likewise") {
+        const auto [x, y] = line_data(10);
+        pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.001));
+        pss::Sequential model(strategy, {pss::Dense(1)});
+        model.compile("mse", {"mae"});
+        std::vector<std::size_t> batches;
+        pss::LambdaCallback count;
+        count.on_batch_end_fn = [&](std::size_t b, const pss::Logs&) { batches.push_back(b); };
+        const auto history = model.fit(x, y, {.batch_size = 4, .epochs = 2, .verbose = 0, .callbacks = {count},
+                                              .validation_split = 0.2});
+        CHECK(batches == std::vector<std::size_t>{0, 1, 0, 1});
+        std::vector<std::string> names;
+        for (const auto& [name, values] : history.history) {
+            names.push_back(name);
+            CHECK(values.size() == 2);
+        }
+        CHECK(names == std::vector<std::string>{"loss", "mean_absolute_error", "val_loss", "val_mean_absolute_error"});
+        const xt::xarray<float> x_val = column_f({9, 10}), y_val = column_f({18, 20});
+        const pss::Logs held_out = model.evaluate(x_val, y_val, pss::EvaluateOptions{});
+        CHECK(history.history.at("val_loss").back() == held_out.at("loss"));
+        CHECK(history.history.at("val_mean_absolute_error").back() == held_out.at("mean_absolute_error"));
+        CHECK(history.loss == history.history.at("loss"));
+
+        const auto with_data = model.fit(x, y, {.batch_size = 4, .verbose = 0,
+                                                .validation_data = pss::ValidationData{x_val, y_val, {}}});
+        CHECK(with_data.history.at("val_loss").back() == model.evaluate(x_val, y_val, 4));
+
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .validation_split = 0.95}),
+                             "pss: Sequential::fit: validation_split 0.950000 of 10 examples leaves 0 to train on and 10 "
+                             "to validate on; each needs at least one",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .validation_split = 1}),
+                             "pss: Sequential::fit: validation_split is 1.000000; it is in [0, 1)", pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)model.fit(x, y, {.verbose = 0, .validation_data = pss::ValidationData{x_val, column_f({1}), {}}}),
+                        pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("fit and evaluate: accuracy and AUC computed by 2 workers over 8 batches equal the metrics of predict's outputs (the weights do not move at learning rate 0)") {
+        const auto [x, y] = binary_data();
+        pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.0));
+        pss::Sequential model(strategy, {pss::Dense(1, "sigmoid")}, 3);
+        model.compile("binary_crossentropy", {"accuracy", pss::metrics::AUC(), pss::metrics::Precision()});
+        model.build({2});
+        const xt::xarray<float> kernel = column_f({2.0f, 1.0f});
+        model.set_weights({kernel, xt::xarray<float>{-0.2f}});
+        const auto history = model.fit(x, y, {.batch_size = 8, .epochs = 2, .verbose = 0});
+        const xt::xarray<float> p = model.predict(x);
+        double correct = 0;
+        for (std::size_t i = 0; i < 64; ++i) correct += ((p(i, 0) > 0.5f) == (y(i, 0) == 1.0f)) ? 1 : 0;
+        pss::metrics::AUC auc;
+        auc.update_state(y, p);
+        pss::metrics::Precision precision;
+        precision.update_state(y, p);
+        for (std::size_t e = 0; e < 2; ++e) {
+            CHECK(history.history.at("accuracy")[e] == correct / 64);
+            CHECK(history.history.at("auc")[e] == doctest::Approx(auc.result()).epsilon(1e-12));
+            CHECK(history.history.at("precision")[e] == doctest::Approx(precision.result()).epsilon(1e-12));
+        }
+        CHECK(correct > 40);
+        CHECK(auc.result() > 0.7);
+        const pss::Logs logs = model.evaluate(x, y, pss::EvaluateOptions{.batch_size = 5});
+        CHECK(logs.names() == "loss, accuracy, auc, precision");
+        CHECK(logs.at("accuracy") == correct / 64);
+        CHECK(logs.at("auc") == doctest::Approx(auc.result()).epsilon(1e-12));
+        CHECK(logs.at("loss") == doctest::Approx(history.loss.back()).epsilon(1e-6));
+        CHECK_THROWS_WITH_AS((void)logs.at("f1"), "pss: logs have no 'f1'; they have: loss, accuracy, auc, precision",
+                             pss::NotFoundError);
+
+        // "accuracy" for class probabilities is the sparse categorical one.
+        pss::Sequential softmax(strategy, {pss::Dense(3, "softmax")}, 5);
+        softmax.compile("sparse_categorical_crossentropy", {"accuracy"});
+        const xt::xarray<float> ids = column_f({0, 1, 2, 1, 0, 2, 2, 1});
+        const xt::xarray<float> features = xt::xarray<float>{{1, 0}, {0, 1}, {1, 1}, {0.5f, 2}, {2, 0.1f}, {-1, 1}, {0, -1}, {1, -1}};
+        const xt::xarray<float> probs = softmax.predict(features);
+        double hits = 0;
+        for (std::size_t i = 0; i < 8; ++i) {
+            std::size_t best = 0;
+            for (std::size_t j = 1; j < 3; ++j)
+                if (probs(i, j) > probs(i, best)) best = j;
+            hits += static_cast<float>(best) == ids(i, 0) ? 1 : 0;
+        }
+        CHECK(softmax.evaluate(features, ids, pss::EvaluateOptions{}).at("accuracy") == hits / 8);
+
+        pss::Sequential twice(strategy, {pss::Dense(1)});
+        twice.compile("mse", {"mae", "mean_absolute_error"});
+        CHECK_THROWS_WITH_AS((void)twice.fit(x, y, {.verbose = 0}),
+                             "pss: Sequential::compile: two metrics are named 'mean_absolute_error' (or one is named "
+                             "'loss'); name them apart",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("fit: callbacks are called in Keras' order with the epoch's logs; params give epochs and steps; initial_epoch and steps_per_epoch") {
+        const auto [x, y] = line_data(12);
+        pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.001));
+        pss::Sequential model(strategy, {pss::Dense(1)});
+        model.compile("mse", {"mae"});
+        std::vector<std::string> events;
+        std::vector<pss::Logs> epoch_logs;
+        pss::LambdaCallback record;
+        record.on_train_begin_fn = [&](const pss::Logs&) {
+            events.push_back("train_begin " + std::to_string(record.params().epochs) + " " +
+                             std::to_string(record.params().steps));
+        };
+        record.on_epoch_begin_fn = [&](int e, const pss::Logs&) { events.push_back("epoch_begin " + std::to_string(e)); };
+        record.on_batch_end_fn = [&](std::size_t b, const pss::Logs& logs) {
+            events.push_back("batch_end " + std::to_string(b) + " " + logs.names());
+        };
+        record.on_epoch_end_fn = [&](int e, const pss::Logs& logs) {
+            events.push_back("epoch_end " + std::to_string(e) + " " + logs.names());
+            epoch_logs.push_back(logs);
+        };
+        record.on_train_end_fn = [&](const pss::Logs& logs) { events.push_back("train_end " + logs.names()); };
+        std::ostringstream out;
+        const auto history = model.fit(x, y, {.batch_size = 3, .epochs = 3, .verbose = 1, .callbacks = {record},
+                                              .validation_split = 0.25, .initial_epoch = 1, .steps_per_epoch = 2,
+                                              .out = &out});
+        CHECK(events == std::vector<std::string>{
+                            "train_begin 3 2", "epoch_begin 1", "batch_end 0 loss, mean_absolute_error",
+                            "batch_end 1 loss, mean_absolute_error",
+                            "epoch_end 1 loss, mean_absolute_error, val_loss, val_mean_absolute_error", "epoch_begin 2",
+                            "batch_end 0 loss, mean_absolute_error", "batch_end 1 loss, mean_absolute_error",
+                            "epoch_end 2 loss, mean_absolute_error, val_loss, val_mean_absolute_error",
+                            "train_end loss, mean_absolute_error, val_loss, val_mean_absolute_error"});
+        CHECK(history.epoch == std::vector<int>{1, 2});
+        REQUIRE(epoch_logs.size() == 2);
+        for (std::size_t e = 0; e < 2; ++e)
+            for (const auto& [name, value] : epoch_logs[e]) CHECK(history.history.at(name)[e] == value);
+        // Untimed lines off a terminal: the same text in every run.
+        std::ostringstream expected;
+        expected << std::fixed << std::setprecision(6);
+        for (std::size_t e = 0; e < 2; ++e) {
+            expected << "Epoch " << e + 2 << "/3\n2/2";
+            for (const auto& [name, value] : epoch_logs[e]) expected << " - " << name << ": " << value;
+            expected << "\n";
+        }
+        CHECK(out.str() == expected.str());
+
+        std::ostringstream timed;
+        (void)model.fit(x, y, {.epochs = 1, .verbose = 2, .out = &timed});
+        CHECK(timed.str().starts_with("Epoch 1/1\n1/1 - 0s - loss: "));
+        CHECK(timed.str().find(" - mean_absolute_error: ") != std::string::npos);
+        CHECK(timed.str().ends_with("s/step\n"));
+
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.batch_size = 3, .verbose = 0, .steps_per_epoch = 5}),
+                             "pss: Sequential::fit: steps_per_epoch is 5, but 12 examples make 4 batches of 3",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 3}),
+                             "pss: Sequential::fit: verbose is 3; it is 0 (silent), 1 (a progress bar) or 2 (one line per epoch)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .initial_epoch = -1}),
+                             "pss: Sequential::fit: initial_epoch is -1; it must be 0 or more", pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .callbacks = {pss::BackupAndRestore("a"), pss::BackupAndRestore("b")}}),
+                             "pss: Sequential::fit: two BackupAndRestore callbacks (a and b); give one",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("EarlyStopping by hand: patience 2 over val_loss 1, 0.8, 0.9, 0.85, ... stops at epoch 3 and restores epoch 1's weights; Keras' baseline, min_delta, mode and start_from_epoch") {
+        auto run = [](pss::EarlyStopping& early, const std::vector<double>& values, FakeModel& model) {
+            early.set_model(model);
+            model.stop_training = false;
+            early.on_train_begin({});
+            int epoch = 0;
+            for (; epoch < static_cast<int>(values.size()) && !model.stop_training; ++epoch) {
+                model.value = static_cast<float>(epoch);  // the weights at the end of `epoch`
+                early.on_epoch_end(epoch, {{"loss", 0}, {"val_loss", values[static_cast<std::size_t>(epoch)]}});
+            }
+            early.on_train_end({});
+            return epoch;  // epochs run
+        };
+        FakeModel model;
+        pss::EarlyStopping early({.patience = 2, .restore_best_weights = true});
+        CHECK(run(early, {1.0, 0.8, 0.9, 0.85, 0.7, 0.6}, model) == 4);
+        CHECK(early.stopped_epoch == 3);
+        CHECK(early.best_epoch == 1);
+        CHECK(early.best == 0.8);
+        CHECK(model.value == 1.0f);  // epoch 1's weights, restored
+        CHECK(model.assigned == 1);
+
+        FakeModel plain;
+        pss::EarlyStopping no_restore({.patience = 2});
+        CHECK(run(no_restore, {1.0, 0.8, 0.9, 0.85, 0.7}, plain) == 4);
+        CHECK(plain.assigned == 0);
+        CHECK(plain.value == 3.0f);
+
+        // min_delta 0.15: 0.8 is not an improvement on 0.9 by more than 0.15; patience 0 stops at once.
+        pss::EarlyStopping delta({.min_delta = 0.15});
+        CHECK(run(delta, {0.9, 0.8, 0.5}, plain) == 2);
+        CHECK(delta.stopped_epoch == 1);
+        // A baseline not reached keeps counting over improvements: stops at epoch 2 of patience 2 (without
+        // the baseline the wait restarts at each improvement, and it runs on).
+        pss::EarlyStopping baseline({.patience = 2, .baseline = 0.5});
+        CHECK(run(baseline, {0.9, 0.8, 0.85, 0.7}, plain) == 3);
+        CHECK(baseline.stopped_epoch == 2);
+        pss::EarlyStopping no_baseline({.patience = 2});
+        CHECK(run(no_baseline, {0.9, 0.8, 0.85, 0.7}, plain) == 4);
+        // "max" (and auto for accuracies): larger is better.
+        pss::EarlyStopping larger({.patience = 1, .mode = "max"});
+        CHECK(run(larger, {0.5, 0.6, 0.55, 0.7}, plain) == 3);
+        // start_from_epoch 2: epochs 0 and 1 are not looked at.
+        pss::EarlyStopping late({.start_from_epoch = 2});
+        CHECK(run(late, {0.1, 0.9, 0.8, 0.85}, plain) == 4);
+        CHECK(late.stopped_epoch == 3);
+
+        pss::EarlyStopping missing({.monitor = "val_auc"});
+        missing.set_model(plain);
+        missing.on_train_begin({});
+        CHECK_THROWS_WITH_AS(missing.on_epoch_end(0, {{"loss", 1}, {"auc", 0.5}}),
+                             "pss: EarlyStopping: it monitors 'val_auc', which the epoch's logs do not have; they have: "
+                             "loss, auc (val_ values need validation_split or validation_data)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::EarlyStopping({.monitor = "loss", .mode = "lowest"}),
+                             "pss: EarlyStopping: mode is \"lowest\"; it is \"auto\", \"min\" or \"max\"",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::TerminateOnNaN().model(),
+                             doctest::Contains("the callback is not attached to a model"), pss::FailedPreconditionError);
+    }
+
+    TEST_CASE("fit with EarlyStopping(loss, patience 1, restore_best_weights): a diverging fit stops at epoch 1 with epoch 0's weights on the ps") {
+        const auto [x, y] = line_data(4);
+        // Learning rate 0.5 against a curvature of 2 mean(x^2) = 15: each step multiplies the error by -6.5.
+        pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.5));
+        pss::Sequential model(strategy, {pss::Dense(1)});
+        model.build({1});
+        model.set_weights({column_f({0.5f}), xt::xarray<float>{0.0f}});
+        model.compile("mse");
+        std::vector<std::vector<pss::Tensor>> at_epoch_end;
+        pss::LambdaCallback record;
+        record.on_epoch_end_fn = [&](int, const pss::Logs&) { at_epoch_end.push_back(model.get_weights()); };
+        pss::EarlyStopping early({.monitor = "loss", .patience = 1, .restore_best_weights = true});
+        const auto history = model.fit(x, y, {.epochs = 10, .verbose = 0, .callbacks = {record, early}});
+        CHECK(history.epoch == std::vector<int>{0, 1});
+        CHECK(history.loss[1] > 10 * history.loss[0]);
+        CHECK(early.stopped_epoch == 1);
+        REQUIRE(at_epoch_end.size() == 2);
+        const auto now = model.get_weights();
+        CHECK(now[0].get<float>() == at_epoch_end[0][0].get<float>());
+        CHECK(now[1].get<float>() == at_epoch_end[0][1].get<float>());
+        CHECK_FALSE(now[0].get<float>() == at_epoch_end[1][0].get<float>());
+    }
+
+    TEST_CASE("ModelCheckpoint: weights.{epoch:02d}-{loss:.2f} saves w.01-16.88, w.02-..., each loads back as that epoch's weights; save_best_only on a diverging fit saves once") {
+        const auto [x, y] = line_data(4);
+        const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                          ("pss_model_checkpoint_" + std::to_string(::getpid()));
+        std::filesystem::remove_all(dir);
+        pss::ParameterServerStrategy<> strategy;  // SGD(0.01)
+        pss::Sequential model(strategy, {pss::Dense(1)});
+        model.build({1});
+        model.set_weights({column_f({0.5f}), xt::xarray<float>{0.0f}});
+        model.compile("mse");
+        std::vector<std::vector<pss::Tensor>> at_epoch_end;
+        pss::LambdaCallback record;
+        record.on_epoch_end_fn = [&](int, const pss::Logs&) { at_epoch_end.push_back(model.get_weights()); };
+        pss::ModelCheckpoint checkpoint((dir / "w.{epoch:02d}-{loss:.2f}").string(), {.monitor = "loss"});
+        const auto history = model.fit(x, y, {.epochs = 3, .verbose = 0, .callbacks = {record, checkpoint}});
+        REQUIRE(checkpoint.saved.size() == 3);
+        CHECK(checkpoint.saved[0] == (dir / "w.01-16.88").string());  // mean((0.5x - 2x)^2) = 16.875
+        char second[32];
+        std::snprintf(second, sizeof second, "w.02-%.2f", history.loss[1]);
+        CHECK(checkpoint.saved[1] == (dir / second).string());
+        for (std::size_t e = 0; e < 3; ++e) CHECK(std::filesystem::is_directory(checkpoint.saved[e]));
+        model.load_weights(checkpoint.saved[1]);
+        CHECK(model.get_weights()[0].get<float>() == at_epoch_end[1][0].get<float>());
+        CHECK(model.get_weights()[1].get<float>() == at_epoch_end[1][1].get<float>());
+
+        pss::ParameterServerStrategy<> fast(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.5));
+        pss::Sequential diverging(fast, {pss::Dense(1)});
+        diverging.compile("mse");
+        pss::ModelCheckpoint best((dir / "best").string(), {.monitor = "loss", .save_best_only = true});
+        (void)diverging.fit(x, y, {.epochs = 3, .verbose = 0, .callbacks = {best}});
+        CHECK(best.saved == std::vector<std::string>{(dir / "best").string()});
+
+        CHECK(pss::detail::format_path("a{{b}}/{epoch}-{loss:.3e}-{epoch:03d}", 7, {{"loss", 0.5}}) ==
+              "a{b}/7-5.000e-01-007");
+        CHECK_THROWS_WITH_AS((void)pss::detail::format_path("w-{val_loss:.2f}", 1, {{"loss", 0.5}}),
+                             "pss: ModelCheckpoint: the filepath \"w-{val_loss:.2f}\" names {val_loss}, which is neither "
+                             "epoch nor in the logs: loss",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)pss::detail::format_path("w-{loss:>8}", 1, {{"loss", 0.5}}), pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)pss::detail::format_path("w-{loss", 1, {{"loss", 0.5}}), pss::InvalidArgumentError);
+        std::filesystem::remove_all(dir);
+    }
+
+    TEST_CASE("CSVLogger writes epoch then the sorted names, values as Python prints them; append keeps the header; TerminateOnNaN stops at a NaN loss") {
+        CHECK(pss::detail::python_repr(0.1) == "0.1");
+        CHECK(pss::detail::python_repr(1.0) == "1.0");
+        CHECK(pss::detail::python_repr(-0.0) == "-0.0");
+        CHECK(pss::detail::python_repr(1e-05) == "1e-05");
+        CHECK(pss::detail::python_repr(0.0001) == "0.0001");
+        CHECK(pss::detail::python_repr(1e16) == "1e+16");
+        CHECK(pss::detail::python_repr(1e15) == "1000000000000000.0");
+        CHECK(pss::detail::python_repr(123.456) == "123.456");
+        CHECK(pss::detail::python_repr(1.5e-7) == "1.5e-07");
+        CHECK(pss::detail::python_repr(0.1 + 0.2) == "0.30000000000000004");
+        CHECK(pss::detail::python_repr(std::nan("")) == "nan");
+
+        const auto [x, y] = line_data(8);
+        const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                           ("pss_csv_logger_" + std::to_string(::getpid()) + ".csv");
+        pss::ParameterServerStrategy<> strategy;
+        pss::Sequential model(strategy, {pss::Dense(1)});
+        model.compile("mse", {"mae"});
+        const auto history = model.fit(x, y, {.batch_size = 4, .epochs = 2, .verbose = 0,
+                                              .callbacks = {pss::CSVLogger(file.string())}, .validation_split = 0.25});
+        (void)model.fit(x, y, {.batch_size = 4, .verbose = 0, .callbacks = {pss::CSVLogger(file.string(), ';', true)},
+                               .validation_split = 0.25});
+        std::ifstream in(file);
+        std::vector<std::string> lines;
+        for (std::string line; std::getline(in, line);) lines.push_back(line);
+        REQUIRE(lines.size() == 4);
+        CHECK(lines[0] == "epoch,loss,mean_absolute_error,val_loss,val_mean_absolute_error");
+        for (std::size_t e = 0; e < 2; ++e) {
+            std::string row = std::to_string(e);
+            for (const char* name : {"loss", "mean_absolute_error", "val_loss", "val_mean_absolute_error"})
+                row += "," + pss::detail::python_repr(history.history.at(name)[e]);
+            CHECK(lines[1 + e] == row);
+        }
+        CHECK(lines[3].starts_with("0;"));
+        std::filesystem::remove(file);
+
+        // The ps refuses non-finite gradients by default (the fit would end with that error): apply them.
+        ::setenv("PSS_NON_FINITE_GRADIENTS", "apply", 1);
+        pss::ParameterServerStrategy<> applying;
+        ::unsetenv("PSS_NON_FINITE_GRADIENTS");
+        pss::Sequential nan_model(applying, {pss::Dense(1)});
+        nan_model.compile("mse");
+        xt::xarray<float> bad = x;
+        bad(0, 0) = std::nanf("");
+        const auto stopped = nan_model.fit(bad, y, {.batch_size = 8, .epochs = 3, .verbose = 0,
+                                                .callbacks = {pss::TerminateOnNaN()}, .shuffle = false});
+        CHECK(stopped.epoch == std::vector<int>{0});
+        CHECK(std::isnan(stopped.loss[0]));
+    }
+}
 
 TEST_SUITE("keras/config") {
     TEST_CASE("serialize: Dense(4, relu, no bias, float64) named dense_1 for (3) is {\"class_name\": \"Dense\", \"config\": {... \"units\": 4 ...}}; rebuilt, bound, it computes the same") {
@@ -1079,11 +1529,15 @@ std::vector<double> train_sync(StrategyType& strategy, BeforeFit before_fit = nu
     const auto [x, y] = sync_data();
     pss::Sequential model(strategy,
                           {pss::Embedding(5, 4), pss::GlobalAveragePooling1D(), pss::Dense(3, "tanh"), pss::Dense(1)}, 7);
-    model.compile(pss::SGD(0.1), "mse");
+    model.compile(pss::SGD(0.1), "mse", {"mae", pss::metrics::MeanSquaredError()});
     model.build({3});
     if constexpr (!std::is_null_pointer_v<BeforeFit>) before_fit(model);
     const auto history = model.fit(x, y, 3, 3, true, false);
     std::vector<double> out(history.loss.begin(), history.loss.end());
+    for (const char* name : {"mean_absolute_error", "mean_squared_error"}) {
+        REQUIRE(history.history.at(name).size() == 3);
+        out.insert(out.end(), history.history.at(name).begin(), history.history.at(name).end());
+    }
     for (const auto& w : model.get_weights()) out.insert(out.end(), w.template get<float>().begin(), w.template get<float>().end());
     return out;
 }
@@ -1130,13 +1584,14 @@ TEST_SUITE("keras/remote") {
         const pss::detail::ClosureContext context{3};
         const pss::detail::ClosureContext::Guard current(context);
         const xt::xarray<float> one = column_f({1});
-        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("0123456789abcdef", one, one, 0, 1.0),
+        const pss::Tensor no_weights(xt::xarray<double>::from_shape({0}));
+        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("0123456789abcdef", one, one, no_weights, 0, 1.0),
                              "pss: Sequential: worker task 3 does not have the model \"0123456789abcdef\" (it restarted, "
                              "or evicted the model: a worker keeps the 16 models used last); the chief sends it again "
                              "with the call \"pss.keras.Sequential.build\"",
                              pss::NotFoundError);
         try {
-            (void)pss::detail::keras_remote_step("x", one, one, 0, 1.0);
+            (void)pss::detail::keras_remote_step("x", one, one, no_weights, 0, 1.0);
         } catch (const pss::NotFoundError& e) {
             CHECK(pss::detail::is_remote_model_unknown(e));
         }
@@ -1151,14 +1606,20 @@ TEST_SUITE("keras/remote") {
         model.compile("mse");
         const std::string description =
             json{{"class_name", "Sequential"}, {"config", model.get_config()},
-                 {"loss", pss::serialize(pss::MeanSquaredError())}, {"weight_counts", {2}}}.dump();
+                 {"loss", pss::serialize(pss::MeanSquaredError())}, {"metrics", json::array()},
+                 {"weight_counts", {2}}}.dump();
         const pss::detail::ClosureContext context{0};
         const pss::detail::ClosureContext::Guard current(context);
         for (int i = 0; i < 17; ++i) pss::detail::keras_remote_build("m" + std::to_string(i), description, model.weights());
         const xt::xarray<float> x = xt::ones<float>({1, 2}), y = column_f({3});
-        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("m0", x, y, 0, 1.0), pss::NotFoundError);  // evicted
-        CHECK_NOTHROW((void)pss::detail::keras_remote_step("m1", x, y, 0, 1.0));
-        CHECK_NOTHROW((void)pss::detail::keras_remote_step("m16", x, y, 0, 1.0));
+        const pss::Tensor w(xt::xarray<double>::from_shape({0}));
+        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("m0", x, y, w, 0, 1.0), pss::NotFoundError);  // evicted
+        CHECK_NOTHROW((void)pss::detail::keras_remote_step("m1", x, y, w, 0, 1.0));
+        CHECK(pss::detail::keras_remote_step("m16", x, y, w, 0, 1.0).size() == 1);  // the loss; no metrics
+        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("m16", x, y, pss::Tensor(xt::xarray<double>{1.0, 2.0}), 0, 1.0),
+                             "pss: Sequential: a step's sample weights are float64 of shape (2,); they are float64 of "
+                             "shape (1,), or (0,) for none",
+                             pss::InvalidArgumentError);
 
         CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", description, {}),
                              doctest::Contains("\"weight_counts\"[0] is 2, but 0 of the 0 variables sent are left for layer 0"),
@@ -1172,7 +1633,13 @@ TEST_SUITE("keras/remote") {
         no_layers["config"]["layers"] = json::array();
         CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", no_layers.dump(), model.weights()),
                              doctest::Contains("\"layers\" is [], not a list of at least one layer"), pss::InvalidArgumentError);
-        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("bad", x, y, 0, 1.0), pss::NotFoundError);
+        json bad_metric = json::parse(description);
+        bad_metric["metrics"] = json::array({{{"class_name", "F1Score"}, {"config", json::object()}}});
+        CHECK_THROWS_AS(pss::detail::keras_remote_build("bad", bad_metric.dump(), model.weights()), pss::InvalidArgumentError);
+        bad_metric["metrics"] = 3;
+        CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", bad_metric.dump(), model.weights()),
+                             doctest::Contains("\"metrics\" is 3, not a list"), pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("bad", x, y, w, 0, 1.0), pss::NotFoundError);
         pss::detail::testing_forget_remote_models();
     }
 }

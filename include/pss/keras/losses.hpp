@@ -55,6 +55,29 @@ public:
     [[nodiscard]] virtual double value(const Tensor& y_true, const Tensor& y_pred) const = 0;
     /// @brief d value / d y_pred, of y_pred's shape and dtype.
     [[nodiscard]] virtual Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const = 0;
+    /// @brief Each example's loss, batch axis first: value() is their mean (every Keras loss is the mean
+    /// of per-example losses, each of its own rows), and fit's sample weights weigh them. The default
+    /// computes value() on each example alone.
+    [[nodiscard]] virtual std::vector<double> example_values(const Tensor& y_true, const Tensor& y_pred) const {
+        const std::size_t rows = y_pred.rank() == 0 ? 0 : y_pred.shape().front();
+        std::vector<double> out(rows);
+        if (rows == 0) return out;
+        auto row = [rows](const auto& a, std::size_t r) {
+            using T = typename std::decay_t<decltype(a)>::value_type;
+            Shape shape(a.shape().begin(), a.shape().end());
+            const std::size_t width = a.size() / rows;
+            if (shape.empty()) shape.push_back(1);
+            shape.front() = 1;
+            xt::xarray<T> one = xt::xarray<T>::from_shape(shape);
+            std::copy_n(a.data() + r * width, width, one.data());
+            return Tensor(std::move(one));
+        };
+        for (std::size_t r = 0; r < rows; ++r)
+            out[r] = value(y_true.visit([&](const auto& y) { return row(y, r); }, Tensor()),
+                           y_pred.visit([&](const auto& p) { return row(p, r); }, Tensor()));
+        return out;
+    }
+
     /// @brief The same as value(), as Keras' `loss(y_true, y_pred)`.
     [[nodiscard]] double operator()(const Tensor& y_true, const Tensor& y_pred) const { return value(y_true, y_pred); }
 

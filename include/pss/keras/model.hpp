@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <span>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -46,7 +48,9 @@
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
 #include <pss/message.hpp>
+#include <pss/keras/callbacks.hpp>
 #include <pss/keras/config.hpp>
+#include <pss/keras/metrics.hpp>
 #include <pss/keras/layers.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
@@ -54,22 +58,85 @@
 
 PSS_NAMESPACE_BEGIN
 
-/// @brief What Sequential::fit returns (Keras' History): the epochs run and each one's mean loss.
+/// @brief What Sequential::fit returns (Keras' History): the epochs run and each one's logs.
 struct History {
-    std::vector<int> epoch;    ///< 0, 1, ... (Keras' `history.epoch`)
-    std::vector<double> loss;  ///< the mean of the epoch's batch losses (Keras' `history.history["loss"]`)
+    std::vector<int> epoch;    ///< the epochs run, from 0 (Keras' `history.epoch`)
+    std::vector<double> loss;  ///< each epoch's mean batch loss: the same as `history.at("loss")`
+    /// Keras' `history.history`: every value of the epochs' logs by name (`loss`, the compiled metrics,
+    /// and `val_loss` and `val_<metric>` when fit validates), one entry per epoch run.
+    std::map<std::string, std::vector<double>> history;
 };
 
-/// @brief Keras' `BackupAndRestore` callback for Sequential::fit: the model's weights, their optimizer
-/// slots and where the fit stands (epoch, batch, shuffling) are saved in `backup_dir` at the end of every
-/// epoch, or every `save_freq` batches, and a fit that starts where a backup exists (the process was
-/// killed, the machine lost) resumes right after it, with the same shuffling from there on.
-struct BackupAndRestore {
-    std::string backup_dir;         ///< a CheckpointManager's directory (created when missing)
-    bool delete_checkpoint = true;  ///< remove the backup when the fit completes (Keras' default)
-    /// 0: back up at the end of every epoch (Keras' `save_freq="epoch"`); N: after every N batches, counted
-    /// across epochs (Keras' integer `save_freq`). A backup waits for the batches in flight to finish.
-    std::size_t save_freq = 0;
+/// @brief Data fit validates on at the end of every epoch (Keras' `validation_data`: `(x, y)` or `(x,
+/// y, sample_weight)`).
+struct ValidationData {
+    xt::xarray<float> x{};
+    xt::xarray<float> y{};
+    std::vector<double> sample_weight{};  ///< empty, or one weight per example
+};
+
+/// @brief Keras' `fit` arguments, by name: `model.fit(x, y, {.epochs = 10, .validation_split = 0.2})`.
+/// The fields are in Keras' order (designated initializers must keep it).
+struct FitOptions {
+    std::size_t batch_size = 32;
+    int epochs = 1;
+    /// 0: silent. 1: `Epoch 1/5`, then on a terminal Keras' progress bar with ETA and time per step, and
+    /// elsewhere one line per epoch without timings (`4/4 - loss: 0.123456`), so that two runs' logs
+    /// compare equal. 2: one line per epoch with its time, as Keras' `verbose=2`
+    /// (`4/4 - 0s - loss: 0.1234 - 12ms/epoch - 3ms/step`).
+    int verbose = 1;
+    std::vector<CallbackHandle> callbacks{};  ///< called in order; at most one BackupAndRestore
+    /// The last fraction of (x, y), taken before shuffling, is held out and evaluated at each epoch's end
+    /// (Keras' `validation_split`): in [0, 1). Ignored when validation_data is given.
+    double validation_split = 0;
+    std::optional<ValidationData> validation_data{};
+    bool shuffle = true;  ///< a new seeded permutation of the training examples each epoch
+    /// Keras' `class_weight`: a class id's weight (classes not listed weigh 1); targets must then be one
+    /// class id per example. Multiplies sample_weight when both are given.
+    std::map<int, double> class_weight{};
+    /// One weight per example of x (Keras' `sample_weight`): an example's loss and metrics count that
+    /// much (the loss is reduced as Keras': the sum of weighted losses over the batch size).
+    std::vector<double> sample_weight{};
+    int initial_epoch = 0;           ///< the epoch to start at (Keras' `initial_epoch`); epochs still ends it
+    std::size_t steps_per_epoch = 0; ///< 0: every batch; N: the first N batches of each epoch's permutation
+    std::ostream* out = nullptr;     ///< where progress goes; nullptr: std::cout
+};
+
+/// @brief Keras' `evaluate` arguments, by name: `model.evaluate(x, y, {.batch_size = 256})`.
+struct EvaluateOptions {
+    std::size_t batch_size = 32;
+    std::vector<double> sample_weight{};  ///< empty, or one weight per example
+};
+
+/// @brief A metric of `compile`: a Keras name (`"accuracy"`, `"auc"`, `"mse"`, ...) or a
+/// pss::metrics object (`pss::metrics::AUC(200, "PR")`). `"accuracy"` (or `"acc"`) becomes Keras'
+/// choice for the model's outputs: BinaryAccuracy for one output per example, SparseCategoricalAccuracy
+/// for class probabilities, named `accuracy` either way.
+class AnyMetric {
+public:
+    AnyMetric(const char* name) : name_(name) {}          // NOLINT: implicit by design, as Keras' list
+    AnyMetric(std::string name) : name_(std::move(name)) {}  // NOLINT
+    AnyMetric(std::string_view name) : name_(name) {}     // NOLINT
+    template <std::derived_from<metrics::Metric> M>
+    AnyMetric(M metric) : metric_(std::make_shared<M>(std::move(metric))) {}  // NOLINT
+    AnyMetric(std::shared_ptr<const metrics::Metric> metric) : metric_(std::move(metric)) {  // NOLINT
+        if (!metric_) throw InvalidArgumentError("pss: compile: a metric is a null shared_ptr");
+    }
+
+    /// The metric for a model whose outputs per example are `output_shape` (batch axis excluded).
+    [[nodiscard]] std::shared_ptr<const metrics::Metric> resolve(const Shape& output_shape) const {
+        if (metric_) return metric_;
+        if (name_ == "accuracy" || name_ == "acc") {
+            if (output_shape.empty() || output_shape.back() == 1)
+                return std::make_shared<metrics::BinaryAccuracy>("accuracy");
+            return std::make_shared<metrics::SparseCategoricalAccuracy>("accuracy");
+        }
+        return metrics::get(name_);
+    }
+
+private:
+    std::string name_;
+    std::shared_ptr<const metrics::Metric> metric_;
 };
 
 /// @brief Any layer, held by value: the element of Sequential's list of layers, so that
@@ -150,28 +217,30 @@ xt::xarray<T> take_rows(const xt::xarray<T>& data, const std::vector<std::size_t
     return out;
 }
 
-/// Keras' per-epoch display. On a terminal: a bar redrawn with '\r' and the speed; elsewhere (a file,
-/// a pipe, a golden-file test) only `4/4 - loss: 0.123456` at the end, without timings.
+/// Keras' per-epoch display (see FitOptions::verbose). On a terminal at verbose 1: a bar redrawn with
+/// '\r', with the speed; elsewhere at verbose 1 only `4/4 - loss: 0.123456` at the end, without timings;
+/// at verbose 2 one line at the end with the epoch's time.
 class ProgressLine {
 public:
-    ProgressLine(std::ostream& out, bool terminal, std::size_t total)
-        : out_(out), terminal_(terminal), total_(total), start_(std::chrono::steady_clock::now()) {}
+    ProgressLine(std::ostream& out, int verbose, bool terminal, std::size_t total)
+        : out_(out), verbose_(verbose), terminal_(verbose == 1 && terminal), total_(total),
+          start_(std::chrono::steady_clock::now()) {}
 
     /// Keras' bar while an epoch runs: `12/43 [=======>......] - ETA: 3s - loss: 0.1234 - 45ms/step`.
-    void update(std::size_t done, double mean_loss) {
+    void update(std::size_t done, const Logs& logs) {
         if (!terminal_) return;
         const double seconds = elapsed();
         std::ostringstream line;
-        line << counted(done) << " [" << bar(done) << "]";
+        line << std::setw(static_cast<int>(std::to_string(total_).size())) << done << "/" << total_ << " [" << bar(done)
+             << "]";
         if (done < total_) {
             line << " - ETA: " << (done == 0 ? std::string("?") : duration(seconds / static_cast<double>(done) *
                                                                          static_cast<double>(total_ - done)));
-            line << " - loss: " << std::fixed << std::setprecision(4) << mean_loss;
+            line << values(logs);
             if (done > 0) line << " - " << per_step(seconds / static_cast<double>(done));
-        } else {  // Keras' last draw: the epoch's time and time per step, then the loss
+        } else {  // Keras' last draw: the epoch's time and time per step, then the values
             line << " - " << std::fixed << std::setprecision(0) << seconds << "s "
-                 << per_step(seconds / static_cast<double>(std::max<std::size_t>(total_, 1))) << " - loss: "
-                 << std::setprecision(4) << mean_loss;
+                 << per_step(seconds / static_cast<double>(std::max<std::size_t>(total_, 1))) << values(logs);
         }
         std::string text = line.str();
         const std::size_t length = text.size();
@@ -180,23 +249,47 @@ public:
         out_ << '\r' << text << std::flush;
     }
 
-    void finish(double mean_loss) {
+    /// The epoch's last line, with its logs (validation's included).
+    void finish(const Logs& logs) {
+        if (verbose_ == 0) return;
         if (terminal_) {
-            update(total_, mean_loss);
+            update(total_, logs);
             out_ << "\n";
+        } else if (verbose_ == 2) {  // Keras' verbose=2: `4/4 - 0s - loss: 0.1234 - 12ms/epoch - 3ms/step`
+            const double seconds = elapsed();
+            out_ << total_ << "/" << total_ << " - " << std::fixed << std::setprecision(0) << seconds << "s"
+                 << values(logs) << " - " << per(seconds, "epoch") << " - "
+                 << per_step(seconds / static_cast<double>(std::max<std::size_t>(total_, 1))) << "\n";
         } else {
-            out_ << total_ << "/" << total_ << " - loss: " << std::fixed << std::setprecision(6) << mean_loss << "\n";
+            out_ << total_ << "/" << total_;
+            for (const auto& [name, value] : logs)
+                out_ << " - " << name << ": " << std::fixed << std::setprecision(6) << value;
+            out_ << "\n";
         }
         out_.flush();
     }
 
+    /// Keras' values: ` - loss: 0.1234 - auc: 0.8765`, `%.4e` below 1e-3 as Keras prints them.
+    [[nodiscard]] static std::string values(const Logs& logs) {
+        std::ostringstream text;
+        for (const auto& [name, value] : logs) {
+            text << " - " << name << ": ";
+            if (std::abs(value) > 1e-3) text << std::fixed << std::setprecision(4) << value;
+            else text << std::scientific << std::setprecision(4) << value;
+        }
+        return text.str();
+    }
+
     /// Keras' time per step: `2s/step`, `45ms/step` or `812us/step`.
-    [[nodiscard]] static std::string per_step(double seconds) {
+    [[nodiscard]] static std::string per_step(double seconds) { return per(seconds, "step"); }
+
+    /// Keras' time per `unit`: `2s/epoch`, `45ms/step` or `812us/step`.
+    [[nodiscard]] static std::string per(double seconds, std::string_view unit) {
         std::ostringstream text;
         text << std::fixed << std::setprecision(0);
-        if (seconds >= 1) text << seconds << "s/step";
-        else if (seconds >= 1e-3) text << seconds * 1e3 << "ms/step";
-        else text << seconds * 1e6 << "us/step";
+        if (seconds >= 1) text << seconds << "s/" << unit;
+        else if (seconds >= 1e-3) text << seconds * 1e3 << "ms/" << unit;
+        else text << seconds * 1e6 << "us/" << unit;
         return text.str();
     }
 
@@ -214,11 +307,6 @@ private:
     [[nodiscard]] double elapsed() const {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     }
-    [[nodiscard]] std::string counted(std::size_t done) const {
-        const std::string count = std::to_string(total_);
-        std::string d = std::to_string(done);
-        return std::string(count.size() > d.size() ? count.size() - d.size() : 0, ' ') + d + "/" + count;
-    }
     [[nodiscard]] std::string bar(std::size_t done) const {
         constexpr std::size_t width = 30;
         const std::size_t filled = total_ == 0 ? width : std::min(done, total_) * width / total_;
@@ -231,6 +319,7 @@ private:
     }
 
     std::ostream& out_;
+    int verbose_;
     bool terminal_;
     std::size_t total_;
     std::chrono::steady_clock::time_point start_;
@@ -251,16 +340,98 @@ inline bool is_terminal(const std::ostream& out) {
 
 namespace detail {
 
+/// Metrics as a step computes them: each metric's state, one after the other in one vector.
+using MetricList = std::vector<std::shared_ptr<const metrics::Metric>>;
+
+/// The size of all of `metrics`' states, one after the other.
+inline std::size_t metric_state_size(const MetricList& metrics) {
+    std::size_t size = 0;
+    for (const auto& m : metrics) size += m->state_size();
+    return size;
+}
+
+/// Adds the batch to `state` (metric_state_size(metrics) doubles).
+inline void accumulate_metrics(const MetricList& metrics, std::span<double> state, const Tensor& y_true,
+                               const Tensor& y_pred, std::span<const double> weights) {
+    for (const auto& m : metrics) {
+        m->accumulate(state.first(m->state_size()), y_true, y_pred, weights);
+        state = state.subspan(m->state_size());
+    }
+}
+
+/// Sets each metric's result in `logs`, as `prefix` + its name.
+inline void metric_results(const MetricList& metrics, std::span<const double> state, Logs& logs,
+                           std::string_view prefix = {}) {
+    for (const auto& m : metrics) {
+        logs.set(std::string(prefix) + m->name(), m->result(state.first(m->state_size())));
+        state = state.subspan(m->state_size());
+    }
+}
+
+/// The batch's weights as a step receives them: (count,) float64, or (0,) for none.
+inline Tensor take_weights(const std::vector<double>& weights, const std::vector<std::size_t>& order,
+                           std::size_t begin, std::size_t count) {
+    xt::xarray<double> out = xt::xarray<double>::from_shape({weights.empty() ? std::size_t{0} : count});
+    if (!weights.empty())
+        for (std::size_t r = 0; r < count; ++r) out.data()[r] = weights[order[begin + r]];
+    return Tensor(std::move(out));
+}
+
+/// The loss of a batch with per-example `weights` (none when empty), reduced as Keras reduces it: the
+/// sum of the weighted losses over the batch size. With weights, `gradient` (the unweighted loss's, of
+/// y_pred's shape) has each example's row scaled by its weight: a Loss is the mean of per-example
+/// losses, each of its own row.
+inline double weighted_loss(const Loss& loss, const Tensor& y_true, const Tensor& y_pred,
+                            std::span<const double> weights, Tensor* gradient) {
+    if (weights.empty()) {
+        if (gradient != nullptr) *gradient = loss.gradient(y_true, y_pred);
+        return loss.value(y_true, y_pred);
+    }
+    const std::vector<double> losses = loss.example_values(y_true, y_pred);
+    double sum = 0;
+    for (std::size_t i = 0; i < losses.size(); ++i) sum += weights[i] * losses[i];
+    if (gradient != nullptr) {
+        *gradient = loss.gradient(y_true, y_pred);
+        gradient->visit_mut([&](auto& g) {
+            using T = typename std::decay_t<decltype(g)>::value_type;
+            const std::size_t width = g.size() / weights.size();
+            for (std::size_t i = 0; i < weights.size(); ++i)
+                for (std::size_t j = 0; j < width; ++j) g.data()[i * width + j] *= static_cast<T>(weights[i]);
+        });
+    }
+    return sum / static_cast<double>(losses.size());
+}
+
+/// The per-example weights a step was sent (see take_weights), checked against the batch.
+inline std::span<const double> step_weights(const Tensor& weights, std::size_t examples) {
+    if (!weights.has_value() || weights.size() == 0) return {};
+    if (weights.dtype() != DType::float64 || weights.rank() != 1 || weights.size() != examples)
+        throw InvalidArgumentError("pss: Sequential: a step's sample weights are " +
+                                   std::string(dtype_name(weights.dtype())) + " of shape " +
+                                   format_shape(weights.shape()) + "; they are float64 of shape (" +
+                                   std::to_string(examples) + ",), or (0,) for none");
+    return {weights.get<double>().data(), examples};
+}
+
 /// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
-/// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker).
-inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss, Tensor x, Tensor y,
-                               std::uint64_t step, double scale) {
+/// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker),
+/// then the metrics' states for the slice (see accumulate_metrics), computed on the step's predictions.
+inline std::vector<double> keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
+                                            const MetricList& metrics, Tensor x, Tensor y, const Tensor& weights,
+                                            std::uint64_t step, double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    const bool empty = x.rank() == 0 || x.shape().front() == 0;
+    const std::size_t examples = x.rank() == 0 ? 0 : x.shape().front();
+    const std::span<const double> w = step_weights(weights, examples);
     Tensor predictions = std::move(x);
     for (auto& layer : layers) predictions = layer->forward(std::move(predictions), step);
-    const double value = empty ? 0.0 : loss.value(y, predictions);
-    Tensor grad = empty ? Tensor::zeros(predictions.dtype(), predictions.shape()) : loss.gradient(y, predictions);
+    std::vector<double> out(1 + metric_state_size(metrics), 0.0);
+    Tensor grad;
+    if (examples == 0) {
+        grad = Tensor::zeros(predictions.dtype(), predictions.shape());
+    } else {
+        out[0] = weighted_loss(loss, y, predictions, w, &grad);
+        accumulate_metrics(metrics, std::span<double>(out).subspan(1), y, predictions, w);
+    }
     if (scale != 1.0)
         grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
     for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
@@ -275,7 +446,7 @@ inline double keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, cons
         }
         grad = std::move(grads.inputs);
     }
-    return value;
+    return out;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -294,6 +465,7 @@ struct RemoteModel {
     std::string description;
     std::vector<std::unique_ptr<Layer>> layers;
     std::shared_ptr<const Loss> loss;
+    MetricList metrics;
     std::uint64_t last_used = 0;
 };
 
@@ -332,16 +504,17 @@ inline std::optional<int> remote_model_unknown_worker(const Error& e) {
 }
 
 /// A model's description as Sequential sends it: `{"class_name": "Sequential", "config": {"name":
-/// "sequential", "layers": [serialize(layer), ...]}, "loss": serialize(loss), "weight_counts": [2, 0, 1]}`
-/// (how many of the variables sent with it each layer takes, in order).
+/// "sequential", "layers": [serialize(layer), ...]}, "loss": serialize(loss), "metrics": [serialize(metric),
+/// ...], "weight_counts": [2, 0, 1]}` (how many of the variables sent with it each layer takes, in order).
 [[nodiscard]] inline std::shared_ptr<RemoteModel> parse_model_description(const std::string& description,
                                                                          std::vector<Variable> weights) {
     const nlohmann::json json = parse_config_text(description, "Sequential model description");
-    ConfigFields top("Sequential model description", json, "class_name, config, loss and weight_counts");
+    ConfigFields top("Sequential model description", json, "class_name, config, loss, metrics and weight_counts");
     if (top.take_string("class_name") != "Sequential")
         top.fail("\"class_name\" is " + json_text(json["class_name"]) + "; a worker builds \"Sequential\" models");
     const nlohmann::json& config = top.take("config");
     const nlohmann::json& loss = top.take("loss");
+    const nlohmann::json& metric_list = top.take("metrics");
     const nlohmann::json& counts = top.take("weight_counts");
     top.finish();
     ConfigFields model("Sequential config", config, "name and layers");
@@ -370,6 +543,8 @@ inline std::optional<int> remote_model_unknown_worker(const Error& e) {
         top.fail("\"weight_counts\" sum to " + std::to_string(at) + ", but " + std::to_string(weights.size()) +
                  " variables were sent");
     out->loss = loss_from_config(loss);
+    if (!metric_list.is_array()) top.fail("\"metrics\" is " + json_text(metric_list) + ", not a list");
+    for (const auto& m : metric_list) out->metrics.push_back(metrics::from_config(m));
     out->description = description;
     return out;
 }
@@ -406,7 +581,8 @@ PSS_INLINE void keras_remote_build(std::string model_id, std::string description
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
-PSS_INLINE double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale) {
+PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, Tensor x, Tensor y, Tensor weights,
+                                                std::uint64_t step, double scale) {
     std::shared_ptr<RemoteModel> model;
     {
         auto& store = RemoteModels::instance();
@@ -423,17 +599,20 @@ PSS_INLINE double keras_remote_step(std::string model_id, Tensor x, Tensor y, st
         model->last_used = ++store.clock;
     }
     std::lock_guard lock(model->mutex);
-    return keras_train_step(model->layers, *model->loss, std::move(x), std::move(y), step, scale);
+    return keras_train_step(model->layers, *model->loss, model->metrics, std::move(x), std::move(y), weights, step,
+                            scale);
 }
 #else
 void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights);
-double keras_remote_step(std::string model_id, Tensor x, Tensor y, std::uint64_t step, double scale);
+std::vector<double> keras_remote_step(std::string model_id, Tensor x, Tensor y, Tensor weights, std::uint64_t step,
+                                      double scale);
 #endif
 
 /// Registered in every program that includes this header, so that worker processes know them.
 inline const RegisteredFunction<void(std::string, std::string, std::vector<Variable>)> keras_remote_build_function =
     register_function("pss.keras.Sequential.build", &keras_remote_build);
-inline const RegisteredFunction<double(std::string, Tensor, Tensor, std::uint64_t, double)> keras_remote_step_function =
+inline const RegisteredFunction<std::vector<double>(std::string, Tensor, Tensor, Tensor, std::uint64_t, double)>
+    keras_remote_step_function =
     register_function("pss.keras.Sequential.step", &keras_remote_step);
 
 /// FNV-1a of `text`, as 16 hex digits: a model's id, from its description and its variables.
@@ -497,7 +676,7 @@ inline std::string fnv1a_hex(std::string_view text) {
 /// auto history = model.fit(x, y, 5);  // history.loss: one mean loss per epoch
 /// @endcode
 template <class StrategyType>
-class Sequential {
+class Sequential : public ModelBase {
     static_assert(detail::keras_strategy<StrategyType>,
                   "pss: Sequential<StrategyType>: StrategyType must be a ParameterServerStrategy (a pss::Strategy with "
                   "optimizer_type, synchronous, num_workers() and optimizer())");
@@ -570,10 +749,10 @@ public:
         return out;
     }
     /// @brief Every weight's value (Keras' `model.get_weights()`).
-    [[nodiscard]] std::vector<Tensor> get_weights() const { return detail::read_weights(weights()); }
+    [[nodiscard]] std::vector<Tensor> get_weights() const override { return detail::read_weights(weights()); }
     /// @brief Assigns every weight, in the order of weights() (Keras' `model.set_weights()`).
     /// @throws InvalidArgumentError when the count or a shape differs, before any weight changes.
-    void set_weights(const std::vector<Tensor>& values) {
+    void set_weights(const std::vector<Tensor>& values) override {
         detail::assign_weights(weights(), values, "Sequential::set_weights", "model");
     }
 
@@ -581,11 +760,14 @@ public:
     /// (Keras' `save_weights`; the format of pss::Checkpoint, which numpy reads), atomically. The
     /// model's config is in the index's metadata.
     /// @throws FailedPreconditionError before the model is built; what Checkpoint::write throws.
-    void save_weights(const std::string& path) const {
+    void save_weights(const std::string& path) const override {
         require_built("save_weights");
-        Checkpoint<StrategyType> checkpoint(*strategy_, weights());
-        checkpoint.set_metadata({{"model", get_config()}});
-        checkpoint.write(path);
+        require_checkpoints("save_weights");
+        if constexpr (detail::checkpointable_strategy<StrategyType>) {
+            Checkpoint<StrategyType> checkpoint(*strategy_, weights());
+            checkpoint.set_metadata({{"model", get_config()}});
+            checkpoint.write(path);
+        }
     }
 
     /// @brief Restores every weight, and its optimizer slots, from a checkpoint directory written by
@@ -595,74 +777,92 @@ public:
     /// weight missing from the checkpoint, a shape that differs, a corrupt file, ...).
     void load_weights(const std::string& path, RestoreOptions options = {}) {
         require_built("load_weights");
-        Checkpoint<StrategyType> checkpoint(*strategy_, weights());
-        checkpoint.restore(path, options);
+        require_checkpoints("load_weights");
+        if constexpr (detail::checkpointable_strategy<StrategyType>) {
+            Checkpoint<StrategyType> checkpoint(*strategy_, weights());
+            checkpoint.restore(path, options);
+        }
     }
 
-    /// @brief Sets the loss and checks the optimizer (Keras' `compile(optimizer, loss)`).
+    /// @brief Sets the loss and the metrics, and checks the optimizer (Keras' `compile(optimizer, loss,
+    /// metrics)`).
     ///
     /// In pss the parameter servers apply the updates, with the strategy's Optimizer policy: the
     /// optimizer given here must be that policy's type (checked at compile time) and be configured as
-    /// the strategy's. To train with another optimizer, construct the strategy with it.
+    /// the strategy's. To train with another optimizer, construct the strategy with it; `compile(loss,
+    /// metrics)` is the usual form.
     /// @param loss a pss::Loss (MeanSquaredError, ...) or a Keras name ("mse", ...)
+    /// @param metrics Keras names (`"accuracy"`, `"auc"`, ...) or pss::metrics objects: computed by the
+    /// workers on each step's predictions, added up on the chief, and reported by fit and evaluate.
     /// @throws InvalidArgumentError when `optimizer` differs from the strategy's:
     /// `pss: Sequential::compile: the optimizer is SGD(learning_rate=0.1), but the strategy's is
-    /// SGD(learning_rate=0.01); ...`
-    template <class OptimizerType, std::derived_from<Loss> LossType>
-    void compile(const OptimizerType& optimizer, const LossType& loss) {
+    /// SGD(learning_rate=0.01); ...`; for a metric name that is not known.
+    template <class OptimizerType, class LossType>
+        requires(!std::convertible_to<OptimizerType, std::string_view> && !std::derived_from<OptimizerType, Loss> &&
+                 (std::derived_from<LossType, Loss> || std::convertible_to<LossType, std::string_view>))
+    void compile(const OptimizerType& optimizer, const LossType& loss, std::vector<AnyMetric> metrics = {}) {
         check_optimizer(optimizer);
-        loss_ = std::make_shared<LossType>(loss);
-        remote_.reset();
+        compile(loss, std::move(metrics));
     }
-    template <class OptimizerType>
-    void compile(const OptimizerType& optimizer, std::string_view loss) {
-        check_optimizer(optimizer);
-        loss_ = make_loss(loss);
-        remote_.reset();
-    }
-    /// @brief Sets the loss; the ps tasks apply the strategy's optimizer.
+    /// @brief Sets the loss and the metrics; the ps tasks apply the strategy's optimizer.
     template <std::derived_from<Loss> LossType>
-    void compile(const LossType& loss) {
-        loss_ = std::make_shared<LossType>(loss);
-        remote_.reset();
+    void compile(const LossType& loss, std::vector<AnyMetric> metrics = {}) {
+        set_compiled(std::make_shared<LossType>(loss), std::move(metrics));
     }
-    void compile(std::string_view loss) {
-        loss_ = make_loss(loss);
-        remote_.reset();
+    void compile(std::string_view loss, std::vector<AnyMetric> metrics = {}) {
+        set_compiled(make_loss(loss), std::move(metrics));
     }
 
     /// @brief The loss given to compile, or nullptr.
     [[nodiscard]] const Loss* loss() const noexcept { return loss_.get(); }
 
-    /// @brief Trains for `epochs` epochs over (x, y) in batches of `batch_size` (Keras' `fit`).
+    /// @brief Trains over (x, y) as Keras' `fit`, with its arguments by name (see FitOptions):
+    /// `model.fit(x, y, {.epochs = 10, .callbacks = {early}, .validation_split = 0.2})`.
     ///
-    /// With `shuffle` the examples are visited in a new seeded permutation each epoch. An epoch's loss is
-    /// the mean of its batch losses (what Keras prints). With `verbose`, prints `Epoch 1/5` and then,
-    /// on a terminal, Keras' progress bar, redrawn as steps finish (`12/43 [=======>......] - ETA: 3s -
-    /// loss: 0.1234 - 45ms/step`, and at the end `43/43 [======] - 2s 45ms/step - loss: 0.0021`); on
-    /// anything else (a file, a pipe) one line `4/4 - loss: 0.123456`, without timings, so that two runs'
-    /// logs compare equal.
+    /// Each epoch visits the training examples in batches of `batch_size`, in a new seeded permutation
+    /// when `shuffle`. An epoch's `loss` is the mean of its batch losses; each compiled metric is computed
+    /// by the workers on every step's predictions (before the step's update, as Keras) and added up over
+    /// the epoch on the chief. With validation, the held-out data is evaluated on the chief at each
+    /// epoch's end (`val_loss`, `val_<metric>`). Callbacks are called on the calling thread: batch hooks
+    /// as batches complete, in order (a few batches run ahead on the workers, at most 2 * num_workers + 2,
+    /// so a callback that stops training stops it after those).
     /// @param x inputs, shape (examples, input_shape...); an Embedding's ids as floats
     /// @param y targets, batch axis first (class ids as floats for SparseCategoricalCrossentropy)
-    /// @throws FailedPreconditionError before compile; InvalidArgumentError for data that does not fit
-    /// the model (checked before any step runs); the first error a step raised.
+    /// @return every epoch's logs (History::history), the epochs this call ran
+    /// @throws FailedPreconditionError before compile; InvalidArgumentError for options or data that do
+    /// not fit (checked before any step runs); the first error a step raised; what a callback threw.
+    History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, const FitOptions& options);
+
+    /// @brief fit with Keras' first positional arguments: `fit(x, y, epochs, batch_size)`. With `verbose`,
+    /// FitOptions' verbose 1.
     History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs = 1, std::size_t batch_size = 32,
                 bool shuffle = true, bool verbose = true, std::ostream& out = std::cout) {
-        return fit_epochs(x, y, {0, 0, 0, shuffle_rng_}, epochs, batch_size, shuffle, verbose, out, {});
+        return fit(x, y, {.batch_size = batch_size, .epochs = epochs, .verbose = verbose ? 1 : 0, .shuffle = shuffle,
+                          .out = &out});
     }
 
     /// @brief fit with Keras' BackupAndRestore: when `backup.backup_dir` holds a backup, the weights,
     /// their slots and the shuffling are restored from it and training resumes after its last batch;
     /// each epoch (or every `backup.save_freq` batches) ends with a backup (the manager keeps one).
     /// History lists the epochs this call ran; the loss of an epoch resumed midway covers all its batches.
-    /// In synchronous training, a resumed fit gives the bits of a fit that never stopped.
+    /// In synchronous training, a resumed fit gives the bits of a fit that never stopped. The same as
+    /// `fit(x, y, {..., .callbacks = {backup}})`.
     /// @throws what fit and Checkpoint::restore throw.
     History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs, std::size_t batch_size,
-                const BackupAndRestore& backup, bool shuffle = true, bool verbose = true, std::ostream& out = std::cout);
+                const BackupAndRestore& backup, bool shuffle = true, bool verbose = true, std::ostream& out = std::cout) {
+        return fit(x, y, {.batch_size = batch_size, .epochs = epochs, .verbose = verbose ? 1 : 0, .callbacks = {backup},
+                          .shuffle = shuffle, .out = &out});
+    }
 
     /// @brief The loss over all of (x, y): the mean over the examples, computed in batches of
-    /// `batch_size` on the calling thread (Keras' `evaluate`).
-    [[nodiscard]] double evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y, std::size_t batch_size = 32);
+    /// `batch_size` on the calling thread (Keras' `evaluate` without metrics).
+    [[nodiscard]] double evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y, std::size_t batch_size = 32) {
+        return evaluate(x, y, EvaluateOptions{.batch_size = batch_size}).at("loss");
+    }
+    /// @brief The loss and every compiled metric over all of (x, y), computed in batches on the calling
+    /// thread (Keras' `evaluate(..., return_dict=True)`): `{"loss": ..., "auc": ...}`. With sample
+    /// weights, the loss is the sum of the weighted losses over the examples.
+    [[nodiscard]] Logs evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y, const EvaluateOptions& options);
 
     /// @brief The model's outputs for `x`, shape (examples, output_shape...) (Keras' `predict`).
     [[nodiscard]] xt::xarray<float> predict(const xt::xarray<float>& x, std::size_t batch_size = 32);
@@ -675,6 +875,7 @@ private:
         std::size_t batch = 0;
         double loss_sum = 0;
         std::mt19937 shuffle_rng;
+        std::vector<double> metric_state;  // the metrics' states over the epoch's batches before `batch`
     };
     /// What fit_epochs calls at a backup point (all batches before it applied): the point, every
     /// `every_batches` batches (0: at each epoch's end).
@@ -683,8 +884,74 @@ private:
         std::function<void(const FitPoint&)> save;
     };
 
-    History fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, const FitPoint& start, int epochs,
-                       std::size_t batch_size, bool shuffle, bool verbose, std::ostream& out, const FitBackup& backup);
+    History fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, const FitOptions& options,
+                       const FitPoint& start, const FitBackup& backup);
+
+    /// Loss and metrics over rows [begin, end) of (x, y), on the calling thread, as `prefix` + name.
+    Logs evaluate_rows(const xt::xarray<float>& x, const xt::xarray<float>& y, const std::vector<double>& weights,
+                       std::size_t begin, std::size_t end, std::size_t batch_size, std::string_view prefix = {});
+
+    /// Per-example weights from sample_weight and class_weight (empty when neither is given).
+    std::vector<double> example_weights(const xt::xarray<float>& y, std::size_t examples,
+                                        const std::vector<double>& sample_weight,
+                                        const std::map<int, double>& class_weight, const char* what) const {
+        if (!sample_weight.empty() && sample_weight.size() != examples)
+            throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": sample_weight has " +
+                                       std::to_string(sample_weight.size()) + " weights for " +
+                                       std::to_string(examples) + " examples; give one weight per example");
+        for (double w : sample_weight)
+            if (!std::isfinite(w) || w < 0)
+                throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": a sample weight is " +
+                                           std::to_string(w) + "; weights are finite and not negative");
+        if (class_weight.empty()) return sample_weight;
+        if (y.size() != examples)
+            throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": class_weight needs one class id "
+                                       "per example, but y has shape " +
+                                       format_shape(Shape(y.shape().begin(), y.shape().end())));
+        for (const auto& [id, w] : class_weight)
+            if (!std::isfinite(w) || w < 0)
+                throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": class_weight of class " +
+                                           std::to_string(id) + " is " + std::to_string(w) +
+                                           "; weights are finite and not negative");
+        std::vector<double> out = sample_weight.empty() ? std::vector<double>(examples, 1.0) : sample_weight;
+        for (std::size_t i = 0; i < examples; ++i) {
+            const float id = y.data()[i];
+            const auto it = id == std::floor(id) && std::abs(id) < 1e9f ? class_weight.find(static_cast<int>(id))
+                                                                       : class_weight.end();
+            if (it != class_weight.end()) out[i] *= it->second;
+        }
+        return out;
+    }
+
+    void set_compiled(std::shared_ptr<const Loss> loss, std::vector<AnyMetric> metrics) {
+        loss_ = std::move(loss);
+        metric_specs_ = std::move(metrics);
+        metrics_.reset();
+        remote_.reset();
+    }
+    /// The compiled metrics, resolved for the model's outputs (the model is built).
+    const detail::MetricList& resolved_metrics() {
+        if (!metrics_) {
+            detail::MetricList list;
+            std::set<std::string> names{"loss"};
+            for (const auto& spec : metric_specs_) {
+                list.push_back(spec.resolve(*output_shape_));
+                if (!names.insert(list.back()->name()).second)
+                    throw InvalidArgumentError("pss: Sequential::compile: two metrics are named '" +
+                                               list.back()->name() + "' (or one is named 'loss'); name them apart");
+            }
+            metrics_ = std::move(list);
+        }
+        return *metrics_;
+    }
+
+    /// @throws FailedPreconditionError for a strategy that cannot write checkpoints.
+    static void require_checkpoints(const char* what) {
+        if constexpr (!detail::checkpointable_strategy<StrategyType>)
+            throw FailedPreconditionError(std::string("pss: Sequential::") + what +
+                                          ": this strategy cannot write or read checkpoints (pss::Checkpoint takes a "
+                                          "ParameterServerStrategy or ClusterStrategy)");
+    }
 
     void require_built(const char* what) const {
         if (!built())
@@ -774,26 +1041,32 @@ private:
     /// id when the workers are other processes (which have the model: ensure_remote_model). A synchronous
     /// step (step > 0) goes to the given worker, so that each worker pushes once to it; an asynchronous
     /// one to whichever worker is free.
-    RemoteValue<double> schedule_step(int worker, Tensor xs, Tensor ys, std::uint64_t step, double scale) {
+    RemoteValue<std::vector<double>> schedule_step(int worker, Tensor xs, Tensor ys, Tensor ws, std::uint64_t step,
+                                                   double scale) {
         auto on_worker = [&](auto&&... args) {
             if (step > 0) return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
             return coordinator_->schedule(std::forward<decltype(args)>(args)...);
         };
         if (strategy_->remote_workers() != nullptr)
-            return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), step, scale);
+            return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), std::move(ws),
+                             step, scale);
         return on_worker(
-            [this, step, scale](Replica& replica, Tensor& x, Tensor& y) {
-                return detail::keras_train_step(replica.layers, *loss_, std::move(x), std::move(y), step, scale);
+            [this, step, scale](Replica& replica, Tensor& x, Tensor& y, Tensor& w) {
+                return detail::keras_train_step(replica.layers, *loss_, *metrics_, std::move(x), std::move(y), w, step,
+                                                scale);
             },
-            *replicas_, std::move(xs), std::move(ys));
+            *replicas_, std::move(xs), std::move(ys), std::move(ws));
     }
 
     /// Worker processes: makes the model's description and id, and sends them to every worker once.
     void ensure_remote_model() {
         if (!remote_) {
             RemoteModelDescription d;
+            nlohmann::json metric_list = nlohmann::json::array();
+            for (const auto& m : resolved_metrics()) metric_list.push_back(metrics::serialize(*m));
             nlohmann::json description = {{"class_name", "Sequential"}, {"config", get_config()},
-                                          {"loss", serialize(*loss_)}, {"weight_counts", nlohmann::json::array()}};
+                                          {"loss", serialize(*loss_)}, {"metrics", std::move(metric_list)},
+                                          {"weight_counts", nlohmann::json::array()}};
             for (const auto& layer : layers_) {
                 const auto w = layer->weights();
                 description["weight_counts"].push_back(w.size());
@@ -853,6 +1126,8 @@ private:
     std::vector<std::unique_ptr<Layer>> layers_;
     std::optional<Shape> input_shape_, output_shape_;
     std::shared_ptr<const Loss> loss_;
+    std::vector<AnyMetric> metric_specs_;
+    std::optional<detail::MetricList> metrics_;  // metric_specs_ resolved once the model is built
     std::uint64_t step_ = 0;  // synchronous steps run so far: the next is step_ + 1
     std::optional<PerWorkerValues<Replica>> replicas_;
     /// What worker processes need to rebuild the model (made at the first remote fit, dropped by compile).
@@ -871,68 +1146,125 @@ private:
 // ---------------------------------------------------------------------------------------------------
 
 template <class StrategyType>
-History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs,
-                                      std::size_t batch_size, const BackupAndRestore& backup, bool shuffle,
-                                      bool verbose, std::ostream& out) {
+History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarray<float>& y,
+                                      const FitOptions& options) {
     require_compiled("fit");
+    const BackupAndRestore* backup = nullptr;
+    for (const auto& c : options.callbacks)
+        if (const auto* b = dynamic_cast<const BackupAndRestore*>(c.get())) {
+            if (backup != nullptr)
+                throw InvalidArgumentError("pss: Sequential::fit: two BackupAndRestore callbacks (" +
+                                           backup->backup_dir + " and " + b->backup_dir + "); give one");
+            backup = b;
+        }
+    if (options.initial_epoch < 0)
+        throw InvalidArgumentError("pss: Sequential::fit: initial_epoch is " + std::to_string(options.initial_epoch) +
+                                   "; it must be 0 or more");
+    FitPoint start{options.initial_epoch, 0, 0, shuffle_rng_, {}};
+    if (backup == nullptr) return fit_epochs(x, y, options, start, {});
+    require_checkpoints("fit with BackupAndRestore");
+    if constexpr (detail::checkpointable_strategy<StrategyType>) {
+
+    std::ostream& out = options.out != nullptr ? *options.out : std::cout;
     prepare_inputs(x, "fit");  // builds the model: its weights must exist to be restored
     Checkpoint<StrategyType> checkpoint(*strategy_, weights());
-    CheckpointManager<StrategyType> manager(checkpoint, backup.backup_dir, 1);
-    FitPoint start{0, 0, 0, shuffle_rng_};
+    CheckpointManager<StrategyType> manager(checkpoint, backup->backup_dir, 1);
     if (manager.restore_or_initialize()) {
         const auto& meta = checkpoint.metadata();
         try {
             start.epoch = detail::json_integer<int>(meta.at("epoch"), "\"epoch\"");
             start.batch = meta.contains("batch") ? detail::json_integer<std::size_t>(meta.at("batch"), "\"batch\"") : 0;
             start.loss_sum = meta.value("loss_sum", 0.0);
+            if (meta.contains("metric_state"))
+                start.metric_state = meta.at("metric_state").template get<std::vector<double>>();
             std::istringstream state(meta.at("shuffle_rng").template get<std::string>());
             state >> start.shuffle_rng;
             if (!state) throw std::invalid_argument("\"shuffle_rng\" is no state of std::mt19937");
         } catch (const std::exception& e) {
-            throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup.backup_dir +
+            throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup->backup_dir +
                                        " is malformed: " + e.what());
         }
-        if (verbose) {
+        if (options.verbose > 0) {
             out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
             if (start.batch > 0) out << ", batch " << start.batch;
-            out << " from " << backup.backup_dir << "\n";
+            out << " from " << backup->backup_dir << "\n";
         }
     }
-    History history = fit_epochs(x, y, start, epochs, batch_size, shuffle, verbose, out,
-                                 {backup.save_freq, [&](const FitPoint& point) {
+    History history = fit_epochs(x, y, options, start,
+                                 {backup->save_freq, [&](const FitPoint& point) {
                                       std::ostringstream state;
                                       state << point.shuffle_rng;
                                       checkpoint.set_step(step_);
                                       checkpoint.set_metadata({{"epoch", point.epoch},
                                                                {"batch", point.batch},
                                                                {"loss_sum", point.loss_sum},
+                                                               {"metric_state", point.metric_state},
                                                                {"shuffle_rng", state.str()},
                                                                {"model", get_config()}});
                                       manager.save();
                                   }});
-    if (backup.delete_checkpoint) detail::remove_tree_quietly(backup.backup_dir);
+    if (backup->delete_checkpoint) detail::remove_tree_quietly(backup->backup_dir);
     return history;
+    } else {
+        return {};
+    }
 }
 
 template <class StrategyType>
 History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y,
-                                             const FitPoint& start, int epochs, std::size_t batch_size, bool shuffle,
-                                             bool verbose, std::ostream& out, const FitBackup& backup) {
+                                             const FitOptions& options, const FitPoint& start,
+                                             const FitBackup& backup) {
     require_compiled("fit");
-    check_batch_size(batch_size, "fit");
+    check_batch_size(options.batch_size, "fit");
+    const std::size_t batch_size = options.batch_size;
+    const int epochs = options.epochs;
     if (epochs < 0)
         throw InvalidArgumentError("pss: Sequential::fit: epochs is " + std::to_string(epochs) +
                                    "; it must be 0 or more");
+    if (options.verbose < 0 || options.verbose > 2)
+        throw InvalidArgumentError("pss: Sequential::fit: verbose is " + std::to_string(options.verbose) +
+                                   "; it is 0 (silent), 1 (a progress bar) or 2 (one line per epoch)");
+    if (!(options.validation_split >= 0 && options.validation_split < 1))
+        throw InvalidArgumentError("pss: Sequential::fit: validation_split is " +
+                                   std::to_string(options.validation_split) + "; it is in [0, 1)");
+    std::ostream& out = options.out != nullptr ? *options.out : std::cout;
     prepare_inputs(x, "fit");
-    const std::size_t examples = x.shape()[0];
-    prepare_targets(y, examples, "fit");
+    const std::size_t all_examples = x.shape()[0];
+    prepare_targets(y, all_examples, "fit");
+    const std::vector<double> weights =
+        example_weights(y, all_examples, options.sample_weight, options.class_weight, "fit");
+    // Keras' validation_split: the last rows, before shuffling.
+    std::size_t examples = all_examples;
+    if (options.validation_split > 0 && !options.validation_data) {
+        examples = static_cast<std::size_t>(std::floor(static_cast<double>(all_examples) * (1 - options.validation_split)));
+        if (examples == 0 || examples == all_examples)
+            throw InvalidArgumentError("pss: Sequential::fit: validation_split " +
+                                       std::to_string(options.validation_split) + " of " +
+                                       std::to_string(all_examples) + " examples leaves " + std::to_string(examples) +
+                                       " to train on and " + std::to_string(all_examples - examples) +
+                                       " to validate on; each needs at least one");
+    }
+    std::vector<double> validation_weights;
+    if (const auto& v = options.validation_data) {
+        prepare_inputs(v->x, "fit (validation_data)");
+        prepare_targets(v->y, v->x.shape()[0], "fit (validation_data)");
+        validation_weights = example_weights(v->y, v->x.shape()[0], v->sample_weight, {}, "fit (validation_data)");
+    }
+    const bool validates = options.validation_data || examples < all_examples;
+    const detail::MetricList& metric_list = resolved_metrics();
+    const std::size_t state_size = detail::metric_state_size(metric_list);
     ensure_workers();
 
     const bool remote = strategy_->remote_workers() != nullptr;
     if (remote) ensure_remote_model();
 
-    const std::size_t steps = (examples + batch_size - 1) / batch_size;
-    const bool terminal = verbose && detail::is_terminal(out);
+    const std::size_t batches = (examples + batch_size - 1) / batch_size;
+    if (options.steps_per_epoch > batches)
+        throw InvalidArgumentError("pss: Sequential::fit: steps_per_epoch is " + std::to_string(options.steps_per_epoch) +
+                                   ", but " + std::to_string(examples) + " examples make " + std::to_string(batches) +
+                                   " batches of " + std::to_string(batch_size));
+    const std::size_t steps = options.steps_per_epoch > 0 ? options.steps_per_epoch : batches;
+    const bool terminal = options.verbose == 1 && detail::is_terminal(out);
     const std::size_t workers = static_cast<std::size_t>(coordinator_->num_workers());
     // Batches in flight: enough to keep every worker busy, few enough that an epoch is never copied.
     const std::size_t max_batches_in_flight = 2 * workers + 2;
@@ -944,13 +1276,28 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         throw InvalidArgumentError("pss: Sequential::fit: the backup resumes at batch " + std::to_string(start.batch) +
                                    " of an epoch, but an epoch of this data has " + std::to_string(steps) +
                                    " batches; it was made with other data or another batch_size");
+    if (start.batch > 0 && !start.metric_state.empty() && start.metric_state.size() != state_size)
+        throw InvalidArgumentError("pss: Sequential::fit: the backup holds " + std::to_string(start.metric_state.size()) +
+                                   " numbers of metric state, but the compiled metrics have " +
+                                   std::to_string(state_size) + "; it was made with other metrics");
+
+    std::vector<Callback*> callbacks;
+    for (const auto& c : options.callbacks) {
+        c->set_model(*this);
+        c->set_params({epochs, steps, options.verbose});
+        callbacks.push_back(c.get());
+    }
+    stop_training = false;
+    Logs epoch_logs;
+    for (Callback* c : callbacks) c->on_train_begin(epoch_logs);
+
     shuffle_rng_ = start.shuffle_rng;
     std::size_t batches_since_backup = 0;
-    for (int epoch = start.epoch; epoch < epochs; ++epoch) {
+    for (int epoch = start.epoch; epoch < epochs && !stop_training; ++epoch) {
         const bool resumed = epoch == start.epoch;
         const std::mt19937 epoch_rng = shuffle_rng_;
         std::iota(order.begin(), order.end(), std::size_t{0});
-        if (shuffle)  // Fisher-Yates with an unbiased, portable draw (rejection of the uneven tail)
+        if (options.shuffle)  // Fisher-Yates with an unbiased, portable draw (rejection of the uneven tail)
             for (std::size_t i = examples - 1; i > 0; --i) {
                 const std::uint64_t range = i + 1;
                 const std::uint64_t limit = (std::uint64_t{1} << 32) / range * range;
@@ -959,19 +1306,25 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                 while (draw >= limit);
                 std::swap(order[i], order[static_cast<std::size_t>(draw % range)]);
             }
-        if (verbose) out << "Epoch " << epoch + 1 << "/" << epochs << "\n" << std::flush;
-        detail::ProgressLine progress(out, terminal, steps);
+        if (options.verbose > 0) out << "Epoch " << epoch + 1 << "/" << epochs << "\n" << std::flush;
+        for (Callback* c : callbacks) c->on_epoch_begin(epoch, {});
+        detail::ProgressLine progress(out, options.verbose, terminal, steps);
 
         // The closures scheduled and not yet counted, oldest first; batch b's loss is the sum of its
-        // closures' losses, each weighted by its share of the batch.
+        // closures' losses, each weighted by its share of the batch; its metrics' states are their sum.
         struct Closure {
             int worker;  // a synchronous step's: each worker pushes once to its step
             std::size_t batch, begin, count;
             std::uint64_t step;
             double scale, weight;
-            RemoteValue<double> value;
+            RemoteValue<std::vector<double>> value;
         };
         std::deque<Closure> window;
+        auto schedule_rows = [&](const Closure& c) {
+            return schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
+                                 detail::take_rows(y, order, c.begin, c.count),
+                                 detail::take_weights(weights, order, c.begin, c.count), c.step, c.scale);
+        };
         // A worker process that lost the model: send the model again and rerun, in the window's order,
         // the closures that failed for it or were cancelled after it (a rerun's pushes to a step it
         // pushed to already change nothing). The error is cleared without waiting for the closures still
@@ -1005,8 +1358,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                         send_to(detail::remote_model_unknown_worker(e));
                     }
                     try {
-                        c.value = schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
-                                                detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
+                        c.value = schedule_rows(c);
                     } catch (const Error&) {  // a closure failed meanwhile: its own value says how, next round
                         if (rebuilds_left == 0) throw;
                         --rebuilds_left;
@@ -1026,8 +1378,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         auto schedule_closure = [&](Closure c) {
             for (;;) {
                 try {
-                    c.value = schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
-                                            detail::take_rows(y, order, c.begin, c.count), c.step, c.scale);
+                    c.value = schedule_rows(c);
                     break;
                 } catch (const NotFoundError& e) {
                     recover_or_throw(e);
@@ -1037,17 +1388,39 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         };
         double sum = resumed ? start.loss_sum : 0;
         std::size_t counted = resumed ? start.batch : 0;
-        auto count_batch = [&] {  // the oldest batch's loss, once its closures are done
+        std::vector<double> state = resumed && start.batch > 0 && !start.metric_state.empty()
+                                        ? start.metric_state
+                                        : std::vector<double>(state_size, 0.0);
+        // The running logs: the mean batch loss so far, and the metrics over the batches so far.
+        auto running_logs = [&] {
+            Logs logs{{"loss", counted == 0 ? 0.0 : sum / static_cast<double>(counted)}};
+            detail::metric_results(metric_list, state, logs);
+            return logs;
+        };
+        auto count_batch = [&] {  // the oldest batch's loss and metrics, once its closures are done
             for (;;) {
                 try {
                     double batch_loss = 0;
+                    std::vector<double> batch_state(state_size, 0.0);
                     std::size_t n = 0;
-                    for (; n < window.size() && window[n].batch == counted; ++n)
-                        batch_loss += window[n].weight * window[n].value.fetch();
+                    for (; n < window.size() && window[n].batch == counted; ++n) {
+                        const std::vector<double>& result = window[n].value.fetch();
+                        if (result.size() != 1 + state_size)
+                            throw InternalError("pss: Sequential::fit: a step returned " + std::to_string(result.size()) +
+                                                " numbers; the loss and " + std::to_string(state_size) +
+                                                " of metric state were expected");
+                        batch_loss += window[n].weight * result[0];
+                        for (std::size_t i = 0; i < state_size; ++i) batch_state[i] += result[1 + i];
+                    }
                     window.erase(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(n));
                     sum += batch_loss;
+                    for (std::size_t i = 0; i < state_size; ++i) state[i] += batch_state[i];
                     ++counted;
-                    progress.update(counted, sum / static_cast<double>(counted));
+                    if (terminal || !callbacks.empty()) {
+                        const Logs logs = running_logs();
+                        progress.update(counted, logs);
+                        for (Callback* c : callbacks) c->on_train_batch_end(counted - 1, logs);
+                    }
                     return;
                 } catch (const NotFoundError& e) {
                     recover_or_throw(e);
@@ -1058,8 +1431,10 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                 }
             }
         };
+        std::size_t scheduled = counted;
         try {
-            for (std::size_t b = counted; b < steps; ++b) {
+            for (std::size_t b = counted; b < steps && !stop_training; ++b) {
+                for (Callback* c : callbacks) c->on_train_batch_begin(b, {});
                 const std::size_t begin = b * batch_size;
                 const std::size_t count = std::min(batch_size, examples - begin);
                 if constexpr (StrategyType::synchronous) {
@@ -1074,6 +1449,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                 } else {
                     schedule_closure({0, b, begin, count, 0, 1.0, 1.0, {}});
                 }
+                scheduled = b + 1;
                 if (b + 1 - counted > max_batches_in_flight) count_batch();
                 // A backup within the epoch: every batch up to b applied, then saved (one at its end waits
                 // for the epoch's own).
@@ -1082,44 +1458,71 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                     if (b + 1 < steps) {
                         while (counted < b + 1) count_batch();
                         coordinator_->join();
-                        backup.save({epoch, b + 1, sum, epoch_rng});
+                        backup.save({epoch, b + 1, sum, epoch_rng, state});
                     }
                 }
             }
-            while (counted < steps) count_batch();
+            while (counted < scheduled) count_batch();
             coordinator_->join();
         } catch (...) {
             if (terminal) out << "\n" << std::flush;
             coordinator_->join();  // raises the first error (and clears it); else rethrow what fetch raised
             throw;
         }
-        const double epoch_loss = sum / static_cast<double>(steps);
-        if (verbose) progress.finish(epoch_loss);
+        epoch_logs = running_logs();
+        if (validates) {
+            const Logs val = options.validation_data
+                                 ? evaluate_rows(options.validation_data->x, options.validation_data->y,
+                                                 validation_weights, 0, options.validation_data->x.shape()[0],
+                                                 batch_size, "val_")
+                                 : evaluate_rows(x, y, weights, examples, all_examples, batch_size, "val_");
+            for (const auto& [name, value] : val) epoch_logs.set(name, value);
+        }
+        progress.finish(epoch_logs);
         history.epoch.push_back(epoch);
-        history.loss.push_back(epoch_loss);
-        if (backup.save && (backup.every_batches == 0 || batches_since_backup == 0))
-            backup.save({epoch + 1, 0, 0, shuffle_rng_});
+        history.loss.push_back(epoch_logs.at("loss"));
+        for (const auto& [name, value] : epoch_logs) history.history[name].push_back(value);
+        if (backup.save && (backup.every_batches == 0 || batches_since_backup == 0) && counted == steps)
+            backup.save({epoch + 1, 0, 0, shuffle_rng_, {}});
+        for (Callback* c : callbacks) c->on_epoch_end(epoch, epoch_logs);
     }
+    for (Callback* c : callbacks) c->on_train_end(epoch_logs);
     return history;
 }
 
 template <class StrategyType>
-double Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y,
-                                          std::size_t batch_size) {
+Logs Sequential<StrategyType>::evaluate_rows(const xt::xarray<float>& x, const xt::xarray<float>& y,
+                                             const std::vector<double>& weights, std::size_t begin, std::size_t end,
+                                             std::size_t batch_size, std::string_view prefix) {
+    const detail::MetricList& metric_list = resolved_metrics();
+    std::vector<double> state(detail::metric_state_size(metric_list), 0.0);
+    std::vector<std::size_t> order(end - begin);
+    std::iota(order.begin(), order.end(), begin);
+    double total = 0;
+    for (std::size_t at = 0; at < order.size(); at += batch_size) {
+        const std::size_t count = std::min(batch_size, order.size() - at);
+        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, at, count), 0);
+        const Tensor targets(detail::take_rows(y, order, at, count));
+        const Tensor w = detail::take_weights(weights, order, at, count);
+        const std::span<const double> ws = detail::step_weights(w, count);
+        total += detail::weighted_loss(*loss_, targets, predictions, ws, nullptr) * static_cast<double>(count);
+        detail::accumulate_metrics(metric_list, state, targets, predictions, ws);
+    }
+    Logs logs{{std::string(prefix) + "loss", total / static_cast<double>(order.size())}};
+    detail::metric_results(metric_list, state, logs, prefix);
+    return logs;
+}
+
+template <class StrategyType>
+Logs Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y,
+                                        const EvaluateOptions& options) {
     require_compiled("evaluate");
-    check_batch_size(batch_size, "evaluate");
+    check_batch_size(options.batch_size, "evaluate");
     prepare_inputs(x, "evaluate");
     const std::size_t examples = x.shape()[0];
     prepare_targets(y, examples, "evaluate");
-    std::vector<std::size_t> order(examples);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    double total = 0;
-    for (std::size_t begin = 0; begin < examples; begin += batch_size) {
-        const std::size_t count = std::min(batch_size, examples - begin);
-        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
-        total += loss_->value(detail::take_rows(y, order, begin, count), predictions) * static_cast<double>(count);
-    }
-    return total / static_cast<double>(examples);
+    const std::vector<double> weights = example_weights(y, examples, options.sample_weight, {}, "evaluate");
+    return evaluate_rows(x, y, weights, 0, examples, options.batch_size);
 }
 
 template <class StrategyType>
