@@ -37,7 +37,7 @@ int main(int argc, char** argv) try {
     using Strategy = pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::Adam>;
     Strategy strategy({}, {}, pss::Adam(0.01));  // 2 ps, 2 workers, in this process
     pss::Sequential model(strategy, {pss::Dense(64, "relu"), pss::Dense(10, "softmax")}, /*seed=*/1);
-    model.compile(pss::Adam(0.01), pss::SparseCategoricalCrossentropy(), {"accuracy"});
+    model.compile(pss::SparseCategoricalCrossentropy(), {"accuracy"});  // the ps tasks apply the strategy's Adam
 
     // Keras' fit by name: each epoch ends with the held-out images' loss and accuracy (val_loss,
     // val_accuracy), evaluated on the chief; the training accuracy is computed by the workers.

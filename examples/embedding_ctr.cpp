@@ -108,7 +108,7 @@ int main() {
                            pss::Dense(1, "sigmoid")},
                           /*seed=*/7);
     model.build({fields});
-    model.compile(pss::Adagrad(0.2), pss::BinaryCrossentropy());
+    model.compile(pss::BinaryCrossentropy());  // the ps tasks apply the strategy's Adagrad(0.2)
 
     const pss::Variable embedding = model.layers().front()->weights().front();
     std::cout << "embedding " << pss::format_shape(embedding.shape()) << " in " << embedding.num_shards()

@@ -38,3 +38,19 @@
 #define PSS_INLINE
 #define PSS_INSTANTIATE(...) extern template __VA_ARGS__;
 #endif
+
+// Under pss-launch a task's stdout is a pipe, which C's stdio buffers fully: the launcher sets
+// PSS_LINE_BUFFERED=1 in every task, and every program that includes pss makes its stdout line-buffered
+// before main (setvbuf must come before any output), so the task's lines arrive as they are printed.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+PSS_NAMESPACE_BEGIN
+namespace detail {
+inline const bool stdout_line_buffered = [] {
+    const char* value = std::getenv("PSS_LINE_BUFFERED");
+    return value != nullptr && std::strcmp(value, "1") == 0 && std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ) == 0;
+}();
+}  // namespace detail
+PSS_NAMESPACE_END

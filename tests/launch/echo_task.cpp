@@ -8,6 +8,9 @@
 //           sleep     sleep until ended (at most 60 s, then exit 0)
 //           sleep:S   sleep S seconds, then exit 0
 //           stubborn  ignore SIGTERM and sleep (at most 60 s): only SIGKILL ends it
+//           wait-seen print "<task> waits to be seen" without flushing, then wait (at most 30 s) for
+//                     DIR/<type>_<index>.seen (needs --pid-dir), made by whoever read the line; exit 3
+//                     if it never comes
 //   --pid-dir DIR   write DIR/<type>_<index>.pid, then wait (at most 20 s) until every task of the cluster
 //                   has written its own, so that every task is running before any acts
 //   --grandchild    fork a child that sleeps 60 s (pid in DIR/<type>_<index>.child.pid): it must be ended too
@@ -123,6 +126,19 @@ int main(int argc, char** argv) {
     if (action.rfind("exit:", 0) == 0) {
         std::cout << "last words from " << name << std::flush;  // no newline: the launcher must end the line
         return std::atoi(action.c_str() + 5);
+    }
+    if (action == "wait-seen") {
+        std::cout << name << " waits to be seen\n";  // no flush: only a line-buffered stdout sends it now
+        const auto seen = std::filesystem::path(pid_dir) / (file_stem + ".seen");
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!std::filesystem::exists(seen) && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (!std::filesystem::exists(seen)) {
+            std::cerr << "echo_task: no one saw the line in 30 s: stdout is not line-buffered\n";
+            return 3;
+        }
+        std::cout << name << " was seen\n";
+        return 0;
     }
     if (action == "sleep" || action == "stubborn") {
         sleep_at_most(std::chrono::seconds(60));

@@ -73,8 +73,9 @@ Options:
   --help, -h         this text
 
 Output: each line a task writes to stdout or stderr is written to the launcher's stdout or stderr with
-the task's name in front: "[chief] ", "[ps:0] ", "[worker:1] ". The launcher's own messages start
-with "pss-launch: " and go to stderr.
+the task's name in front: "[chief] ", "[ps:0] ", "[worker:1] ". Each task gets PSS_LINE_BUFFERED=1,
+which makes a pss program's stdout line-buffered before main, so its lines arrive as they are printed.
+The launcher's own messages start with "pss-launch: " and go to stderr.
 
 TLS: every run gets a throwaway cluster CA and a certificate per task, written to a new private
 directory that PSS_TLS_DIR names in each task and that is removed when the launcher ends. When
@@ -472,7 +473,9 @@ int main(int argc, char** argv) {
     }
 
     // Their TLS identities: a new CA and a certificate per task, unless the user gave their own.
-    std::vector<std::string> task_environment;
+    // Each task's stdout is a pipe to us, which C's stdio buffers fully: pss programs read this before
+    // main and make stdout line-buffered, so a task's lines arrive as they are printed, not at its exit.
+    std::vector<std::string> task_environment{"PSS_LINE_BUFFERED=1"};
     std::optional<std::filesystem::path> tls_dir;
     if (options.plaintext) {
         task_environment.push_back("PSS_TLS=off");
