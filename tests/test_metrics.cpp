@@ -799,4 +799,59 @@ TEST_SUITE("keras/metrics") {
             CHECK(state_of(*metric, column_d({1, 0, 0, 1, 1}), p, w) == expected);
         }
     }
+
+    TEST_CASE("metrics::from_config: 20000 mutated JSON texts, as a worker receives them, give a metric that counts a batch or InvalidArgumentError, nothing else") {
+        std::vector<std::string> valid;
+        for (const auto& m : std::vector<std::shared_ptr<metrics::Metric>>{
+                 std::make_shared<metrics::AUC>(50, "PR", "majoring", "pr auc", true), std::make_shared<metrics::AUC>(),
+                 std::make_shared<metrics::BinaryAccuracy>(0.25), std::make_shared<metrics::Precision>(0.7),
+                 std::make_shared<metrics::Recall>(), std::make_shared<metrics::SparseCategoricalAccuracy>(),
+                 std::make_shared<metrics::MeanAbsoluteError>("m a e")})
+            valid.push_back(metrics::serialize(*m).dump());
+        const std::string alphabet = "0123456789[]{},:\"-.e truefalsenullROCPR\xff";
+        std::mt19937 rng(7);
+        auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+        auto random_byte = [&] { return pick(4) == 0 ? static_cast<char>(pick(256)) : alphabet[pick(alphabet.size())]; };
+        const xt::xarray<double> y_true = column_d({1, 0, 1});
+        const xt::xarray<double> y_pred = column_d({0.8, 0.3, 0.4});
+        std::size_t accepted = 0, rejected = 0;
+        auto attempt = [&](const std::string& text) {
+            CAPTURE(text);
+            std::unique_ptr<metrics::Metric> metric;
+            try {  // as a worker: the text, then the config
+                metric = metrics::from_config(pss::detail::parse_config_text(text, "metric config"));
+            } catch (const pss::InvalidArgumentError&) {
+                ++rejected;
+                return;
+            }
+            ++accepted;
+            std::vector<double> state(metric->state_size(), 0.0);
+            if (metric->class_name() == "SparseCategoricalAccuracy") return;  // takes class scores, not these
+            metric->accumulate(state, y_true, y_pred);
+            CHECK(std::isfinite(metric->result(state)));
+        };
+        for (const auto& text : valid) CHECK_NOTHROW(attempt(text));
+        CHECK(accepted == valid.size());
+        for (int i = 0; i < 16000; ++i) {
+            std::string text = valid[static_cast<std::size_t>(i) % valid.size()];
+            for (std::size_t m = 0, edits = 1 + pick(3); m < edits; ++m) {
+                const std::size_t at = pick(text.size() + 1);
+                switch (pick(3)) {
+                    case 0: if (at < text.size()) text[at] = random_byte(); break;
+                    case 1: if (at < text.size()) text.erase(at, 1 + pick(4)); break;
+                    default: text.insert(at, 1 + pick(20), random_byte()); break;
+                }
+            }
+            attempt(text);
+        }
+        for (int i = 0; i < 4000; ++i) {
+            std::string text(pick(48), ' ');
+            for (char& c : text) c = random_byte();
+            attempt(text);
+        }
+        MESSAGE(accepted << " texts gave a metric, " << rejected << " were rejected");
+        CHECK(accepted + rejected == valid.size() + 20000);
+        CHECK(accepted > valid.size());  // some edits keep a valid config (a digit for a digit)
+        CHECK(rejected > 10000);
+    }
 }

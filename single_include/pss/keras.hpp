@@ -3474,11 +3474,13 @@ struct ValidationData {
 struct FitOptions {
     std::size_t batch_size = 32;
     int epochs = 1;
-    /// 0: silent. 1: `Epoch 1/5`, then on a terminal Keras' progress bar with ETA and time per step, and
-    /// elsewhere one line per epoch without timings (`4/4 - loss: 0.123456`), so that two runs' logs
-    /// compare equal. 2: one line per epoch with its time, as Keras' `verbose=2`
-    /// (`4/4 - 0s - loss: 0.1234 - 12ms/epoch - 3ms/step`).
-    int verbose = 1;
+    /// Keras' `verbose="auto"`: 1 on a terminal, 2 elsewhere (as tf.keras under ParameterServerStrategy).
+    static constexpr int verbose_auto = -1;
+    /// verbose_auto (the default), or 0: silent. 1: `Epoch 1/5`, then on a terminal Keras' progress bar
+    /// with ETA and time per step, and elsewhere one line per epoch without timings (`4/4 - loss:
+    /// 0.123456`), so that two runs' logs compare equal. 2: one line per epoch with its time, as Keras'
+    /// `verbose=2` (`4/4 - 0s - loss: 0.1234 - 12ms/epoch - 3ms/step`).
+    int verbose = verbose_auto;
     std::vector<CallbackHandle> callbacks{};  ///< called in order; at most one BackupAndRestore
     /// The last fraction of (x, y), taken before shuffling, is held out and evaluated at each epoch's end
     /// (Keras' `validation_split`): in [0, 1). Ignored when validation_data is given.
@@ -4578,7 +4580,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
             throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup->backup_dir +
                                        " is malformed: " + e.what());
         }
-        if (options.verbose > 0) {
+        if (options.verbose != 0) {
             out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
             if (start.batch > 0) out << ", batch " << start.batch;
             out << " from " << backup->backup_dir << "\n";
@@ -4615,9 +4617,10 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     if (epochs < 0)
         throw InvalidArgumentError("pss: Sequential::fit: epochs is " + std::to_string(epochs) +
                                    "; it must be 0 or more");
-    if (options.verbose < 0 || options.verbose > 2)
+    if (options.verbose < FitOptions::verbose_auto || options.verbose > 2)
         throw InvalidArgumentError("pss: Sequential::fit: verbose is " + std::to_string(options.verbose) +
-                                   "; it is 0 (silent), 1 (a progress bar) or 2 (one line per epoch)");
+                                   "; it is FitOptions::verbose_auto (-1: 1 on a terminal, else 2), 0 (silent), 1 "
+                                   "(a progress bar) or 2 (one line per epoch)");
     if (!(options.validation_split >= 0 && options.validation_split < 1))
         throw InvalidArgumentError("pss: Sequential::fit: validation_split is " +
                                    std::to_string(options.validation_split) + "; it is in [0, 1)");
@@ -4658,7 +4661,9 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                                    ", but " + std::to_string(examples) + " examples make " + std::to_string(batches) +
                                    " batches of " + std::to_string(batch_size));
     const std::size_t steps = options.steps_per_epoch > 0 ? options.steps_per_epoch : batches;
-    const bool terminal = options.verbose == 1 && detail::is_terminal(out);
+    const int verbose =
+        options.verbose == FitOptions::verbose_auto ? (detail::is_terminal(out) ? 1 : 2) : options.verbose;
+    const bool terminal = verbose == 1 && detail::is_terminal(out);
     const std::size_t workers = static_cast<std::size_t>(coordinator_->num_workers());
     // Batches in flight: enough to keep every worker busy, few enough that an epoch is never copied.
     const std::size_t max_batches_in_flight = 2 * workers + 2;
@@ -4678,7 +4683,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     std::vector<Callback*> callbacks;
     for (const auto& c : options.callbacks) {
         c->set_model(*this);
-        c->set_params({epochs, steps, options.verbose});
+        c->set_params({epochs, steps, verbose});
         callbacks.push_back(c.get());
     }
     stop_training = false;
@@ -4700,9 +4705,9 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                 while (draw >= limit);
                 std::swap(order[i], order[static_cast<std::size_t>(draw % range)]);
             }
-        if (options.verbose > 0) out << "Epoch " << epoch + 1 << "/" << epochs << "\n" << std::flush;
+        if (verbose > 0) out << "Epoch " << epoch + 1 << "/" << epochs << "\n" << std::flush;
         for (Callback* c : callbacks) c->on_epoch_begin(epoch, {});
-        detail::ProgressLine progress(out, options.verbose, terminal, steps);
+        detail::ProgressLine progress(out, verbose, terminal, steps);
 
         // The closures scheduled and not yet counted, oldest first; batch b's loss is the sum of its
         // closures' losses, each weighted by its share of the batch; its metrics' states are their sum.
