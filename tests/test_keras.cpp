@@ -725,6 +725,14 @@ TEST_SUITE("keras/fit") {
         CHECK(results[0][0].get<float>() == results[1][0].get<float>());
         CHECK(results[0][1].get<float>() == results[1][1].get<float>());
         CHECK_FALSE(scalar(results[0][0]) == 0.3f);
+        // A validation split keeps its sample weights and not the class weights (Keras'): val_loss is the
+        // last 2 rows' loss weighted 5 and 1, whatever class_weight says.
+        pss::Sequential split(strategy, {pss::Dense(1)});
+        split.compile("mse");
+        const auto weighted = split.fit(xs, ids, {.verbose = 0, .validation_split = 0.3, .class_weight = {{0, 7.0}},
+                                                  .sample_weight = {1, 1, 1, 1, 5, 1}});
+        CHECK(weighted.history.at("val_loss").back() ==
+              split.evaluate(column_f({0, -0.5f}), column_f({0, 0}), pss::EvaluateOptions{.sample_weight = {5, 1}}).at("loss"));
 
         CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .sample_weight = {1, 2}}),
                              "pss: Sequential::fit: sample_weight has 2 weights for 4 examples; give one weight per example",

@@ -3488,7 +3488,8 @@ struct FitOptions {
     std::optional<ValidationData> validation_data{};
     bool shuffle = true;  ///< a new seeded permutation of the training examples each epoch
     /// Keras' `class_weight`: a class id's weight (classes not listed weigh 1); targets must then be one
-    /// class id per example. Multiplies sample_weight when both are given.
+    /// class id per example. Multiplies sample_weight when both are given. Training only: the validation
+    /// split keeps its sample weights, not the class weights (as Keras).
     std::map<int, double> class_weight{};
     /// One weight per example of x (Keras' `sample_weight`): an example's loss and metrics count that
     /// much (the loss is reduced as Keras': the sum of weighted losses over the batch size).
@@ -4874,7 +4875,8 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                                  ? evaluate_rows(options.validation_data->x, options.validation_data->y,
                                                  validation_weights, 0, options.validation_data->x.shape()[0],
                                                  batch_size, "val_")
-                                 : evaluate_rows(x, y, weights, examples, all_examples, batch_size, "val_");
+                                 : evaluate_rows(x, y, options.sample_weight, examples, all_examples, batch_size,
+                                                 "val_");  // as Keras: class_weight weighs training only
             for (const auto& [name, value] : val) epoch_logs.set(name, value);
         }
         progress.finish(epoch_logs);
