@@ -109,7 +109,7 @@ void dense_sgd_pss(benchmark::State& state) {
 
 void dense_sgd_loop(benchmark::State& state) {
     auto& c = DenseCase<pss::SGD>::get(static_cast<std::size_t>(state.range(0)));
-    const auto lr = static_cast<float>(c.optimizer.learning_rate());
+    const auto lr = static_cast<float>(c.optimizer.learning_rate()(0));
     for (auto _ : state) {
         sgd_loop(c.value.data(), c.grad.data(), c.value.size(), lr);
         benchmark::ClobberMemory();
@@ -149,7 +149,7 @@ void sparse_sgd_pss(benchmark::State& state) {
 
 void sparse_sgd_loop(benchmark::State& state) {
     auto& c = SparseCase<pss::SGD>::get();
-    const auto lr = static_cast<float>(c.optimizer.learning_rate());
+    const auto lr = static_cast<float>(c.optimizer.learning_rate()(0));
     constexpr std::size_t width = SparseCase<pss::SGD>::width;
     for (auto _ : state) {
         for (std::size_t i = 0; i < c.ids.size(); ++i)

@@ -549,6 +549,71 @@ TEST_SUITE("ParameterServerStrategy") {
         CHECK(&pss::get_strategy() == &outside);
         CHECK(outside.num_replicas_in_sync() == 1);
     }
+    TEST_CASE("ParameterServerStrategy: a learning-rate schedule is evaluated on each ps at the step a push "
+              "names; set_learning_rate sets one rate on every ps task") {
+        // Rate 1.0 through iterations 2 (steps 1 to 3), then 0.1; one shard on each of the 2 ps tasks.
+        Fixed strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(pss::PiecewiseConstantDecay({2}, {1.0, 0.1})));
+        auto scope = strategy.scope();
+        pss::Variable w(xt::xarray<float>{0, 0}, "w");
+        (void)w.apply_gradient(xt::xarray<float>{1, 2}, 1);
+        CHECK(w.read<float>() == xt::xarray<float>{-1, -2});
+        (void)w.apply_gradient(xt::xarray<float>{1, 2}, 4);
+        CHECK(w.read<float>() == xt::xarray<float>{-1 - 0.1f * 1, -2 - 0.1f * 2});
+        (void)w.apply_sparse_gradient(Ids{1}, xt::xarray<float>{1}, 3);  // iterations 2: still 1.0
+        CHECK(w.read<float>() == xt::xarray<float>{-1 - 0.1f * 1, -2 - 0.1f * 2 - 1});
+        // A push that names no step cannot be given its rate: refused before anything changes.
+        const xt::xarray<float> before = w.read<float>();
+        CHECK_THROWS_WITH_AS((void)w.apply_gradient(xt::xarray<float>{1, 2}),
+                             "pss: apply_gradient on variable 'w/part_0': the optimizer's learning rate is a schedule "
+                             "(PiecewiseConstantDecay), so each push must name its training step (1, 2, ...) for the "
+                             "schedule to be evaluated at: apply_gradient(gradient, step) (Sequential::fit does)",
+                             pss::FailedPreconditionError);
+        CHECK(w.read<float>() == before);
+        CHECK(strategy.learning_rate() == strategy.optimizer().learning_rate());
+        CHECK_THROWS_WITH_AS(strategy.set_learning_rate(0.5),
+                             "pss: set_learning_rate: the optimizer's learning rate is a schedule "
+                             "(PiecewiseConstantDecay), which gives the rate of each step; it cannot also be set "
+                             "(Keras refuses too)",
+                             pss::FailedPreconditionError);
+
+        Fixed constant({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        auto constant_scope = constant.scope();
+        pss::Variable u(xt::xarray<float>{0, 0}, "u");
+        constant.set_learning_rate(0.5);
+        CHECK(constant.learning_rate() == 0.5);
+        (void)u.apply_gradient(xt::xarray<float>{1, 2});
+        (void)u.apply_sparse_gradient(Ids{1}, xt::xarray<float>{2});
+        CHECK(u.read<float>() == xt::xarray<float>{-0.5f, -2});
+        constant.set_learning_rate(std::nullopt);
+        CHECK(constant.learning_rate() == 0.1);
+        (void)u.apply_gradient(xt::xarray<float>{1, 2});
+        CHECK(u.read<float>() == xt::xarray<float>{-0.5f - 0.1f * 1, -2 - 0.1f * 2});
+        CHECK_THROWS_WITH_AS(constant.set_learning_rate(-1),
+                             "pss: SGD: learning_rate is -1, but it must be a finite number >= 0 (the step size; "
+                             "Keras' default is 0.01)",
+                             pss::InvalidArgumentError);
+        CHECK(constant.learning_rate() == 0.1);
+        // What a peer may send a ps: only a float64 scalar is a rate.
+        pss::ParameterServer<pss::SGD> ps(pss::SGD(0.1));
+        pss::Request r;
+        r.op = pss::Op::set_learning_rate;
+        r.payload = xt::xarray<float>{0.5f};
+        const pss::Reply reply = ps.handle(std::move(r));
+        CHECK(reply.code == pss::ErrorCode::invalid_argument);
+        CHECK(reply.message == "pss: set_learning_rate: the rate is a float64 scalar, but a float32 of shape (1,) was sent");
+    }
+    TEST_CASE("ParameterServerStrategy: in synchronous training a step's mean gradient is applied at the rate "
+              "of that step") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<1, 2>, pss::Synchronous>
+            strategy({}, {}, pss::SGD(pss::PiecewiseConstantDecay({0}, {1.0, 0.1})));
+        auto scope = strategy.scope();
+        pss::Variable s(xt::xarray<float>{0}, "s");
+        for (const float g : {1.0f, 3.0f}) (void)s.apply_gradient(xt::xarray<float>{g}, 1);  // both workers' pushes
+        CHECK(s.read<float>() == xt::xarray<float>{-2});  // mean 2 at rate 1.0
+        for (const float g : {1.0f, 3.0f}) (void)s.apply_gradient(xt::xarray<float>{g}, 2);
+        CHECK(s.read<float>() == xt::xarray<float>{-2 - 0.1f * 2});
+    }
     TEST_CASE("ParameterServerStrategy: with 3 ps, four variables land on ps 0, 1, 2, 0") {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
                                      pss::LocalClusterResolver<3, 1>>

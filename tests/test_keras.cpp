@@ -27,6 +27,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xview.hpp>
 
 #include <pss/keras.hpp>
 
@@ -681,6 +682,9 @@ public:
         ++assigned;
     }
     void save_weights(const std::string& path) const override { saved.push_back(path); }
+    [[nodiscard]] pss::LearningRate learning_rate() const override { return rate; }
+    void set_learning_rate(double r) override { rate = r; }
+    pss::LearningRate rate = 0.1;
     float value = 0;
     int assigned = 0;
     mutable std::vector<std::string> saved;
@@ -689,6 +693,44 @@ public:
 }  // namespace
 
 TEST_SUITE("keras/fit") {
+    TEST_CASE("fit: a learning-rate schedule on the ps follows fit's steps (Keras' iterations) across fit calls; "
+              "a LearningRateScheduler sets each epoch's rate on the ps") {
+        // One worker: the steps run in order. Rate 0.1 at iterations 0 and 1 (0.1 * 0^floor(i / 2)), then 0.
+        using One = pss::ParameterServerStrategy<pss::InProcessTransport, pss::NoPartitioner, pss::SGD,
+                                                 pss::LocalClusterResolver<1, 1>>;
+        const auto [x, y] = line_data(4);
+        const xt::xarray<float> x2 = xt::view(x, xt::range(0, 2)), y2 = xt::view(y, xt::range(0, 2));
+        One scheduled({}, {}, pss::SGD(pss::ExponentialDecay(0.1, 2, 0.0, true)));
+        One constant({}, {}, pss::SGD(0.1));
+        pss::Sequential a(scheduled, {pss::Dense(1)}, 3), b(constant, {pss::Dense(1)}, 3);
+        a.compile("mse");
+        b.compile("mse");
+        const pss::FitOptions in_order{.batch_size = 1, .epochs = 1, .verbose = 0, .shuffle = false};
+        (void)a.fit(x, y, in_order);    // 4 steps, 2 of them at 0.1
+        (void)b.fit(x2, y2, in_order);  // the same 2 steps at 0.1
+        const auto trained = b.get_weights();
+        CHECK(a.get_weights()[0].get<float>() == trained[0].get<float>());
+        CHECK(a.get_weights()[1].get<float>() == trained[1].get<float>());
+        CHECK_FALSE(trained[1].get<float>()(0) == 0.0f);
+        (void)a.fit(x, y, in_order);  // steps 5 to 8: rate 0 (a schedule that restarted would train again)
+        CHECK(a.get_weights()[0].get<float>() == trained[0].get<float>());
+        CHECK(a.get_weights()[1].get<float>() == trained[1].get<float>());
+
+        // A LearningRateScheduler: 0.1 in epoch 0, then 0: three epochs train as one.
+        One first({}, {}, pss::SGD(0.1)), second({}, {}, pss::SGD(0.1));
+        pss::Sequential c(first, {pss::Dense(1)}, 3), d(second, {pss::Dense(1)}, 3);
+        c.compile("mse");
+        d.compile("mse");
+        pss::LearningRateScheduler stop_after_one([](int epoch, double rate) { return epoch == 0 ? rate : 0.0; });
+        (void)c.fit(x, y, {.batch_size = 2, .epochs = 3, .verbose = 0, .callbacks = {stop_after_one}, .shuffle = false});
+        (void)d.fit(x, y, {.batch_size = 2, .epochs = 1, .verbose = 0, .shuffle = false});
+        CHECK(c.get_weights()[0].get<float>() == d.get_weights()[0].get<float>());
+        CHECK(c.get_weights()[1].get<float>() == d.get_weights()[1].get<float>());
+        CHECK(c.learning_rate() == 0.0);
+        CHECK(first.learning_rate() == 0.0);
+        CHECK(d.learning_rate() == 0.1);
+    }
+
     TEST_CASE("fit: sample_weight [1, 0, 2, 0] gives loss 0.75 and moves kernel 2 -> 1.65, bias 1 -> 0.85 (the weighted gradient by hand); class_weight is the same weights") {
         const auto [x, y] = line_data(4);
         pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.1));
@@ -904,6 +946,37 @@ TEST_SUITE("keras/fit") {
         CHECK_THROWS_WITH_AS((void)model.fit(x, y, {.verbose = 0, .callbacks = {pss::BackupAndRestore("a"), pss::BackupAndRestore("b")}}),
                              "pss: Sequential::fit: two BackupAndRestore callbacks (a and b); give one",
                              pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("LearningRateScheduler by hand: the rate of each epoch from schedule(epoch, rate), Keras' line; "
+              "refused over an optimizer's schedule and for a negative rate") {
+        FakeModel model;
+        std::ostringstream out;
+        pss::LearningRateScheduler halve([](int epoch, double rate) { return epoch < 1 ? rate : rate / 2; }, 1, &out);
+        halve.set_model(model);
+        halve.on_epoch_begin(0, {});
+        CHECK(model.rate == 0.1);
+        halve.on_epoch_begin(1, {});
+        CHECK(model.rate == 0.05);
+        halve.on_epoch_begin(2, {});
+        CHECK(model.rate == 0.025);
+        CHECK(out.str() == "\nEpoch 1: LearningRateScheduler setting learning rate to 0.1.\n"
+                           "\nEpoch 2: LearningRateScheduler setting learning rate to 0.05.\n"
+                           "\nEpoch 3: LearningRateScheduler setting learning rate to 0.025.\n");
+        pss::LearningRateScheduler negative([](int, double) { return -1.0; });
+        negative.set_model(model);
+        CHECK_THROWS_WITH_AS(negative.on_epoch_begin(4, {}),
+                             "pss: LearningRateScheduler: the schedule gave -1 for epoch 4; a learning rate must be a "
+                             "finite number >= 0",
+                             pss::InvalidArgumentError);
+        CHECK(model.rate == 0.025);
+        model.rate = pss::ExponentialDecay(0.1, 10, 0.5);
+        CHECK_THROWS_WITH_AS(halve.on_epoch_begin(3, {}),
+                             "pss: LearningRateScheduler: the optimizer's learning rate is a schedule (ExponentialDecay), "
+                             "which sets the rate of each step; give the optimizer a constant rate to schedule it per "
+                             "epoch (Keras refuses this too)",
+                             pss::FailedPreconditionError);
+        CHECK_THROWS_AS((void)pss::LearningRateScheduler(nullptr), pss::InvalidArgumentError);
     }
 
     TEST_CASE("EarlyStopping by hand: patience 2 over val_loss 1, 0.8, 0.9, 0.85, ... stops at epoch 3 and restores epoch 1's weights; Keras' baseline, min_delta, mode and start_from_epoch") {

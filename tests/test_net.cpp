@@ -352,10 +352,10 @@ TEST_SUITE("net") {
         }
         SUBCASE("kind, flags, error code, tensor counts and descriptors out of their sets") {
             const std::string kinds =
-                "a request is an operation 1 to 12 or 15 to 22, a call 13, a shutdown 14 or a heartbeat 127, a reply is 128";
+                "a request is an operation 1 to 12 or 15 to 23, a call 13, a shutdown 14 or a heartbeat 127, a reply is 128";
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{99}; })) == "pss: wire: frame kind 99 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{0}; })) == "pss: wire: frame kind 0 is unknown; " + kinds);
-            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{23}; })) == "pss: wire: frame kind 23 is unknown; " + kinds);
+            CHECK(decode_error(with([](Bytes& b) { b[6] = std::byte{24}; })) == "pss: wire: frame kind 24 is unknown; " + kinds);
             CHECK(decode_error(with([](Bytes& b) { b[7] = std::byte{9}; })) ==
                   "pss: wire: frame flags 9 has unknown bits; only 2 (elided) and 4 (values) are defined");
             CHECK(decode_error(with([](Bytes& b) {
@@ -700,7 +700,7 @@ TEST_SUITE("net") {
             {"bad checksum", modified([](Bytes& b) { b[76] = std::byte{3}; }, false),
              "does not match the computed"},
             {"unknown kind", modified([](Bytes& b) { b[6] = std::byte{77}; }),
-             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 22, a call 13, a shutdown 14 "
+             "pss: wire: frame kind 77 is unknown; a request is an operation 1 to 12 or 15 to 23, a call 13, a shutdown 14 "
              "or a heartbeat 127, a reply is 128"},
             {"payload length not the shape's", modified([](Bytes& b) { put_u64(b, 56, 12); }),
              "pss: wire: frame payload length 12 does not match the tensors' 8 bytes (float32 (2,))"},
@@ -1359,9 +1359,9 @@ TEST_SUITE("net") {
         CHECK(evaluator->send({"ps", 0}, shard_request(pss::Op::gather, {}, Ids{7})).get().payload.get<float>() ==
               xt::xarray<float>{7});
         const std::string rule =
-            ": only the chief creates, destroys, saves and restores variables, calls functions and shuts tasks "
-            "down; a worker reads and writes variables, an evaluator reads them. The request was refused and the "
-            "connection closed";
+            ": only the chief creates, destroys, saves and restores variables, sets the learning rate, calls "
+            "functions and shuts tasks down; a worker reads and writes variables, an evaluator reads them. The "
+            "request was refused and the connection closed";
         // Each refusal on a connection of its own: the ps closes the connection after its answer.
         auto refused = [&](const pss::TaskId& as, pss::Request request, const std::string& who, const std::string& what) {
             const pss::Reply reply = ps.client(ca, as)->send({"ps", 0}, std::move(request)).get();
@@ -1381,6 +1381,8 @@ TEST_SUITE("net") {
         call.kind = pss::RequestKind::call;
         call.name = "train_step";
         refused({"worker", 1}, call, "/job:worker/replica:0/task:1", "call \"train_step\"");
+        refused({"worker", 1}, shard_request(pss::Op::set_learning_rate, xt::xarray<double>(100.0)),
+                "/job:worker/replica:0/task:1", "set_learning_rate");
         refused({"evaluator", 0}, shard_request(pss::Op::apply_dense, gradient), "/job:evaluator/replica:0/task:0",
                 "apply_gradient");
         // The refused worker connects again, and may still do what workers do.

@@ -6,7 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -29,6 +31,7 @@
 #include <pss/optimizer/adagrad.hpp>
 #include <pss/optimizer/adam.hpp>
 #include <pss/optimizer/momentum.hpp>
+#include <pss/optimizer/schedules.hpp>
 #include <pss/optimizer/sgd.hpp>
 #include <pss/partitioner/fixed_shards.hpp>
 #include <pss/partitioner/max_size.hpp>
@@ -140,6 +143,9 @@ struct UnnamedOptimizerBase {
 template <class Derived>
 struct OptimizerBase : UnnamedOptimizerBase {
     static std::string_view name() { return "near miss"; }
+    const pss::LearningRate& learning_rate() const { return rate; }
+    Derived with_learning_rate(double) const { return static_cast<const Derived&>(*this); }
+    pss::LearningRate rate = 0.01;
 };
 struct SparseTakesVector : OptimizerBase<SparseTakesVector> {
     template <class T>
@@ -174,6 +180,11 @@ struct SlotsNotVisitable : GoodOptimizer {  // for_each_slot takes no visitor
 };
 struct ConfigNotJson : GoodOptimizer {  // get_config answers a string
     std::string get_config() const { return "{}"; }
+};
+struct FixedRate : UnnamedOptimizerBase {  // no learning_rate(): a ps could not apply a schedule
+    static std::string_view name() { return "near miss"; }
+    template <class T>
+    void apply_sparse(xt::xarray<T>&, Slots<T>&, std::span<const std::int64_t>, const xt::xarray<T>&) const {}
 };
 struct NoName : UnnamedOptimizerBase {
     template <class T>
@@ -457,6 +468,9 @@ static_assert(!pss::Optimizer<SlotsNotVisitable>);
 static_assert(!pss::detail::optimizer_has_for_each_slot<SlotsNotVisitable, float>);
 static_assert(!pss::Optimizer<ConfigNotJson>);
 static_assert(!pss::detail::optimizer_has_get_config<ConfigNotJson>);
+static_assert(!pss::Optimizer<FixedRate>);
+static_assert(!pss::detail::optimizer_has_learning_rate<FixedRate>);
+static_assert(pss::detail::optimizer_has_get_config<FixedRate>);
 static_assert(pss::SGD::name() == "SGD" && pss::Momentum::name() == "Momentum" && pss::Adagrad::name() == "Adagrad" &&
               pss::Adam::name() == "Adam");
 
@@ -604,6 +618,102 @@ TEST_SUITE("optimizer/adagrad.hpp") {
         CHECK(error_message([] { (void)pss::Adagrad(0.1, 0.1, -1e-7); })
                   .starts_with("pss: Adagrad: epsilon is -1e-07, but it must be a finite number >= 0"));
         CHECK_THROWS_AS(pss::Adagrad(-0.001), pss::InvalidArgumentError);
+    }
+}
+
+TEST_SUITE("optimizer/schedules.hpp") {
+    TEST_CASE("ExponentialDecay, PiecewiseConstantDecay and CosineDecay give Keras' rates, step by step") {
+        const pss::ExponentialDecay exponential(0.1, 10, 0.5);
+        CHECK(exponential(0) == 0.1);
+        CHECK(exponential(10) == 0.05);
+        CHECK(exponential(20) == 0.025);
+        CHECK(exponential(5) == 0.1 * std::pow(0.5, 0.5));  // 0.0707...: continuous without staircase
+        const pss::ExponentialDecay stairs(0.1, 10, 0.5, true);
+        CHECK(stairs(9) == 0.1);
+        CHECK(stairs(15) == 0.05);
+
+        // Keras' documented example: 1.0 through step 100000, 0.5 through 110000, then 0.1.
+        const pss::PiecewiseConstantDecay piecewise({100000, 110000}, {1.0, 0.5, 0.1});
+        CHECK(piecewise(0) == 1.0);
+        CHECK(piecewise(100000) == 1.0);
+        CHECK(piecewise(100001) == 0.5);
+        CHECK(piecewise(110000) == 0.5);
+        CHECK(piecewise(110001) == 0.1);
+        CHECK(pss::PiecewiseConstantDecay({}, {0.3})(7) == 0.3);
+
+        const pss::CosineDecay cosine(0.1, 100);
+        CHECK(cosine(0) == 0.1);
+        CHECK(cosine(50) == doctest::Approx(0.05).epsilon(1e-12));
+        CHECK(cosine(100) == doctest::Approx(0.0).epsilon(1e-12));
+        CHECK(cosine(1000) == cosine(100));  // stays at its end
+        CHECK(pss::CosineDecay(0.1, 100, 0.1)(100) == doctest::Approx(0.01).epsilon(1e-12));  // alpha of the first
+        // A warm-up from 0 to 0.1 over 10 steps, then 100 steps of cosine decay from 0.1.
+        const pss::CosineDecay warm(0.0, 100, 0.0, 0.1, 10);
+        CHECK(warm(0) == 0.0);
+        CHECK(warm(5) == doctest::Approx(0.05).epsilon(1e-12));
+        CHECK(warm(10) == 0.1);
+        CHECK(warm(60) == doctest::Approx(0.05).epsilon(1e-12));
+        CHECK(warm(110) == doctest::Approx(0.0).epsilon(1e-12));
+        CHECK(warm(5000) == warm(110));
+    }
+
+    TEST_CASE("schedules: arguments that make no schedule are refused, naming the argument") {
+        CHECK(error_message([] { (void)pss::ExponentialDecay(0.1, 0, 0.5); }) ==
+              "pss: ExponentialDecay: decay_steps is 0, but it must be a finite number > 0 (the steps over which the "
+              "rate is multiplied by decay_rate)");
+        CHECK(error_message([] { (void)pss::ExponentialDecay(-1, 10, 0.5); })
+                  .starts_with("pss: ExponentialDecay: initial_learning_rate is -1, but it must be"));
+        CHECK(error_message([] { (void)pss::PiecewiseConstantDecay({10, 20}, {1.0, 0.5}); }) ==
+              "pss: PiecewiseConstantDecay: 2 boundaries and 2 values; give one value more than boundaries (a value "
+              "before the first boundary, one after each)");
+        CHECK(error_message([] { (void)pss::PiecewiseConstantDecay({20, 20}, {1.0, 0.5, 0.1}); }) ==
+              "pss: PiecewiseConstantDecay: boundary 1 (20) is not above boundary 0 (20); the boundaries must increase");
+        CHECK(error_message([] { (void)pss::PiecewiseConstantDecay({20}, {1.0, std::nan("")}); })
+                  .starts_with("pss: PiecewiseConstantDecay: value 1 is nan, but it must be"));
+        CHECK(error_message([] { (void)pss::CosineDecay(0.1, 100, 1.5); })
+                  .starts_with("pss: CosineDecay: alpha is 1.5, but it must be in [0, 1]"));
+        CHECK(error_message([] { (void)pss::CosineDecay(0.1, 100, 0.0, -0.1, 10); })
+                  .starts_with("pss: CosineDecay: warmup_target is -0.1, but it must be"));
+        CHECK(error_message([] { (void)pss::LearningRate(std::shared_ptr<const pss::LearningRateSchedule>{}); }) ==
+              "pss: LearningRate: the schedule is null");
+    }
+
+    TEST_CASE("an optimizer with a schedule: Keras' config, equality by config, its rate fixed per step by "
+              "with_learning_rate, and no apply without one") {
+        const pss::SGD sgd(pss::ExponentialDecay(0.1, 10, 0.5));
+        CHECK(sgd.learning_rate().is_schedule());
+        CHECK(sgd.get_config() ==
+              nlohmann::json::parse(R"({"name": "SGD", "learning_rate": {"class_name": "ExponentialDecay", "config":
+                  {"initial_learning_rate": 0.1, "decay_steps": 10.0, "decay_rate": 0.5, "staircase": false}}})"));
+        CHECK(pss::SGD(0.1).get_config() == nlohmann::json::parse(R"({"name": "SGD", "learning_rate": 0.1})"));
+        CHECK(sgd == pss::SGD(pss::ExponentialDecay(0.1, 10, 0.5)));
+        CHECK_FALSE(sgd == pss::SGD(pss::ExponentialDecay(0.1, 10, 0.6)));
+        CHECK_FALSE(sgd == pss::SGD(0.1));
+        CHECK(pss::Adam(pss::CosineDecay(0.001, 1000)) == pss::Adam(pss::CosineDecay(0.001, 1000)));
+        std::ostringstream printed;
+        printed << pss::LearningRate(pss::PiecewiseConstantDecay({5}, {1.0, 0.5})) << " " << pss::LearningRate(0.25);
+        CHECK(printed.str() == "PiecewiseConstantDecay(boundaries=[5], values=[1.0,0.5]) 0.25");
+
+        xt::xarray<float> w{1.0f};
+        const xt::xarray<float> g{1.0f};
+        auto slots = sgd.make_slots(w);
+        CHECK(error_message([&] { sgd.apply_dense(w, slots, g); }) ==
+              "pss: SGD: the learning rate is a schedule (ExponentialDecay), whose value depends on the training "
+              "step; apply through with_learning_rate(rate(step)), as a parameter server does for each push that "
+              "names its step");
+        CHECK(w(0) == 1.0f);
+        const pss::SGD at_step_10 = sgd.with_learning_rate(sgd.learning_rate()(10));
+        CHECK(at_step_10.learning_rate() == 0.05);
+        at_step_10.apply_dense(w, slots, g);
+        CHECK(w(0) == 0.95f);
+        CHECK(error_message([&] { (void)sgd.with_learning_rate(-2); })
+                  .starts_with("pss: SGD: learning_rate is -2, but it must be a finite number >= 0"));
+        // Adam's bias correction uses the rate of the step: alpha = rate * sqrt(1 - 0.999) / (1 - 0.9) at t = 1.
+        const pss::Adam adam(pss::PiecewiseConstantDecay({0}, {1.0, 0.5}));
+        xt::xarray<double> v{0.0};
+        auto adam_slots = adam.make_slots(v);
+        adam.with_learning_rate(0.5).apply_dense(v, adam_slots, xt::xarray<double>{1.0});
+        CHECK(v(0) == doctest::Approx(-0.5 * std::sqrt(1 - 0.999) / (1 - 0.9) * 0.1 / (std::sqrt(0.001) + 1e-7)));
     }
 }
 

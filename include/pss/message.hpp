@@ -42,6 +42,9 @@ enum class Op : std::uint8_t {
     scatter_div = 20,     ///< value[ids[i]] /= payload[i] (an integer divisor of 0 is refused before anything changes)
     scatter_min = 21,     ///< value[ids[i]] = min(value[ids[i]], payload[i])
     scatter_max = 22,     ///< value[ids[i]] = max(value[ids[i]], payload[i])
+    /// every push to this task applies at rate `payload` (a float64 scalar) from now on, or at the
+    /// optimizer's own again (no payload); the key is not read (Keras' `optimizer.learning_rate = r`)
+    set_learning_rate = 23,
 };
 
 /// @brief What a request asks of a task: an operation on one shard of a ps, a function call on a
@@ -86,6 +89,7 @@ enum class RequestKind : std::uint8_t {
         case Op::scatter_div: return "scatter_div";
         case Op::scatter_min: return "scatter_min";
         case Op::scatter_max: return "scatter_max";
+        case Op::set_learning_rate: return "set_learning_rate";
     }
     return "unknown operation";
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -184,6 +185,7 @@ public:
         }
         shards_.clear();
         staged_.clear();
+        learning_rate_.reset();
     }
 
     /// @brief Handles one request and answers it through `respond`, at once, or (a synchronous pull for a
@@ -264,6 +266,7 @@ private:
                                        " request reached a parameter server, which takes variable operations only "
                                        "(functions run on worker tasks)");
         if (request.op == Op::create) return create(std::move(request));
+        if (request.op == Op::set_learning_rate) return set_learning_rate(request);
         auto it = shards_.find(request.key);
         if (it == shards_.end())
             throw NotFoundError("pss: " + std::string(op_name(request.op)) + ": no shard " +
@@ -366,15 +369,18 @@ private:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
                     if (options_.refuse_non_finite_gradients) check_finite<T>(shard, request);
+                    // The rate for the push's step, found before anything changes (a schedule may refuse it).
+                    const auto at_step = optimizer_for(request.step, shard, request.op);
                     if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
                     if (sync_.synchronous) {
                         push_step(shard, state, std::move(request));
                         return reply;  // the gradient's buffer is kept until its step is applied
                     }
+                    const OptimizerPolicy& optimizer = at_step ? *at_step : optimizer_;
                     if (request.op == Op::apply_dense)
-                        optimizer_.apply_dense(value, *state.slots, request.payload.template get<T>());
+                        optimizer.apply_dense(value, *state.slots, request.payload.template get<T>());
                     else
-                        apply_rows(state, request.ids, request.payload.template get<T>(), T{1});
+                        apply_rows(optimizer, state, request.ids, request.payload.template get<T>(), T{1});
                 }
                 break;
             case Op::create:
@@ -382,7 +388,8 @@ private:
             case Op::save_shard:
             case Op::restore_shard:
             case Op::commit_restore:
-            case Op::abort_restore: break;
+            case Op::abort_restore:
+            case Op::set_learning_rate: break;
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;
@@ -401,16 +408,59 @@ private:
                                        "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
-    /// Sums rows of repeated ids, scales them and lets the optimizer apply them. Rows without a repeated
+    /// Sums rows of repeated ids, scales them and lets `optimizer` apply them. Rows without a repeated
     /// id and without a scale go to the optimizer as they came: no copy.
     template <class T>
-    void apply_rows(State<T>& state, std::span<const std::int64_t> ids, const xt::xarray<T>& rows, T scale) {
+    void apply_rows(const OptimizerPolicy& optimizer, State<T>& state, std::span<const std::int64_t> ids,
+                    const xt::xarray<T>& rows, T scale) {
         auto merged = detail::sum_duplicate_rows<T>(ids, rows);
-        if (!merged && scale == T{1}) return optimizer_.apply_sparse(state.value, *state.slots, ids, rows);
+        if (!merged && scale == T{1}) return optimizer.apply_sparse(state.value, *state.slots, ids, rows);
         if (!merged) merged.emplace(std::vector<std::int64_t>(ids.begin(), ids.end()), rows);
         auto& [unique, summed] = *merged;
         if (scale != T{1}) summed *= scale;
-        optimizer_.apply_sparse(state.value, *state.slots, std::span<const std::int64_t>(unique), std::as_const(summed));
+        optimizer.apply_sparse(state.value, *state.slots, std::span<const std::int64_t>(unique), std::as_const(summed));
+    }
+
+    /// The optimizer for a push of training step `step`: empty when it is the strategy's own (its rate a
+    /// constant, none set for the run), else a copy at the rate set for the run, or at its schedule's
+    /// rate for the step (Keras evaluates a schedule at `iterations`, the steps before this one: step - 1).
+    /// @throws FailedPreconditionError when the rate is a schedule and the push names no step;
+    /// InvalidArgumentError when the schedule's rate for the step is negative or not finite
+    std::optional<OptimizerPolicy> optimizer_for(std::uint64_t step, const Shard& shard, Op op) const {
+        if (learning_rate_) return optimizer_.with_learning_rate(*learning_rate_);
+        const LearningRate& rate = optimizer_.learning_rate();
+        if (!rate.is_schedule()) return std::nullopt;
+        const auto what = [&] { return std::string(op_name(op)) + " on variable '" + shard.name + "'"; };
+        if (step == 0)
+            throw FailedPreconditionError(
+                "pss: " + what() + ": the optimizer's learning rate is a schedule (" + rate.schedule()->class_name() +
+                "), so each push must name its training step (1, 2, ...) for the schedule to be evaluated at: "
+                "apply_gradient(gradient, step) (Sequential::fit does)");
+        const auto iterations = static_cast<std::int64_t>(std::min<std::uint64_t>(step - 1, INT64_MAX));
+        const double r = rate(iterations);
+        if (!(r >= 0) || !std::isfinite(r))
+            throw InvalidArgumentError("pss: " + what() + ": the learning-rate schedule " +
+                                       rate.schedule()->class_name() + " gave " + detail::format_number(r) +
+                                       " for step " + std::to_string(step) + " (iterations " +
+                                       std::to_string(iterations) + "); a rate must be a finite number >= 0");
+        return optimizer_.with_learning_rate(r);
+    }
+
+    /// Op::set_learning_rate: the rate every push applies from now on (a float64 scalar), or the
+    /// optimizer's own again (no payload).
+    Reply set_learning_rate(const Request& request) {
+        if (!request.payload.has_value()) {
+            learning_rate_.reset();
+            return {};
+        }
+        if (request.payload.dtype() != DType::float64 || request.payload.rank() != 0)
+            throw InvalidArgumentError("pss: set_learning_rate: the rate is a float64 scalar, but a " +
+                                       std::string(dtype_name(request.payload.dtype())) + " of shape " +
+                                       format_shape(request.payload.shape()) + " was sent");
+        const double rate = request.payload.template get<double>()();
+        detail::check_settable_learning_rate(optimizer_, rate, "set_learning_rate");
+        learning_rate_ = rate;
+        return {};
     }
 
     /// Synchronous training: adds a push to its step, then applies every complete step in order, each
@@ -462,9 +512,12 @@ private:
              it = state.pending.erase(it)) {
             auto& done = it->second;
             const T scale = T{1} / static_cast<T>(sync_.workers);
+            // Cannot throw: each push of the step was checked against it when it arrived.
+            const auto at_step = optimizer_for(it->first, shard, request.op);
+            const OptimizerPolicy& optimizer = at_step ? *at_step : optimizer_;
             if (done.pushes_dense) {
                 done.dense *= scale;
-                optimizer_.apply_dense(state.value, *state.slots, std::as_const(done.dense));
+                optimizer.apply_dense(state.value, *state.slots, std::as_const(done.dense));
             }
             if (!done.sparse.empty()) {
                 // Sum the workers' rows in an order that does not depend on their arrival, so that a
@@ -479,7 +532,7 @@ private:
                 xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, ids.size()));
                 auto out = rows.begin();
                 for (const auto& part : done.sparse) out = std::copy(part.rows.begin(), part.rows.end(), out);
-                if (!ids.empty()) apply_rows(state, ids, rows, scale);
+                if (!ids.empty()) apply_rows(optimizer, state, ids, rows, scale);
             }
             ++state.applied;
         }
@@ -700,6 +753,7 @@ private:
     }
 
     OptimizerPolicy optimizer_;
+    std::optional<double> learning_rate_;  // set for the run (Op::set_learning_rate): every push applies it
     SyncOptions sync_;
     ServerOptions options_;
     std::unordered_map<ShardKey, Shard, KeyHash> shards_;

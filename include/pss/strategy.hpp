@@ -663,6 +663,8 @@ public:
                 replies.push_back(channel_->send(task, std::move(request)));
             }
         }
+        std::optional<std::future<Reply>> rate_reply;  // the rate set for the run, which the restarted task lost
+        if (const auto rate = learning_rate_set()) rate_reply = channel_->send(task, learning_rate_request(rate));
         std::size_t created = 0;
         std::optional<Reply> failed;
         for (auto& f : replies) {
@@ -670,8 +672,39 @@ public:
             if (r.ok()) ++created;
             else if (r.code != ErrorCode::already_exists && !failed) failed = std::move(r);
         }
+        if (rate_reply)
+            if (Reply r = rate_reply->get(); !r.ok() && !failed) failed = std::move(r);
         if (failed) throw_error(failed->code, failed->message);
         return created;
+    }
+
+    /// @brief Sets the learning rate every ps task applies from now on: Keras' `optimizer.learning_rate =
+    /// rate`, what LearningRateScheduler does at each epoch's start. `std::nullopt` returns to the
+    /// optimizer's own rate. Every ps task has it when this returns; pushes already applied keep theirs.
+    /// A ps task started again (recreate_shards) is given it again.
+    /// @throws FailedPreconditionError when the optimizer's rate is a schedule (it gives each step's rate;
+    /// Keras refuses too), or this process is not the chief
+    /// @throws InvalidArgumentError when `rate` is negative or not finite
+    void set_learning_rate(std::optional<double> rate) {
+        if (!is_chief())
+            throw FailedPreconditionError("pss: set_learning_rate: this process is task " + task_.to_string() +
+                                          "; the chief sets the learning rate");
+        if (rate) detail::check_settable_learning_rate(optimizer_, *rate, "set_learning_rate");
+        std::vector<std::future<Reply>> replies;
+        for (int task = 0; task < num_ps(); ++task) replies.push_back(channel_->send(task, learning_rate_request(rate)));
+        std::optional<Reply> failed;
+        for (auto& f : replies)
+            if (Reply r = f.get(); !r.ok() && !failed) failed = std::move(r);
+        if (failed) throw_error(failed->code, failed->message);
+        std::lock_guard lock(variables_mutex_);
+        learning_rate_set_ = rate;
+    }
+
+    /// @brief The rate the ps tasks apply: the one set_learning_rate set, else the optimizer's (a constant
+    /// or a schedule).
+    [[nodiscard]] LearningRate learning_rate() const {
+        if (const auto rate = learning_rate_set()) return *rate;
+        return optimizer_.learning_rate();
     }
 
     /// @brief The variables this strategy created that still have a handle, in creation order (what
@@ -712,6 +745,18 @@ private:
     static ClusterSpec validated(ClusterSpec spec) {
         detail::check_parameter_server_cluster(spec, "ParameterServerStrategy", "the cluster");
         return spec;
+    }
+
+    std::optional<double> learning_rate_set() const {
+        std::lock_guard lock(variables_mutex_);
+        return learning_rate_set_;
+    }
+
+    static Request learning_rate_request(std::optional<double> rate) {
+        Request request;
+        request.op = Op::set_learning_rate;
+        if (rate) request.payload = xt::xarray<double>(*rate);
+        return request;
     }
 
     /// Records a variable just created (what variables() lists) and runs the created hook on it.
@@ -760,6 +805,7 @@ private:
     mutable std::mutex variables_mutex_;
     std::vector<std::weak_ptr<const detail::VariableInfo>> variables_;
     std::function<void(const Variable&)> created_hook_;
+    std::optional<double> learning_rate_set_;  // by set_learning_rate (under variables_mutex_)
 };
 
 // Defined outside the class: a member defined inside a class template is inline, and an extern template

@@ -37,7 +37,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | --- | --- | --- | --- |
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
 /// | 4 | 2 | version | `wire_version` (2) |
-/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 22), `frame_kind_call` (13), `frame_kind_shutdown` (14), `frame_kind_heartbeat` (127), or `frame_kind_reply` (128) |
+/// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 23), `frame_kind_call` (13), `frame_kind_shutdown` (14), `frame_kind_heartbeat` (127), or `frame_kind_reply` (128) |
 /// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 10); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
@@ -178,7 +178,7 @@ struct FrameBody {
 /// @throws WireError naming the field and its value, e.g.
 ///   - `pss: wire: frame magic is 0x00000000, expected 0x31535350 ("PSS1"); the peer does not speak pss`
 ///   - `pss: wire: frame version 1 is not supported; this build speaks version 2`
-///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12 or 15 to 22, a call 13 or a shutdown 14, a reply is 128`
+///   - `pss: wire: frame kind 99 is unknown; a request is an operation 1 to 12 or 15 to 23, a call 13 or a shutdown 14, a reply is 128`
 ///   - `pss: wire: frame payload length 2147483648 exceeds the limit 1073741824`
 ///   - `pss: wire: frame of a shard operation describes 2 tensors; it carries one at most`
 ///   - the same for name, message and values lengths, ids and tensor counts, unknown flags, error codes
@@ -442,11 +442,11 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
 
     const bool shard_operation = (h.kind >= static_cast<std::uint8_t>(Op::create) && h.kind <= static_cast<std::uint8_t>(Op::destroy)) ||
                                  (h.kind >= static_cast<std::uint8_t>(Op::save_shard) &&
-                                  h.kind <= static_cast<std::uint8_t>(Op::scatter_max));
+                                  h.kind <= static_cast<std::uint8_t>(Op::set_learning_rate));
     const bool bare = h.kind == frame_kind_shutdown || h.kind == frame_kind_heartbeat;  // carry nothing
     if (!(shard_operation || h.kind == frame_kind_call || bare || h.is_reply()))
         fail("kind " + std::to_string(h.kind) +
-             " is unknown; a request is an operation 1 to 12 or 15 to 22, a call 13, a shutdown 14 or a heartbeat "
+             " is unknown; a request is an operation 1 to 12 or 15 to 23, a call 13, a shutdown 14 or a heartbeat "
              "127, a reply is 128");
     if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
         fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");

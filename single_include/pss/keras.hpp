@@ -461,6 +461,7 @@ PSS_NAMESPACE_END
 #include <limits>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -529,6 +530,12 @@ public:
     virtual void set_weights(const std::vector<Tensor>& values) = 0;
     /// @brief Saves every weight with its optimizer slots as a checkpoint directory.
     virtual void save_weights(const std::string& path) const = 0;
+    /// @brief The learning rate the ps tasks apply (Keras' `model.optimizer.learning_rate`): a constant,
+    /// or the optimizer's schedule.
+    [[nodiscard]] virtual LearningRate learning_rate() const = 0;
+    /// @brief Sets the learning rate every ps task applies from now on (Keras' `model.optimizer.learning_rate
+    /// = rate`). @throws FailedPreconditionError when the optimizer's rate is a schedule
+    virtual void set_learning_rate(double rate) = 0;
 
     /// @brief Keras' `model.stop_training`: set by a callback, fit stops after the current batch (the
     /// epoch still ends: validation runs and on_epoch_end is called). fit clears it when it begins.
@@ -936,6 +943,51 @@ public:
             model().stop_training = true;
         }
     }
+};
+
+/// @brief Keras' `LearningRateScheduler(schedule, verbose=0)`: at each epoch's start the learning rate
+/// becomes `schedule(epoch, current_rate)`, set on every ps task (the pushes of that epoch apply it).
+/// For a rate that follows the step within an epoch, give the optimizer a LearningRateSchedule instead;
+/// the two do not mix (the rate of an optimizer with a schedule cannot be set, as in Keras).
+/// @par Example
+/// @code
+/// pss::LearningRateScheduler halve([](int epoch, double rate) { return epoch < 2 ? rate : rate / 2; });
+/// model.fit(x, y, {.epochs = 5, .callbacks = {halve}});
+/// @endcode
+class LearningRateScheduler : public Callback {
+public:
+    /// @param verbose 1 prints `Epoch 3: LearningRateScheduler setting learning rate to 0.05.` (Keras' line)
+    explicit LearningRateScheduler(std::function<double(int epoch, double rate)> schedule, int verbose = 0,
+                                   std::ostream* out = nullptr)
+        : schedule_(std::move(schedule)), verbose_(verbose), out_(out) {
+        if (!schedule_) throw InvalidArgumentError("pss: LearningRateScheduler: the schedule is an empty function");
+    }
+
+    /// @throws FailedPreconditionError when the optimizer's rate is a schedule
+    /// @throws InvalidArgumentError when the schedule gives a negative or non-finite rate, naming the epoch
+    void on_epoch_begin(int epoch, const Logs& /*logs*/) override {
+        const LearningRate current = model().learning_rate();
+        if (current.is_schedule())
+            throw FailedPreconditionError("pss: LearningRateScheduler: the optimizer's learning rate is a schedule (" +
+                                          current.schedule()->class_name() +
+                                          "), which sets the rate of each step; give the optimizer a constant rate to "
+                                          "schedule it per epoch (Keras refuses this too)");
+        const double rate = schedule_(epoch, current(0));
+        if (!(rate >= 0) || !std::isfinite(rate))
+            throw InvalidArgumentError("pss: LearningRateScheduler: the schedule gave " + detail::format_number(rate) +
+                                       " for epoch " + std::to_string(epoch) +
+                                       "; a learning rate must be a finite number >= 0");
+        model().set_learning_rate(rate);
+        if (verbose_ > 0)
+            (out_ != nullptr ? *out_ : std::cout) << "\nEpoch " << epoch + 1
+                                                  << ": LearningRateScheduler setting learning rate to "
+                                                  << detail::format_number(rate) << ".\n";
+    }
+
+private:
+    std::function<double(int, double)> schedule_;
+    int verbose_;
+    std::ostream* out_;
 };
 
 /// @brief Keras' `LambdaCallback`: a callback from functions, each optional.
@@ -4167,6 +4219,25 @@ public:
         }
     }
 
+    /// @brief The rate the ps tasks apply: the one set_learning_rate set, else the optimizer's (Keras'
+    /// `model.optimizer.learning_rate`).
+    [[nodiscard]] LearningRate learning_rate() const override {
+        if constexpr (requires { strategy_->learning_rate(); })
+            return strategy_->learning_rate();
+        else
+            return strategy_->optimizer().learning_rate();
+    }
+
+    /// @brief Sets the rate every ps task applies from now on (Keras' `model.optimizer.learning_rate =
+    /// rate`; LearningRateScheduler calls it at each epoch's start).
+    /// @throws FailedPreconditionError when the optimizer's rate is a schedule, or the strategy cannot set it
+    void set_learning_rate(double rate) override {
+        if constexpr (requires { strategy_->set_learning_rate(rate); })
+            strategy_->set_learning_rate(rate);
+        else
+            throw FailedPreconditionError("pss: Sequential::set_learning_rate: this strategy has no set_learning_rate");
+    }
+
     /// @brief Restores every weight, and its optimizer slots, from a checkpoint directory written by
     /// save_weights or pss::Checkpoint, into any shard layout (Keras' `load_weights`). Nothing changes
     /// when it throws.
@@ -4436,13 +4507,15 @@ private:
 
     /// Schedules one step: as a closure on the embedded cluster, as the registered step with the model's
     /// id when the workers are other processes (which have the model: ensure_remote_model). A synchronous
-    /// step (step > 0) goes to the given worker, so that each worker pushes once to it; an asynchronous
-    /// one to whichever worker is free.
+    /// step goes to the given worker, so that each worker pushes once to it; an asynchronous one to
+    /// whichever worker is free.
     RemoteValue<std::vector<double>> schedule_step(int worker, Tensor xs, Tensor ys, Tensor ws, std::uint64_t step,
                                                    double scale) {
         auto on_worker = [&](auto&&... args) {
-            if (step > 0) return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
-            return coordinator_->schedule(std::forward<decltype(args)>(args)...);
+            if constexpr (StrategyType::synchronous)
+                return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
+            else
+                return coordinator_->schedule(std::forward<decltype(args)>(args)...);
         };
         if (strategy_->remote_workers() != nullptr)
             return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), std::move(ws),
@@ -4525,7 +4598,7 @@ private:
     std::shared_ptr<const Loss> loss_;
     std::vector<AnyMetric> metric_specs_;
     std::optional<detail::MetricList> metrics_;  // metric_specs_ resolved once the model is built
-    std::uint64_t step_ = 0;  // synchronous steps run so far: the next is step_ + 1
+    std::uint64_t step_ = 0;  // training steps run so far (Keras' optimizer.iterations): the next is step_ + 1
     std::optional<PerWorkerValues<Replica>> replicas_;
     /// What worker processes need to rebuild the model (made at the first remote fit, dropped by compile).
     struct RemoteModelDescription {
@@ -4581,6 +4654,9 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
             throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup->backup_dir +
                                        " is malformed: " + e.what());
         }
+        // An asynchronous run continues its step count, so a learning-rate schedule goes on where it was. A
+        // synchronous one numbers its steps from where the ps tasks' counts are (a restarted chief: 1 again).
+        if constexpr (!StrategyType::synchronous) step_ = checkpoint.step();
         if (options.verbose != 0) {
             out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
             if (start.batch > 0) out << ", batch " << start.batch;
@@ -4846,8 +4922,8 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                         schedule_closure({static_cast<int>(w), b, at, slice, step, scale, weight, {}});
                         at += slice;
                     }
-                } else {
-                    schedule_closure({0, b, begin, count, 0, 1.0, 1.0, {}});
+                } else {  // numbered too: a learning-rate schedule on the ps is evaluated at the step
+                    schedule_closure({0, b, begin, count, ++step_, 1.0, 1.0, {}});
                 }
                 scheduled = b + 1;
                 if (b + 1 - counted > max_batches_in_flight) count_batch();

@@ -5,7 +5,7 @@
 
 #include "optimizer_parts.hpp"
 
-struct DenseOnlySGD : DenseSGDPart {
+struct DenseOnlySGD : DenseSGDPart, LearningRatePart<DenseOnlySGD> {
     static std::string_view name() { return "DenseOnlySGD"; }
 };
 

@@ -10,7 +10,7 @@
 
 #include "optimizer_parts.hpp"
 
-struct SlotsHiddenSGD : DenseSGDPart {
+struct SlotsHiddenSGD : DenseSGDPart, LearningRatePart<SlotsHiddenSGD> {
     static std::string_view name() { return "SlotsHiddenSGD"; }
     static std::array<std::string_view, 0> slot_names() { return {}; }
     nlohmann::json get_config() const { return nlohmann::json::object(); }

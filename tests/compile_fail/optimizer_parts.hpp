@@ -6,6 +6,18 @@
 
 #include <pss/concepts/optimizer.hpp>
 
+/// A learning rate, as the built-in optimizers hold it.
+template <class Derived>
+struct LearningRatePart {
+    const pss::LearningRate& learning_rate() const { return rate; }
+    Derived with_learning_rate(double r) const {
+        Derived at(static_cast<const Derived&>(*this));
+        at.rate = r;
+        return at;
+    }
+    pss::LearningRate rate = 0.01;
+};
+
 /// Slots, make_slots and apply_dense of an SGD: each test adds all but the requirement it is about.
 struct DenseSGDPart {
     template <class T>

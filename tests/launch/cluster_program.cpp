@@ -421,6 +421,24 @@ int main(int argc, char** argv) {
               << "\n";
     std::cout << "v = " << v << "\n";
 
+    // Keras' `optimizer.learning_rate = 0.5` (what LearningRateScheduler does): every ps task applies it
+    // until the optimizer's own rate (SGD's 0.01) is asked for again.
+    auto [rate0, rate1] = [&] {
+        auto scope = strategy.scope();
+        return std::pair{pss::Variable(xt::xarray<float>{0}, "rate0"), pss::Variable(xt::xarray<float>{0}, "rate1")};
+    }();
+    strategy.set_learning_rate(0.5);
+    rate0.apply_gradient(xt::xarray<float>{1});
+    rate1.apply_gradient(xt::xarray<float>{1});
+    std::cout << "learning rate " << strategy.learning_rate() << " on two ps tasks ("
+              << (rate0.device() != rate1.device()) << "): " << rate0.read<float>()(0) << " "
+              << rate1.read<float>()(0);
+    strategy.set_learning_rate(std::nullopt);
+    rate0.apply_gradient(xt::xarray<float>{1});
+    rate1.apply_gradient(xt::xarray<float>{1});
+    std::cout << "; the optimizer's " << strategy.learning_rate() << " again: " << rate0.read<float>()(0) << " "
+              << rate1.read<float>()(0) << "\n";
+
     // At least once: a closure whose worker is lost runs again on another worker.
     auto [lost, runs] = [&] {
         auto scope = strategy.scope();

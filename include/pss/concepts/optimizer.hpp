@@ -12,6 +12,7 @@
 #include <xtensor/xarray.hpp>
 
 #include <pss/config.hpp>
+#include <pss/optimizer/schedules.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -95,6 +96,14 @@ concept optimizer_has_get_config = requires(const O& o) {
     requires std::same_as<decltype(o.get_config()), nlohmann::json>;
 };
 
+/// @brief Requirement 10 of Optimizer: `o.learning_rate()` is the rate, a constant or a schedule, and
+/// `o.with_learning_rate(rate)` the same optimizer at a constant rate (how a ps applies a schedule).
+template <class O>
+concept optimizer_has_learning_rate = requires(const O& o, double rate) {
+    { o.learning_rate() } -> std::convertible_to<const LearningRate&>;
+    { o.with_learning_rate(rate) } -> std::same_as<O>;
+};
+
 }  // namespace detail
 
 /// @brief Optimizer: how a parameter server applies a gradient to a shard it owns, dense or to some
@@ -120,6 +129,8 @@ concept optimizer_has_get_config = requires(const O& o) {
 /// | `O::for_each_slot(slots, f)` | any | calls `f(name, tensor)` for each slot tensor (`xt::xarray<T>&`, const for const slots) in `slot_names()` order, then `f(name, counter)` for each `std::int64_t` counter (Adam's "iterations") |
 /// | `O::slot_names()` | an input range of string_view | the slot tensors' names, Keras 3's: {} for SGD, {"momentum"}, {"accumulator"}, {"momentum", "velocity"} for Adam |
 /// | `o.get_config()` | `nlohmann::json` | the hyperparameters by Keras' names, `{"learning_rate": 0.01}` |
+/// | `o.learning_rate()` | convertible to `const LearningRate&` | the rate: a constant, or a LearningRateSchedule of the training step (Keras' `optimizer.learning_rate`) |
+/// | `o.with_learning_rate(rate)` | `O` | the same hyperparameters with the constant rate `rate` (a double, finite and >= 0) |
 ///
 /// @par Rules the compiler cannot check
 /// - The caller (the ps) checks shapes before it calls: `grad` has value's shape; `value` has rank >= 1
@@ -134,6 +145,11 @@ concept optimizer_has_get_config = requires(const O& o) {
 ///   left exactly as they were. Updating every row once with apply_sparse equals apply_dense.
 /// - Step counters (Adam's t) are per shard, in the slots, and count dense and sparse applies alike
 ///   (an apply_sparse with no rows counts too).
+/// - The learning rate: the ps applies each push with `o.with_learning_rate(r)` when the rate is a
+///   schedule (r is the schedule's value for the push's step s, `o.learning_rate()(s - 1)`, Keras'
+///   iterations before the apply) or was set for the run (`set_learning_rate`, LearningRateScheduler),
+///   and with `o` itself otherwise; so an apply of `o` uses its constant rate, and may throw
+///   FailedPreconditionError when the rate is a schedule (it does not know the step).
 /// - The update is deterministic: the same value, slots and gradient give the same bits.
 /// - for_each_slot shows all the state of a Slots<T>: slots whose tensors and counters are assigned
 ///   those of another Slots<T> (by name, through for_each_slot) update to the same bits as that one.
@@ -146,6 +162,7 @@ template <class O>
 concept Optimizer = detail::optimizer_copy_constructible<O> && detail::optimizer_has_name<O> &&
                     detail::optimizer_for_element<O, float> && detail::optimizer_for_element<O, double> &&
                     detail::optimizer_has_for_each_slot<O, float> && detail::optimizer_has_for_each_slot<O, double> &&
-                    detail::optimizer_has_slot_names<O> && detail::optimizer_has_get_config<O>;
+                    detail::optimizer_has_slot_names<O> && detail::optimizer_has_get_config<O> &&
+                    detail::optimizer_has_learning_rate<O>;
 
 PSS_NAMESPACE_END

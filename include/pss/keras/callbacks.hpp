@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -26,6 +27,7 @@
 
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
+#include <pss/optimizer/schedules.hpp>
 #include <pss/tensor.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -89,6 +91,12 @@ public:
     virtual void set_weights(const std::vector<Tensor>& values) = 0;
     /// @brief Saves every weight with its optimizer slots as a checkpoint directory.
     virtual void save_weights(const std::string& path) const = 0;
+    /// @brief The learning rate the ps tasks apply (Keras' `model.optimizer.learning_rate`): a constant,
+    /// or the optimizer's schedule.
+    [[nodiscard]] virtual LearningRate learning_rate() const = 0;
+    /// @brief Sets the learning rate every ps task applies from now on (Keras' `model.optimizer.learning_rate
+    /// = rate`). @throws FailedPreconditionError when the optimizer's rate is a schedule
+    virtual void set_learning_rate(double rate) = 0;
 
     /// @brief Keras' `model.stop_training`: set by a callback, fit stops after the current batch (the
     /// epoch still ends: validation runs and on_epoch_end is called). fit clears it when it begins.
@@ -496,6 +504,51 @@ public:
             model().stop_training = true;
         }
     }
+};
+
+/// @brief Keras' `LearningRateScheduler(schedule, verbose=0)`: at each epoch's start the learning rate
+/// becomes `schedule(epoch, current_rate)`, set on every ps task (the pushes of that epoch apply it).
+/// For a rate that follows the step within an epoch, give the optimizer a LearningRateSchedule instead;
+/// the two do not mix (the rate of an optimizer with a schedule cannot be set, as in Keras).
+/// @par Example
+/// @code
+/// pss::LearningRateScheduler halve([](int epoch, double rate) { return epoch < 2 ? rate : rate / 2; });
+/// model.fit(x, y, {.epochs = 5, .callbacks = {halve}});
+/// @endcode
+class LearningRateScheduler : public Callback {
+public:
+    /// @param verbose 1 prints `Epoch 3: LearningRateScheduler setting learning rate to 0.05.` (Keras' line)
+    explicit LearningRateScheduler(std::function<double(int epoch, double rate)> schedule, int verbose = 0,
+                                   std::ostream* out = nullptr)
+        : schedule_(std::move(schedule)), verbose_(verbose), out_(out) {
+        if (!schedule_) throw InvalidArgumentError("pss: LearningRateScheduler: the schedule is an empty function");
+    }
+
+    /// @throws FailedPreconditionError when the optimizer's rate is a schedule
+    /// @throws InvalidArgumentError when the schedule gives a negative or non-finite rate, naming the epoch
+    void on_epoch_begin(int epoch, const Logs& /*logs*/) override {
+        const LearningRate current = model().learning_rate();
+        if (current.is_schedule())
+            throw FailedPreconditionError("pss: LearningRateScheduler: the optimizer's learning rate is a schedule (" +
+                                          current.schedule()->class_name() +
+                                          "), which sets the rate of each step; give the optimizer a constant rate to "
+                                          "schedule it per epoch (Keras refuses this too)");
+        const double rate = schedule_(epoch, current(0));
+        if (!(rate >= 0) || !std::isfinite(rate))
+            throw InvalidArgumentError("pss: LearningRateScheduler: the schedule gave " + detail::format_number(rate) +
+                                       " for epoch " + std::to_string(epoch) +
+                                       "; a learning rate must be a finite number >= 0");
+        model().set_learning_rate(rate);
+        if (verbose_ > 0)
+            (out_ != nullptr ? *out_ : std::cout) << "\nEpoch " << epoch + 1
+                                                  << ": LearningRateScheduler setting learning rate to "
+                                                  << detail::format_number(rate) << ".\n";
+    }
+
+private:
+    std::function<double(int, double)> schedule_;
+    int verbose_;
+    std::ostream* out_;
 };
 
 /// @brief Keras' `LambdaCallback`: a callback from functions, each optional.

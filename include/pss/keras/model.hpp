@@ -773,6 +773,25 @@ public:
         }
     }
 
+    /// @brief The rate the ps tasks apply: the one set_learning_rate set, else the optimizer's (Keras'
+    /// `model.optimizer.learning_rate`).
+    [[nodiscard]] LearningRate learning_rate() const override {
+        if constexpr (requires { strategy_->learning_rate(); })
+            return strategy_->learning_rate();
+        else
+            return strategy_->optimizer().learning_rate();
+    }
+
+    /// @brief Sets the rate every ps task applies from now on (Keras' `model.optimizer.learning_rate =
+    /// rate`; LearningRateScheduler calls it at each epoch's start).
+    /// @throws FailedPreconditionError when the optimizer's rate is a schedule, or the strategy cannot set it
+    void set_learning_rate(double rate) override {
+        if constexpr (requires { strategy_->set_learning_rate(rate); })
+            strategy_->set_learning_rate(rate);
+        else
+            throw FailedPreconditionError("pss: Sequential::set_learning_rate: this strategy has no set_learning_rate");
+    }
+
     /// @brief Restores every weight, and its optimizer slots, from a checkpoint directory written by
     /// save_weights or pss::Checkpoint, into any shard layout (Keras' `load_weights`). Nothing changes
     /// when it throws.
@@ -1042,13 +1061,15 @@ private:
 
     /// Schedules one step: as a closure on the embedded cluster, as the registered step with the model's
     /// id when the workers are other processes (which have the model: ensure_remote_model). A synchronous
-    /// step (step > 0) goes to the given worker, so that each worker pushes once to it; an asynchronous
-    /// one to whichever worker is free.
+    /// step goes to the given worker, so that each worker pushes once to it; an asynchronous one to
+    /// whichever worker is free.
     RemoteValue<std::vector<double>> schedule_step(int worker, Tensor xs, Tensor ys, Tensor ws, std::uint64_t step,
                                                    double scale) {
         auto on_worker = [&](auto&&... args) {
-            if (step > 0) return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
-            return coordinator_->schedule(std::forward<decltype(args)>(args)...);
+            if constexpr (StrategyType::synchronous)
+                return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
+            else
+                return coordinator_->schedule(std::forward<decltype(args)>(args)...);
         };
         if (strategy_->remote_workers() != nullptr)
             return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), std::move(ws),
@@ -1131,7 +1152,7 @@ private:
     std::shared_ptr<const Loss> loss_;
     std::vector<AnyMetric> metric_specs_;
     std::optional<detail::MetricList> metrics_;  // metric_specs_ resolved once the model is built
-    std::uint64_t step_ = 0;  // synchronous steps run so far: the next is step_ + 1
+    std::uint64_t step_ = 0;  // training steps run so far (Keras' optimizer.iterations): the next is step_ + 1
     std::optional<PerWorkerValues<Replica>> replicas_;
     /// What worker processes need to rebuild the model (made at the first remote fit, dropped by compile).
     struct RemoteModelDescription {
@@ -1187,6 +1208,9 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
             throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup->backup_dir +
                                        " is malformed: " + e.what());
         }
+        // An asynchronous run continues its step count, so a learning-rate schedule goes on where it was. A
+        // synchronous one numbers its steps from where the ps tasks' counts are (a restarted chief: 1 again).
+        if constexpr (!StrategyType::synchronous) step_ = checkpoint.step();
         if (options.verbose != 0) {
             out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
             if (start.batch > 0) out << ", batch " << start.batch;
@@ -1452,8 +1476,8 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                         schedule_closure({static_cast<int>(w), b, at, slice, step, scale, weight, {}});
                         at += slice;
                     }
-                } else {
-                    schedule_closure({0, b, begin, count, 0, 1.0, 1.0, {}});
+                } else {  // numbered too: a learning-rate schedule on the ps is evaluated at the step
+                    schedule_closure({0, b, begin, count, ++step_, 1.0, 1.0, {}});
                 }
                 scheduled = b + 1;
                 if (b + 1 - counted > max_batches_in_flight) count_batch();

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
@@ -16,6 +17,7 @@
 #include <pss/config.hpp>
 #include <pss/detail/optimizer_support.hpp>
 #include <pss/dtype.hpp>
+#include <pss/optimizer/schedules.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -31,8 +33,10 @@ PSS_NAMESPACE_BEGIN
 /// auto slots = opt.make_slots(w);
 /// opt.apply_dense(w, slots, g);  // acc = 4, w = 1 - 0.1 * 2 / 2 = 0.9
 /// @endcode
-class Adagrad {
+class Adagrad : public detail::OptimizerLearningRate<Adagrad> {
 public:
+    static constexpr double default_learning_rate = 0.001;  ///< Keras'
+
     template <FloatingElement T>
     struct Slots {
         xt::xarray<T> accumulator;  ///< the sum of squared gradients, shaped like the shard
@@ -44,10 +48,8 @@ public:
 
     /// @throws InvalidArgumentError when an argument is negative or not finite:
     /// `pss: Adagrad: initial_accumulator_value is -1, but it must be a finite number >= 0 ...`
-    explicit Adagrad(double learning_rate, double initial_accumulator_value = 0.1, double epsilon = 1e-7)
-        : learning_rate_(learning_rate), initial_accumulator_value_(initial_accumulator_value), epsilon_(epsilon) {
-        detail::check_hyperparameter(learning_rate >= 0, name(), "learning_rate", learning_rate,
-                                     "a finite number >= 0 (the step size; Keras' default is 0.001)");
+    explicit Adagrad(LearningRate learning_rate, double initial_accumulator_value = 0.1, double epsilon = 1e-7)
+        : OptimizerLearningRate(std::move(learning_rate)), initial_accumulator_value_(initial_accumulator_value), epsilon_(epsilon) {
         detail::check_hyperparameter(initial_accumulator_value >= 0, name(), "initial_accumulator_value",
                                      initial_accumulator_value,
                                      "a finite number >= 0 (the accumulator's first value; Keras' default is 0.1)");
@@ -56,7 +58,6 @@ public:
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "Adagrad"; }
-    [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
     [[nodiscard]] double initial_accumulator_value() const noexcept { return initial_accumulator_value_; }
 
     /// @brief One slot tensor, Keras' "accumulator".
@@ -70,7 +71,7 @@ public:
     template <class Json = nlohmann::json>
     [[nodiscard]] Json get_config() const {
         return Json{{"name", std::string(name())},
-                    {"learning_rate", learning_rate_},
+                    {"learning_rate", learning_rate().get_config()},
                     {"initial_accumulator_value", initial_accumulator_value_},
                     {"epsilon", epsilon_}};
     }
@@ -110,13 +111,12 @@ private:
         auto w = detail::adapt_block(w_data, n);
         auto acc = detail::adapt_block(acc_data, n);
         const auto g = detail::adapt_block(g_data, n);
-        const T lr = static_cast<T>(learning_rate_);
+        const T lr = static_cast<T>(constant_learning_rate());
         const T eps = static_cast<T>(epsilon_);
         xt::noalias(acc) += g * g;
         xt::noalias(w) -= lr * g / (xt::sqrt(acc) + eps);
     }
 
-    double learning_rate_ = 0.001;
     double initial_accumulator_value_ = 0.1;
     double epsilon_ = 1e-7;
 };

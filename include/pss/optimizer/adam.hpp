@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
@@ -17,6 +18,7 @@
 #include <pss/config.hpp>
 #include <pss/detail/optimizer_support.hpp>
 #include <pss/dtype.hpp>
+#include <pss/optimizer/schedules.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -39,8 +41,10 @@ PSS_NAMESPACE_BEGIN
 /// auto slots = adam.make_slots(w);
 /// adam.apply_dense(w, slots, g);  // w = 1 - 0.001 * 0.5 / (0.5 + 1e-7 / sqrt(0.001)) ~ 0.999
 /// @endcode
-class Adam {
+class Adam : public detail::OptimizerLearningRate<Adam> {
 public:
+    static constexpr double default_learning_rate = 0.001;  ///< Keras'
+
     template <FloatingElement T>
     struct Slots {
         xt::xarray<T> m;               ///< first-moment estimate (Keras' "momentum"), shaped like the shard
@@ -54,10 +58,8 @@ public:
 
     /// @throws InvalidArgumentError when `learning_rate` or `epsilon` is negative or a beta is outside
     /// [0, 1): `pss: Adam: beta_1 is 1, but it must be in [0, 1) ...`
-    explicit Adam(double learning_rate, double beta_1 = 0.9, double beta_2 = 0.999, double epsilon = 1e-7)
-        : learning_rate_(learning_rate), beta_1_(beta_1), beta_2_(beta_2), epsilon_(epsilon) {
-        detail::check_hyperparameter(learning_rate >= 0, name(), "learning_rate", learning_rate,
-                                     "a finite number >= 0 (the step size; Keras' default is 0.001)");
+    explicit Adam(LearningRate learning_rate, double beta_1 = 0.9, double beta_2 = 0.999, double epsilon = 1e-7)
+        : OptimizerLearningRate(std::move(learning_rate)), beta_1_(beta_1), beta_2_(beta_2), epsilon_(epsilon) {
         detail::check_hyperparameter(beta_1 >= 0 && beta_1 < 1, name(), "beta_1", beta_1,
                                      "in [0, 1) (the decay of the first-moment estimate; Keras' default is 0.9)");
         detail::check_hyperparameter(beta_2 >= 0 && beta_2 < 1, name(), "beta_2", beta_2,
@@ -67,7 +69,6 @@ public:
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "Adam"; }
-    [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
     [[nodiscard]] double beta_1() const noexcept { return beta_1_; }
     [[nodiscard]] double beta_2() const noexcept { return beta_2_; }
     [[nodiscard]] double epsilon() const noexcept { return epsilon_; }
@@ -86,7 +87,7 @@ public:
     /// @brief `{"name": "Adam", "learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-07}`.
     template <class Json = nlohmann::json>
     [[nodiscard]] Json get_config() const {
-        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate_}, {"beta_1", beta_1_}, {"beta_2", beta_2_},
+        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate().get_config()}, {"beta_1", beta_1_}, {"beta_2", beta_2_},
                     {"epsilon", epsilon_}};
     }
 
@@ -130,7 +131,7 @@ private:
     template <class T>
     [[nodiscard]] Step<T> next_step(Slots<T>& slots) const {
         const double t = static_cast<double>(++slots.iterations);
-        const double alpha = learning_rate_ * std::sqrt(1 - std::pow(beta_2_, t)) / (1 - std::pow(beta_1_, t));
+        const double alpha = constant_learning_rate() * std::sqrt(1 - std::pow(beta_2_, t)) / (1 - std::pow(beta_1_, t));
         return {static_cast<T>(alpha), static_cast<T>(1 - beta_1_), static_cast<T>(1 - beta_2_),
                 static_cast<T>(epsilon_)};
     }
@@ -149,7 +150,6 @@ private:
         xt::noalias(w) -= s.alpha * m / (xt::sqrt(v) + s.epsilon);
     }
 
-    double learning_rate_ = 0.001;
     double beta_1_ = 0.9;
     double beta_2_ = 0.999;
     double epsilon_ = 1e-7;

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
@@ -15,6 +16,7 @@
 #include <pss/config.hpp>
 #include <pss/detail/optimizer_support.hpp>
 #include <pss/dtype.hpp>
+#include <pss/optimizer/schedules.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -31,8 +33,10 @@ PSS_NAMESPACE_BEGIN
 /// opt.apply_dense(w, slots, g);  // m = -0.1, w = 0.9
 /// opt.apply_dense(w, slots, g);  // m = -0.19, w = 0.71
 /// @endcode
-class Momentum {
+class Momentum : public detail::OptimizerLearningRate<Momentum> {
 public:
+    static constexpr double default_learning_rate = 0.01;  ///< Keras'
+
     template <FloatingElement T>
     struct Slots {
         xt::xarray<T> momentum;  ///< the velocity m, shaped like the shard
@@ -44,16 +48,13 @@ public:
 
     /// @throws InvalidArgumentError when `learning_rate` is negative or `momentum` is outside [0, 1]:
     /// `pss: Momentum: momentum is 1.5, but it must be in [0, 1] ...`
-    explicit Momentum(double learning_rate, double momentum = 0.9, bool nesterov = false)
-        : learning_rate_(learning_rate), momentum_(momentum), nesterov_(nesterov) {
-        detail::check_hyperparameter(learning_rate >= 0, name(), "learning_rate", learning_rate,
-                                     "a finite number >= 0 (the step size; Keras' default is 0.01)");
+    explicit Momentum(LearningRate learning_rate, double momentum = 0.9, bool nesterov = false)
+        : OptimizerLearningRate(std::move(learning_rate)), momentum_(momentum), nesterov_(nesterov) {
         detail::check_hyperparameter(momentum >= 0 && momentum <= 1, name(), "momentum", momentum,
                                      "in [0, 1] (the decay of the velocity; Keras' default is 0.9)");
     }
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "Momentum"; }
-    [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
     [[nodiscard]] double momentum() const noexcept { return momentum_; }
     [[nodiscard]] bool nesterov() const noexcept { return nesterov_; }
 
@@ -67,7 +68,7 @@ public:
     /// @brief `{"name": "Momentum", "learning_rate": 0.01, "momentum": 0.9, "nesterov": false}`.
     template <class Json = nlohmann::json>
     [[nodiscard]] Json get_config() const {
-        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate_}, {"momentum", momentum_}, {"nesterov", nesterov_}};
+        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate().get_config()}, {"momentum", momentum_}, {"nesterov", nesterov_}};
     }
 
     /// @brief A zero velocity shaped like `value`.
@@ -104,7 +105,7 @@ private:
         auto w = detail::adapt_block(w_data, n);
         auto m = detail::adapt_block(m_data, n);
         const auto g = detail::adapt_block(g_data, n);
-        const T lr = static_cast<T>(learning_rate_);
+        const T lr = static_cast<T>(constant_learning_rate());
         const T mu = static_cast<T>(momentum_);
         xt::noalias(m) = mu * m - lr * g;
         if (nesterov_)
@@ -113,7 +114,6 @@ private:
             xt::noalias(w) += m;
     }
 
-    double learning_rate_ = 0.01;
     double momentum_ = 0.9;
     bool nesterov_ = false;
 };

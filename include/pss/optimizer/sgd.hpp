@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 #include <xtensor/xarray.hpp>
@@ -15,6 +16,7 @@
 #include <pss/config.hpp>
 #include <pss/detail/optimizer_support.hpp>
 #include <pss/dtype.hpp>
+#include <pss/optimizer/schedules.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -28,8 +30,10 @@ PSS_NAMESPACE_BEGIN
 /// auto slots = sgd.make_slots(w);
 /// sgd.apply_dense(w, slots, g);  // w is {0.95}
 /// @endcode
-class SGD {
+class SGD : public detail::OptimizerLearningRate<SGD> {
 public:
+    static constexpr double default_learning_rate = 0.01;  ///< Keras'
+
     /// @brief No state: SGD keeps nothing beside the shard.
     template <FloatingElement T>
     struct Slots {
@@ -39,15 +43,12 @@ public:
     /// @brief Learning rate 0.01, Keras' default.
     SGD() = default;
 
+    /// @param learning_rate a constant, or a schedule: `SGD(pss::ExponentialDecay(0.1, 1000, 0.96))`
     /// @throws InvalidArgumentError when `learning_rate` is negative or not finite:
     /// `pss: SGD: learning_rate is -1, but it must be a finite number >= 0 ...`
-    explicit SGD(double learning_rate) : learning_rate_(learning_rate) {
-        detail::check_hyperparameter(learning_rate >= 0, name(), "learning_rate", learning_rate,
-                                     "a finite number >= 0 (the step size; Keras' default is 0.01)");
-    }
+    explicit SGD(LearningRate learning_rate) : OptimizerLearningRate(std::move(learning_rate)) {}
 
     [[nodiscard]] static constexpr std::string_view name() noexcept { return "SGD"; }
-    [[nodiscard]] double learning_rate() const noexcept { return learning_rate_; }
 
     /// @brief No slot tensors: a checkpoint saves only the variables.
     [[nodiscard]] static constexpr std::array<std::string_view, 0> slot_names() noexcept { return {}; }
@@ -58,7 +59,7 @@ public:
     /// header needs only nlohmann's declaration).
     template <class Json = nlohmann::json>
     [[nodiscard]] Json get_config() const {
-        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate_}};
+        return Json{{"name", std::string(name())}, {"learning_rate", learning_rate().get_config()}};
     }
 
     template <FloatingElement T>
@@ -70,7 +71,7 @@ public:
     template <FloatingElement T>
     void apply_dense(xt::xarray<T>& value, Slots<T>& /*slots*/, const xt::xarray<T>& grad) const {
         detail::check_dense(name(), value, grad);
-        const T lr = static_cast<T>(learning_rate_);
+        const T lr = static_cast<T>(constant_learning_rate());
         detail::for_each_dense_block<T>(value.size(), [&](std::size_t at, std::size_t n) {
             update(value.data() + at, grad.data() + at, n, lr);
         });
@@ -81,7 +82,7 @@ public:
     void apply_sparse(xt::xarray<T>& value, Slots<T>& /*slots*/, std::span<const std::int64_t> rows,
                       const xt::xarray<T>& grad_rows) const {
         const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
-        const T lr = static_cast<T>(learning_rate_);
+        const T lr = static_cast<T>(constant_learning_rate());
         detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
             update(value.data() + at, grad_rows.data() + g_at, n, lr);
         }, value.data());
@@ -98,7 +99,6 @@ private:
         xt::noalias(w) -= lr * g;
     }
 
-    double learning_rate_ = 0.01;
 };
 
 PSS_NAMESPACE_END

@@ -88,7 +88,7 @@ inline std::size_t max_served_connections(const TcpServeLimits& limits) {
 /// make every request. A worker reads and writes the variables that exist (a function a coordinator
 /// schedules on it may update any of them, as TensorFlow's may); it does not create, destroy, save or
 /// restore them, call functions or shut tasks down. An evaluator only reads. Both may make the
-/// configuration handshake. A ps makes no request.
+/// configuration handshake. A ps makes no request. Setting the learning rate is the chief's too.
 inline std::string role_refusal(const TaskId& peer, const FrameHeader& header, std::string_view name) {
     if (peer.type == "chief") return {};
     const bool worker = peer.type == "worker", reader = worker || peer.type == "evaluator";
@@ -98,7 +98,8 @@ inline std::string role_refusal(const TaskId& peer, const FrameHeader& header, s
             const Op op = header.op();
             if (reader && (op == Op::read || op == Op::gather)) return {};
             const bool structure = op == Op::create || op == Op::destroy || op == Op::save_shard ||
-                                   op == Op::restore_shard || op == Op::commit_restore || op == Op::abort_restore;
+                                   op == Op::restore_shard || op == Op::commit_restore || op == Op::abort_restore ||
+                                   op == Op::set_learning_rate;
             if (worker && !structure) return {};
             what = op_name(op);
             break;
@@ -111,8 +112,8 @@ inline std::string role_refusal(const TaskId& peer, const FrameHeader& header, s
         case RequestKind::heartbeat: return {};  // any task may ask whether another is alive
     }
     return "pss: TcpTransport: " + peer.to_string() + " may not " + what +
-           ": only the chief creates, destroys, saves and restores variables, calls functions and shuts tasks "
-           "down; a worker reads and writes variables, an evaluator reads them. The request was refused and the "
+           ": only the chief creates, destroys, saves and restores variables, sets the learning rate, calls "
+           "functions and shuts tasks down; a worker reads and writes variables, an evaluator reads them. The request was refused and the "
            "connection closed";
 }
 
