@@ -31,6 +31,8 @@
 
 #include <pss/keras.hpp>
 
+#include "mutated_texts.hpp"
+
 namespace {
 
 // Central differences in double precision with h = 1e-6: the truncation error (h^2 f''' / 6) and the
@@ -1423,12 +1425,6 @@ TEST_SUITE("keras/config") {
             R"({"class_name":"Embedding","config":{"batch_input_shape":[null,3,2],"dtype":"float64","input_dim":5,"name":"embedding","output_dim":4}})",
             R"({"class_name":"GlobalAveragePooling1D","config":{"batch_input_shape":[null,3,2],"name":"global_average_pooling1d"}})",
             R"({"class_name":"Flatten","config":{"batch_input_shape":[null],"name":"f x"}})"};
-        const std::string alphabet = "0123456789[]{},:\"-.e truefalsenull\xff";
-        std::mt19937 rng(42);
-        auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
-        auto random_byte = [&] {
-            return pick(4) == 0 ? static_cast<char>(pick(256)) : alphabet[pick(alphabet.size())];
-        };
         std::size_t accepted = 0, rejected = 0;
         auto attempt = [&](const std::string& text) {
             CAPTURE(text);
@@ -1442,23 +1438,7 @@ TEST_SUITE("keras/config") {
             }
         };
         for (const auto& text : valid) CHECK_NOTHROW(attempt(text));
-        for (int i = 0; i < 16000; ++i) {
-            std::string text = valid[static_cast<std::size_t>(i) % valid.size()];
-            for (std::size_t m = 0, edits = 1 + pick(3); m < edits; ++m) {
-                const std::size_t at = pick(text.size() + 1);
-                switch (pick(3)) {
-                    case 0: if (at < text.size()) text[at] = random_byte(); break;
-                    case 1: if (at < text.size()) text.erase(at, 1 + pick(4)); break;
-                    default: text.insert(at, 1 + pick(20), random_byte()); break;
-                }
-            }
-            attempt(text);
-        }
-        for (int i = 0; i < 4000; ++i) {
-            std::string text(pick(48), ' ');
-            for (char& c : text) c = random_byte();
-            attempt(text);
-        }
+        pss_test::for_each_mutated_text(valid, "0123456789[]{},:\"-.e truefalsenull\xff", 42, attempt);
         MESSAGE(accepted << " texts gave a layer, " << rejected << " were rejected");
         CHECK(accepted + rejected == 4 + 20000);
         CHECK(accepted > 4);  // some edits keep a valid config (a digit for a digit)

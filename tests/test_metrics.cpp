@@ -21,6 +21,8 @@
 
 #include <pss/keras/metrics.hpp>
 
+#include "mutated_texts.hpp"
+
 namespace {
 
 using json = nlohmann::json;
@@ -808,10 +810,6 @@ TEST_SUITE("keras/metrics") {
                  std::make_shared<metrics::Recall>(), std::make_shared<metrics::SparseCategoricalAccuracy>(),
                  std::make_shared<metrics::MeanAbsoluteError>("m a e")})
             valid.push_back(metrics::serialize(*m).dump());
-        const std::string alphabet = "0123456789[]{},:\"-.e truefalsenullROCPR\xff";
-        std::mt19937 rng(7);
-        auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
-        auto random_byte = [&] { return pick(4) == 0 ? static_cast<char>(pick(256)) : alphabet[pick(alphabet.size())]; };
         const xt::xarray<double> y_true = column_d({1, 0, 1});
         const xt::xarray<double> y_pred = column_d({0.8, 0.3, 0.4});
         std::size_t accepted = 0, rejected = 0;
@@ -832,23 +830,7 @@ TEST_SUITE("keras/metrics") {
         };
         for (const auto& text : valid) CHECK_NOTHROW(attempt(text));
         CHECK(accepted == valid.size());
-        for (int i = 0; i < 16000; ++i) {
-            std::string text = valid[static_cast<std::size_t>(i) % valid.size()];
-            for (std::size_t m = 0, edits = 1 + pick(3); m < edits; ++m) {
-                const std::size_t at = pick(text.size() + 1);
-                switch (pick(3)) {
-                    case 0: if (at < text.size()) text[at] = random_byte(); break;
-                    case 1: if (at < text.size()) text.erase(at, 1 + pick(4)); break;
-                    default: text.insert(at, 1 + pick(20), random_byte()); break;
-                }
-            }
-            attempt(text);
-        }
-        for (int i = 0; i < 4000; ++i) {
-            std::string text(pick(48), ' ');
-            for (char& c : text) c = random_byte();
-            attempt(text);
-        }
+        pss_test::for_each_mutated_text(valid, "0123456789[]{},:\"-.e truefalsenullROCPR\xff", 7, attempt);
         MESSAGE(accepted << " texts gave a metric, " << rejected << " were rejected");
         CHECK(accepted + rejected == valid.size() + 20000);
         CHECK(accepted > valid.size());  // some edits keep a valid config (a digit for a digit)

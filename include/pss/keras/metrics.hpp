@@ -390,20 +390,11 @@ private:
     bool from_logits_ = false;
 };
 
-/// @brief Keras' `Precision` with one threshold: tp / (tp + fp), where a prediction value is positive
-/// when it is greater than the threshold (in float32) and a target is positive when it is not 0. State
-/// {tp, fp} (weighted).
-class Precision final : public Metric {
+/// @brief What Precision and Recall share: one threshold (Keras' `thresholds`, one value here), a state
+/// of two weighted counts {tp, other} and the result tp / (tp + other). A prediction value is positive
+/// when it is greater than the threshold (in float32); a target is positive when it is not 0.
+class ThresholdCounts : public Metric {
 public:
-    /// @param thresholds Keras' `thresholds` (one value here), in [0, 1]; Keras' `None` is 0.5
-    /// @throws InvalidArgumentError `pss: Precision: "thresholds" is 1.5; ...`
-    explicit Precision(double thresholds = 0.5, std::string name = "precision")
-        : Metric(std::move(name), "precision"), threshold_(thresholds) {
-        if (!(thresholds >= 0 && thresholds <= 1))
-            throw InvalidArgumentError("pss: Precision: " + thresholds_problem(thresholds));
-    }
-
-    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
     [[nodiscard]] std::size_t state_size() const override { return 2; }
     PSS_INLINE void accumulate(std::span<double> state, const Tensor& y_true, const Tensor& y_pred,
                                std::span<const double> sample_weight = {}) const override;
@@ -418,53 +409,50 @@ public:
         config["thresholds"] = threshold_;
         return config;
     }
-    [[nodiscard]] std::unique_ptr<Metric> clone() const override { return std::make_unique<Precision>(*this); }
-
     [[nodiscard]] double threshold() const noexcept { return threshold_; }
 
-    /// The message for a threshold outside [0, 1] (Precision's and Recall's).
+    /// The message for a threshold outside [0, 1].
     [[nodiscard]] static std::string thresholds_problem(double threshold) {
         return "\"thresholds\" is " + detail::metric_number_text(threshold) +
                "; a threshold is in [0, 1] (Keras' default 0.5)";
     }
 
+protected:
+    /// @param of_predicted true: the second count is the false positives (Precision), else the false
+    /// negatives (Recall)
+    /// @throws InvalidArgumentError `pss: Precision: "thresholds" is 1.5; ...`
+    ThresholdCounts(std::string name, std::string_view default_name, std::string_view class_name, double threshold,
+                    bool of_predicted)
+        : Metric(std::move(name), default_name), threshold_(threshold), of_predicted_(of_predicted) {
+        if (!(threshold >= 0 && threshold <= 1))
+            throw InvalidArgumentError("pss: " + std::string(class_name) + ": " + thresholds_problem(threshold));
+    }
+
 private:
     double threshold_;
+    bool of_predicted_;
 };
 
-/// @brief Keras' `Recall` with one threshold: tp / (tp + fn), positives as in Precision. State {tp, fn}
-/// (weighted).
-class Recall final : public Metric {
+/// @brief Keras' `Precision` with one threshold: tp / (tp + fp). State {tp, fp} (weighted).
+class Precision final : public ThresholdCounts {
+public:
+    /// @param thresholds Keras' `thresholds` (one value here), in [0, 1]; Keras' `None` is 0.5
+    /// @throws InvalidArgumentError `pss: Precision: "thresholds" is 1.5; ...`
+    explicit Precision(double thresholds = 0.5, std::string name = "precision")
+        : ThresholdCounts(std::move(name), "precision", "Precision", thresholds, true) {}
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] std::unique_ptr<Metric> clone() const override { return std::make_unique<Precision>(*this); }
+};
+
+/// @brief Keras' `Recall` with one threshold: tp / (tp + fn). State {tp, fn} (weighted).
+class Recall final : public ThresholdCounts {
 public:
     /// @param thresholds Keras' `thresholds` (one value here), in [0, 1]; Keras' `None` is 0.5
     /// @throws InvalidArgumentError `pss: Recall: "thresholds" is 1.5; ...`
     explicit Recall(double thresholds = 0.5, std::string name = "recall")
-        : Metric(std::move(name), "recall"), threshold_(thresholds) {
-        if (!(thresholds >= 0 && thresholds <= 1))
-            throw InvalidArgumentError("pss: Recall: " + Precision::thresholds_problem(thresholds));
-    }
-
+        : ThresholdCounts(std::move(name), "recall", "Recall", thresholds, false) {}
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
-    [[nodiscard]] std::size_t state_size() const override { return 2; }
-    PSS_INLINE void accumulate(std::span<double> state, const Tensor& y_true, const Tensor& y_pred,
-                               std::span<const double> sample_weight = {}) const override;
-    using Metric::result;
-    [[nodiscard]] double result(std::span<const double> state) const override {
-        check_state(state.size());
-        return detail::divide_no_nan(state[0], state[0] + state[1]);
-    }
-    /// @brief `{"name": "recall", "thresholds": 0.5}`
-    [[nodiscard]] nlohmann::json get_config() const override {
-        nlohmann::json config = Metric::get_config();
-        config["thresholds"] = threshold_;
-        return config;
-    }
     [[nodiscard]] std::unique_ptr<Metric> clone() const override { return std::make_unique<Recall>(*this); }
-
-    [[nodiscard]] double threshold() const noexcept { return threshold_; }
-
-private:
-    double threshold_;
 };
 
 /// @brief Keras' metric `MeanSquaredError`: each example's mean of (y_pred - y_true)^2 over the last
@@ -567,7 +555,7 @@ public:
         std::string name = fields.take_string("name");
         const double threshold = detail::metric_config_number(fields, "thresholds");
         fields.finish();
-        if (!(threshold >= 0 && threshold <= 1)) fields.fail(Precision::thresholds_problem(threshold));
+        if (!(threshold >= 0 && threshold <= 1)) fields.fail(ThresholdCounts::thresholds_problem(threshold));
         if (class_name == "Precision") metric = std::make_unique<Precision>(threshold, std::move(name));
         else metric = std::make_unique<Recall>(threshold, std::move(name));
     } else if (class_name == "AUC") {
@@ -757,41 +745,27 @@ PSS_INLINE double AUC::interpolate_pr_auc(std::span<const double> state) const {
     return area;
 }
 
+PSS_INLINE void ThresholdCounts::accumulate(std::span<double> state, const Tensor& y_true, const Tensor& y_pred,
+                                            std::span<const double> sample_weight) const {
+    with_batch(state, y_true, y_pred, sample_weight,
+               [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p, const detail::MetricBatch& batch) {
+                   check_one_target_per_value(y, p);
+                   const float threshold = static_cast<float>(threshold_);
+                   double tp = 0, other = 0;  // other: fp (of the predicted positives) or fn (of the actual ones)
+                   for (std::size_t i = 0; i < p.size(); ++i) {
+                       const bool predicted = static_cast<float>(p.data()[i]) > threshold;
+                       const bool actual = static_cast<float>(y.data()[i]) != 0.0f;
+                       if (!(of_predicted_ ? predicted : actual)) continue;
+                       (predicted && actual ? tp : other) += batch.weight(i);
+                   }
+                   state[0] += tp;
+                   state[1] += other;
+               });
+}
+
 PSS_INLINE std::string_view Precision::class_name() const noexcept { return "Precision"; }
 
-PSS_INLINE void Precision::accumulate(std::span<double> state, const Tensor& y_true, const Tensor& y_pred,
-                                      std::span<const double> sample_weight) const {
-    with_batch(state, y_true, y_pred, sample_weight,
-               [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p, const detail::MetricBatch& batch) {
-                   check_one_target_per_value(y, p);
-                   const float threshold = static_cast<float>(threshold_);
-                   double tp = 0, fp = 0;
-                   for (std::size_t i = 0; i < p.size(); ++i) {
-                       if (!(static_cast<float>(p.data()[i]) > threshold)) continue;
-                       (static_cast<float>(y.data()[i]) != 0.0f ? tp : fp) += batch.weight(i);
-                   }
-                   state[0] += tp;
-                   state[1] += fp;
-               });
-}
-
 PSS_INLINE std::string_view Recall::class_name() const noexcept { return "Recall"; }
-
-PSS_INLINE void Recall::accumulate(std::span<double> state, const Tensor& y_true, const Tensor& y_pred,
-                                   std::span<const double> sample_weight) const {
-    with_batch(state, y_true, y_pred, sample_weight,
-               [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p, const detail::MetricBatch& batch) {
-                   check_one_target_per_value(y, p);
-                   const float threshold = static_cast<float>(threshold_);
-                   double tp = 0, fn = 0;
-                   for (std::size_t i = 0; i < p.size(); ++i) {
-                       if (static_cast<float>(y.data()[i]) == 0.0f) continue;
-                       (static_cast<float>(p.data()[i]) > threshold ? tp : fn) += batch.weight(i);
-                   }
-                   state[0] += tp;
-                   state[1] += fn;
-               });
-}
 
 PSS_INLINE std::string_view MeanSquaredError::class_name() const noexcept { return "MeanSquaredError"; }
 
