@@ -311,6 +311,46 @@ TEST_SUITE("keras/layers") {
     }
 }
 
+TEST_SUITE("keras/layers") {
+    TEST_CASE("Dropout: a training step drops about rate of the values and scales the rest by 1 / (1 - rate); "
+              "the same step the same mask, in backward too; inference is the identity; its config; a worker's copy "
+              "drops the same values") {
+        std::mt19937 rng(0);
+        pss::Dropout dropout(0.25, 7);
+        CHECK(dropout.build({100}, rng) == pss::Shape{100});
+        const xt::xarray<double> x = xt::ones<double>({100, 100});
+        const xt::xarray<double> y = D(dropout.forward(x, 1));
+        std::size_t dropped = 0;
+        for (const double v : y) {
+            if (v == 0) ++dropped;
+            else CHECK(v == 1 / (1 - 0.25));
+        }
+        CHECK(dropped > 2370);  // 10,000 values at rate 0.25: 2,500, three standard deviations (43) either way
+        CHECK(dropped < 2630);
+        CHECK(D(dropout.backward(x).inputs) == y);  // the gradient through the same mask
+        CHECK(D(dropout.forward(x, 1)) == y);       // a step run again drops the same values
+        CHECK_FALSE(D(dropout.forward(x, 2)) == y);
+        CHECK(D(dropout.forward(x, 0)) == x);  // not training
+        CHECK(D(dropout.backward(x).inputs) == x);
+        CHECK(pss::serialize(dropout) ==
+              nlohmann::json::parse(R"({"class_name": "Dropout", "config": {"name": "dropout", "rate": 0.25, "seed": 7,
+                                         "batch_input_shape": [null, 100]}})"));
+        auto copy = pss::detail::bind_layer_from_config(pss::serialize(dropout), {});
+        CHECK(D(copy->forward(x, 1)) == y);
+        // Without a seed, the model's generator gives one at build.
+        pss::Dropout unseeded(0.5);
+        std::mt19937 model_rng(3);
+        (void)unseeded.build({4}, model_rng);
+        CHECK(unseeded.seed() == std::mt19937(3)());
+        CHECK_THROWS_WITH_AS((void)pss::Dropout(1), "pss: Dropout: rate is 1.0; it is in [0, 1) (the fraction of inputs dropped)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::detail::layer_from_config(nlohmann::json::parse(
+                                 R"({"class_name":"Dropout","config":{"name":"d","rate":1.5,"seed":1}})")),
+                             R"(pss: Dropout config {"name":"d","rate":1.5,"seed":1}: "rate" is 1.5; it is a number in [0, 1))",
+                             pss::InvalidArgumentError);
+    }
+}
+
 TEST_SUITE("keras/losses") {
     TEST_CASE("MeanSquaredError: targets [[1], [2]], predictions [[1.5], [1]] give 0.625; gradient [[0.5], [-1]] matches central differences") {
         pss::MeanSquaredError mse;
@@ -350,17 +390,114 @@ TEST_SUITE("keras/losses") {
                              pss::InvalidArgumentError);
     }
 
-    TEST_CASE("make_loss: \"mse\" is MeanSquaredError; \"hinge\" throws listing the known names") {
+    TEST_CASE("make_loss: \"mse\" is MeanSquaredError, \"huber\" Huber; \"hinge\" throws listing the known names") {
         CHECK(pss::make_loss("mse")->name() == "mean_squared_error");
         CHECK(pss::make_loss("sparse_categorical_crossentropy")->name() == "sparse_categorical_crossentropy");
+        CHECK(pss::make_loss("huber")->name() == "huber_loss");
         CHECK_THROWS_WITH_AS((void)pss::make_loss("hinge"),
                              "pss: loss \"hinge\" is not known; use \"mean_squared_error\" (or \"mse\"), "
-                             "\"binary_crossentropy\" or \"sparse_categorical_crossentropy\", or pass a pss::Loss object",
+                             "\"binary_crossentropy\", \"sparse_categorical_crossentropy\" or \"huber\", or pass a "
+                             "pss::Loss object",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("from_logits: the crossentropies of logits are TensorFlow's exact formulas (no overflow at 1000); "
+              "gradients match central differences; they agree with the probabilities' losses of the softmax or sigmoid") {
+        const pss::BinaryCrossentropy bce(true);
+        CHECK(bce.from_logits());
+        // Logit 0 for target 1 costs log 2; logit 2 for target 0 costs 2 + log(1 + e^-2).
+        CHECK(bce.value(column({1, 0}), column({0, 2})) ==
+              doctest::Approx((std::log(2.0) + 2 + std::log1p(std::exp(-2.0))) / 2).epsilon(1e-14));
+        CHECK(bce.value(column({1}), column({-1000})) == 1000);  // exact: no exp overflows, no clip
+        const double sigmoid2 = 1 / (1 + std::exp(-2.0));
+        const xt::xarray<double> g = D(bce.gradient(column({1, 0}), column({0, 2})));
+        CHECK(g(0, 0) == (0.5 - 1) / 2);
+        CHECK(g(1, 0) == doctest::Approx(sigmoid2 / 2).epsilon(1e-15));
+        check_loss_gradient(bce, column({1, 0, 1, 0.3}), column({0.8, -0.4, 3, -2}));
+        CHECK(bce.value(column({1, 0}), column({0.5, -1})) ==
+              doctest::Approx(pss::BinaryCrossentropy().value(column({1, 0}), column({1 / (1 + std::exp(-0.5)),
+                                                                                        1 / (1 + std::exp(1.0))})))
+                  .epsilon(1e-6));
+
+        const pss::SparseCategoricalCrossentropy scce(true);
+        const xt::xarray<double> logits = {{1, 2, 3}, {0, 0, 0}};
+        const xt::xarray<double> ids = {2, 1};
+        CHECK(scce.value(ids, logits) ==
+              doctest::Approx((std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3 + std::log(3.0)) / 2)
+                  .epsilon(1e-14));
+        check_loss_gradient(scce, ids, logits);
+        check_loss_gradient(scce, xt::xarray<double>{0, 2}, xt::xarray<double>{{0.3, -1, 2}, {5, 4.5, -3}});
+        CHECK(scce.value(xt::xarray<double>{0}, xt::xarray<double>{{1000, 0, -1000}}) == 0);
+        const double e1 = std::exp(1.0), e2 = std::exp(2.0), e3 = std::exp(3.0), sum = e1 + e2 + e3;
+        CHECK(scce.value(ids, logits) == doctest::Approx(pss::SparseCategoricalCrossentropy().value(
+                                                             ids, xt::xarray<double>{{e1 / sum, e2 / sum, e3 / sum},
+                                                                                     {1.0 / 3, 1.0 / 3, 1.0 / 3}}))
+                                             .epsilon(1e-6));
+        // A worker rebuilds them from their configs, from_logits kept.
+        const auto rebuilt = pss::detail::loss_from_config(pss::serialize(scce));
+        CHECK(rebuilt->get_config().at("from_logits") == true);
+        CHECK(rebuilt->value(ids, logits) == scce.value(ids, logits));
+        CHECK(pss::detail::loss_from_config(pss::serialize(bce))->value(column({1}), column({-1000})) == 1000);
+    }
+
+    TEST_CASE("Huber: errors 0.5 and -3 with delta 1 cost (0.125 + 2.5) / 2; the gradient is the clipped error; "
+              "central differences; its config; delta 0 is refused") {
+        const pss::Huber huber;
+        CHECK(huber.delta() == 1.0);
+        CHECK(huber.value(column({1, 4}), column({1.5, 1})) == (0.125 + 2.5) / 2);
+        CHECK(D(huber.gradient(column({1, 4}), column({1.5, 1}))) == column({0.25, -0.5}));
+        const pss::Huber wide(2.5);
+        check_loss_gradient(wide, column({1, 4, 0, -2}), column({1.5, -1, 0.3, 5}));  // inside and beyond delta
+        CHECK(pss::serialize(wide) ==
+              nlohmann::json::parse(R"({"class_name": "Huber", "config": {"delta": 2.5, "name": "huber_loss", "reduction": "auto"}})"));
+        const auto rebuilt = pss::detail::loss_from_config(pss::serialize(wide));
+        CHECK(rebuilt->value(column({4}), column({-1})) == 2.5 * (5 - 1.25));
+        CHECK_THROWS_WITH_AS((void)pss::Huber(0), "pss: Huber: delta is 0.0; it is a finite number > 0 (Keras' default 1.0)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::detail::loss_from_config(nlohmann::json::parse(
+                                 R"({"class_name":"Huber","config":{"delta":-1,"name":"huber_loss","reduction":"auto"}})")),
+                             R"(pss: Huber config {"delta":-1,"name":"huber_loss","reduction":"auto"}: "delta" is -1; )"
+                             R"(it is a finite number > 0)",
                              pss::InvalidArgumentError);
     }
 }
 
 TEST_SUITE("keras/model") {
+    TEST_CASE("Sequential::summary: tf.keras 2's table of layers, output shapes and parameter counts, then each "
+              "variable's ps tasks; before build, FailedPreconditionError") {
+        pss::ParameterServerStrategy<> strategy;  // 2 ps, one shard per variable, placed round-robin
+        pss::Sequential model(strategy, {pss::Dense(16, "relu"), pss::Dense(1)});
+        CHECK_THROWS_AS(model.summary(), pss::FailedPreconditionError);
+        model.build({3});
+        std::ostringstream out;
+        model.summary(out);
+        CHECK(out.str() == "Model: \"sequential\"\n"
+                           "_________________________________________________________________\n"
+                           " Layer (type)                Output Shape              Param #   \n"
+                           "=================================================================\n"
+                           " dense (Dense)               (None, 16)                64        \n"
+                           "                                                                 \n"
+                           " dense_1 (Dense)             (None, 1)                 17        \n"
+                           "                                                                 \n"
+                           "=================================================================\n"
+                           "Total params: 81\n"
+                           "Trainable params: 81\n"
+                           "Non-trainable params: 0\n"
+                           "_________________________________________________________________\n"
+                           " Variable                    Shape                     On ps     \n"
+                           "=================================================================\n"
+                           " dense/kernel:0              (3, 16)                   0         \n"
+                           " dense/bias:0                (16,)                     1         \n"
+                           " dense_1/kernel:0            (16, 1)                   0         \n"
+                           " dense_1/bias:0              (1,)                      1         \n"
+                           "=================================================================\n");
+        // A field wider than its column goes on in the same column of the next lines.
+        std::ostringstream wrapped;
+        pss::detail::summary_row(wrapped, {"a_layer_name_of_thirty_letters", "(None, 1)", "0,1,0,1,0,1"}, {29, 55, 65});
+        CHECK(wrapped.str() == " a_layer_name_of_thirty_let  (None, 1)                 0,1,0,1,0,\n"
+                               " ters                                                  1         \n");
+    }
+
     TEST_CASE("Sequential: seed_fit with kernel [[0.5]] and bias [0] gives the 5 losses of full-batch gradient descent by hand (1e-6 relative)") {
         pss::ParameterServerStrategy<> strategy;
         pss::Sequential model(strategy, {pss::Dense(1)});
@@ -695,6 +832,18 @@ public:
 }  // namespace
 
 TEST_SUITE("keras/fit") {
+    TEST_CASE("Dropout in a Sequential model: fit trains through it; evaluate and predict do not drop") {
+        pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.05));
+        pss::Sequential model(strategy, {pss::Dense(8, "relu"), pss::Dropout(0.5), pss::Dense(1)}, 5);
+        model.compile("mse");
+        const auto [x, y] = line_data(16);
+        const auto history = model.fit(x, y, {.batch_size = 4, .epochs = 3, .verbose = 0});
+        CHECK(history.loss.size() == 3);
+        CHECK(std::isfinite(history.loss.back()));
+        CHECK(model.evaluate(x, y, 4) == model.evaluate(x, y, 4));
+        CHECK(model.predict(x) == model.predict(x));
+    }
+
     TEST_CASE("fit: a learning-rate schedule on the ps follows fit's steps (Keras' iterations) across fit calls; "
               "a LearningRateScheduler sets each epoch's rate on the ps") {
         // One worker: the steps run in order. Rate 0.1 at iterations 0 and 1 (0.1 * 0^floor(i / 2)), then 0.
@@ -1353,7 +1502,7 @@ TEST_SUITE("keras/config") {
                                R"(pss: layer {"config":{}}: the field "class_name" is missing; it has class_name and config)");
         check_bad_layer_config(R"({"class_name": "Conv2D", "config": {}})",
                                R"(pss: layer {"class_name":"Conv2D","config":{}}: "class_name" is "Conv2D"; the layers a )"
-                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D" and "Flatten")");
+                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten" and "Dropout")");
         check_bad_layer_config(R"({"class_name": 7, "config": {}})",
                                R"(pss: layer {"class_name":7,"config":{}}: "class_name" is 7, not a string)");
         check_bad_layer_config(R"({"class_name": "Flatten", "config": {}, "x": 1})",
@@ -1424,7 +1573,8 @@ TEST_SUITE("keras/config") {
             R"({"class_name":"Dense","config":{"activation":"relu","batch_input_shape":[null,3],"dtype":"float32","name":"dense_1","units":4,"use_bias":true}})",
             R"({"class_name":"Embedding","config":{"batch_input_shape":[null,3,2],"dtype":"float64","input_dim":5,"name":"embedding","output_dim":4}})",
             R"({"class_name":"GlobalAveragePooling1D","config":{"batch_input_shape":[null,3,2],"name":"global_average_pooling1d"}})",
-            R"({"class_name":"Flatten","config":{"batch_input_shape":[null],"name":"f x"}})"};
+            R"({"class_name":"Flatten","config":{"batch_input_shape":[null],"name":"f x"}})",
+            R"({"class_name":"Dropout","config":{"batch_input_shape":[null,3],"name":"dropout","rate":0.5,"seed":7}})"};
         std::size_t accepted = 0, rejected = 0;
         auto attempt = [&](const std::string& text) {
             CAPTURE(text);
@@ -1440,8 +1590,8 @@ TEST_SUITE("keras/config") {
         for (const auto& text : valid) CHECK_NOTHROW(attempt(text));
         pss_test::for_each_mutated_text(valid, "0123456789[]{},:\"-.e truefalsenull\xff", 42, attempt);
         MESSAGE(accepted << " texts gave a layer, " << rejected << " were rejected");
-        CHECK(accepted + rejected == 4 + 20000);
-        CHECK(accepted > 4);  // some edits keep a valid config (a digit for a digit)
+        CHECK(accepted + rejected == valid.size() + 20000);
+        CHECK(accepted > valid.size());  // some edits keep a valid config (a digit for a digit)
         CHECK(rejected > 10000);
     }
 
@@ -1473,17 +1623,17 @@ TEST_SUITE("keras/config") {
                   ->name() == "mean_squared_error");
     }
 
-    TEST_CASE("detail::loss_from_config: Hinge, from_logits true, another name or reduction, a missing field throw naming the field and its value") {
+    TEST_CASE("detail::loss_from_config: Hinge, from_logits not a bool, another name or reduction, a missing field throw naming the field and its value") {
         auto check_bad = [](const std::string& text, const std::string& message) {
             CAPTURE(text);
             CHECK_THROWS_WITH_AS((void)pss::detail::loss_from_config(json::parse(text)), message.c_str(), pss::InvalidArgumentError);
         };
         check_bad(R"({"class_name":"Hinge","config":{}})",
                   R"(pss: loss {"class_name":"Hinge","config":{}}: "class_name" is "Hinge"; the losses a worker rebuilds )"
-                  R"(are "MeanSquaredError", "BinaryCrossentropy" and "SparseCategoricalCrossentropy")");
-        check_bad(R"({"class_name":"BinaryCrossentropy","config":{"from_logits":true,"name":"binary_crossentropy","reduction":"auto"}})",
-                  R"(pss: BinaryCrossentropy config {"from_logits":true,"name":"binary_crossentropy","reduction":"auto"}: )"
-                  R"("from_logits" is true; pss's crossentropies take probabilities (from_logits false))");
+                  R"(are "MeanSquaredError", "BinaryCrossentropy", "SparseCategoricalCrossentropy" and "Huber")");
+        check_bad(R"({"class_name":"BinaryCrossentropy","config":{"from_logits":1,"name":"binary_crossentropy","reduction":"auto"}})",
+                  R"(pss: BinaryCrossentropy config {"from_logits":1,"name":"binary_crossentropy","reduction":"auto"}: )"
+                  R"("from_logits" is 1, not true or false)");
         check_bad(R"({"class_name":"MeanSquaredError","config":{"name":"mse","reduction":"auto"}})",
                   R"(pss: MeanSquaredError config {"name":"mse","reduction":"auto"}: "name" is "mse"; a MeanSquaredError )"
                   R"(is named "mean_squared_error")");

@@ -1032,7 +1032,7 @@ public:
 
 PSS_NAMESPACE_END
 
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their Keras configs (JSON).
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout) whose weights are pss Variables, and their Keras configs (JSON).
 
 #include <algorithm>
 #include <array>
@@ -1210,7 +1210,7 @@ private:
 
 PSS_NAMESPACE_END
 
-// pss/keras/losses.hpp: Keras-style losses (MeanSquaredError, BinaryCrossentropy, SparseCategoricalCrossentropy), each with its gradient.
+// pss/keras/losses.hpp: Keras-style losses (MeanSquaredError, BinaryCrossentropy, SparseCategoricalCrossentropy, Huber), each with its gradient.
 
 #include <algorithm>
 #include <cmath>
@@ -1376,21 +1376,29 @@ PSS_INLINE Tensor MeanSquaredError::gradient(const Tensor& y_true, const Tensor&
 }
 #endif
 
-/// @brief Keras' `BinaryCrossentropy()` from probabilities (`from_logits=False`):
-/// mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred, e, 1 - e) and e = 1e-7, Keras'
-/// `epsilon()`, exactly as tf.keras.backend.binary_crossentropy computes it. Where y_pred is outside
-/// [e, 1 - e] the gradient is 0 (the clip's). Predictions come from a sigmoid; targets are in [0, 1].
+/// @brief Keras' `BinaryCrossentropy(from_logits=False)`.
+///
+/// From probabilities (the default): mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred,
+/// e, 1 - e) and e = 1e-7, Keras' `epsilon()`, exactly as tf.keras.backend.binary_crossentropy computes
+/// it. Where y_pred is outside [e, 1 - e] the gradient is 0 (the clip's). Predictions come from a sigmoid.
+///
+/// From logits (`BinaryCrossentropy(true)`, predictions x from a linear layer): TensorFlow's
+/// sigmoid_cross_entropy_with_logits, mean(max(x, 0) - x y + log(1 + exp(-|x|))), exact for any x, with
+/// the gradient (sigmoid(x) - y) / n. Targets are in [0, 1] either way.
 class BinaryCrossentropy final : public Loss {
 public:
     /// @brief Keras' `backend.epsilon()`.
     static constexpr double epsilon = 1e-7;
 
+    explicit BinaryCrossentropy(bool from_logits = false) noexcept : from_logits_(from_logits) {}
+
     [[nodiscard]] std::string_view name() const noexcept override { return "binary_crossentropy"; }
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] bool from_logits() const noexcept { return from_logits_; }
     /// @brief `{"from_logits": false, "name": "binary_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
-        config["from_logits"] = false;
+        config["from_logits"] = from_logits_;
         return config;
     }
 
@@ -1403,6 +1411,9 @@ public:
                 throw InvalidArgumentError("pss: binary_crossentropy: a target is " + std::to_string(y) +
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
     }
+
+private:
+    bool from_logits_;
 };
 
 #if PSS_DEFINITIONS
@@ -1413,6 +1424,9 @@ PSS_INLINE double BinaryCrossentropy::value(const Tensor& y_true, const Tensor& 
         check_value_count(y_in, p_in);
         const T e = static_cast<T>(epsilon), one = T{1};
         const auto y = as_shape_of(y_in, p_in);
+        if (from_logits_)
+            return static_cast<double>(
+                xt::mean(xt::maximum(p_in, T{0}) - p_in * y + xt::log1p(xt::exp(-xt::abs(p_in))))());
         const auto p = xt::clip(p_in, e, one - e);
         return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
     });
@@ -1424,15 +1438,19 @@ PSS_INLINE Tensor BinaryCrossentropy::gradient(const Tensor& y_true, const Tenso
         const T e = static_cast<T>(epsilon), one = T{1};
         const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
         const auto y = as_shape_of(y_in, p);
+        if (from_logits_) return Tensor(xt::xarray<T>(scale * (one / (one + xt::exp(-p)) - y)));
         return Tensor(xt::xarray<T>(
             xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
     });
 }
 #endif
 
-/// @brief Keras' `SparseCategoricalCrossentropy()` from probabilities (`from_logits=False`): targets
-/// are class ids, predictions a distribution over the last axis (a softmax's output).
+/// @brief Keras' `SparseCategoricalCrossentropy(from_logits=False)`: targets are class ids, predictions a
+/// distribution over the last axis (a softmax's output), or with `from_logits` true its logits (a linear
+/// layer's output): then the example's loss is log(sum_j exp(x[j])) - x[t], computed from the largest
+/// logit so that no exp overflows, with the gradient softmax(x) - onehot(t) (over the batch size).
 ///
+/// From probabilities:
 /// As tf.keras.backend.sparse_categorical_crossentropy: c = clip(y_pred, e, 1 - e) with e = 1e-7, and the
 /// example's loss is the softmax cross-entropy of the logits log(c), i.e. -log(c[t]) + log(sum_j c[j])
 /// (which is -log(y_pred[t]) for a softmax output no clip touched). The gradient is 0 where the clip
@@ -1443,12 +1461,15 @@ public:
     /// @brief Keras' `backend.epsilon()`.
     static constexpr double epsilon = 1e-7;
 
+    explicit SparseCategoricalCrossentropy(bool from_logits = false) noexcept : from_logits_(from_logits) {}
+
     [[nodiscard]] std::string_view name() const noexcept override { return "sparse_categorical_crossentropy"; }
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] bool from_logits() const noexcept { return from_logits_; }
     /// @brief `{"from_logits": false, "name": "sparse_categorical_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
-        config["from_logits"] = false;
+        config["from_logits"] = from_logits_;
         return config;
     }
 
@@ -1484,6 +1505,18 @@ private:
                                        "; give one class id per row of class probabilities");
         return y_pred.shape().back();
     }
+
+    /// The softmax of one row of logits into `out`; returns log(sum_j exp(x[j])).
+    template <class T>
+    static T softmax_row(const T* x, T* out, std::size_t classes) {
+        const T top = *std::max_element(x, x + classes);
+        T sum = 0;
+        for (std::size_t j = 0; j < classes; ++j) sum += (out[j] = std::exp(x[j] - top));
+        for (std::size_t j = 0; j < classes; ++j) out[j] /= sum;
+        return top + std::log(sum);
+    }
+
+    bool from_logits_;
 };
 
 #if PSS_DEFINITIONS
@@ -1495,6 +1528,15 @@ PSS_INLINE double SparseCategoricalCrossentropy::value(const Tensor& y_true, con
         const std::size_t rows = probs.size() / classes;
         const T e = static_cast<T>(epsilon), high = T{1} - e;
         double sum = 0;
+        if (from_logits_) {
+            std::vector<T> softmax(classes);
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* x = probs.data() + r * classes;
+                sum += static_cast<double>(softmax_row(x, softmax.data(), classes) -
+                                           x[static_cast<std::size_t>(y.data()[r])]);
+            }
+            return sum / static_cast<double>(rows);
+        }
         for (std::size_t r = 0; r < rows; ++r) {
             const T* p = probs.data() + r * classes;
             T total = 0;
@@ -1513,6 +1555,15 @@ PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, 
         const T e = static_cast<T>(epsilon), high = T{1} - e;
         xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
         const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+        if (from_logits_) {
+            for (std::size_t r = 0; r < rows; ++r) {
+                T* g = out.data() + r * classes;
+                (void)softmax_row(probs.data() + r * classes, g, classes);
+                g[static_cast<std::size_t>(y.data()[r])] -= T{1};
+                for (std::size_t j = 0; j < classes; ++j) g[j] *= scale;
+            }
+            return Tensor(std::move(out));
+        }
         for (std::size_t r = 0; r < rows; ++r) {
             const T* p = probs.data() + r * classes;
             T* g = out.data() + r * classes;
@@ -1527,8 +1578,64 @@ PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, 
 }
 #endif
 
+/// @brief Keras' `Huber(delta=1.0)`: each error e = y_pred - y_true costs e^2 / 2 where |e| <= delta and
+/// delta (|e| - delta / 2) beyond, so that large errors count linearly (robust to outliers); the mean over
+/// every prediction of the batch. The gradient is e clipped to [-delta, delta], over their count.
+class Huber final : public Loss {
+public:
+    /// @throws InvalidArgumentError when delta is not a finite number > 0:
+    /// `pss: Huber: delta is 0; it is a finite number > 0 (Keras' default 1.0)`
+    explicit Huber(double delta = 1.0) : delta_(delta) {
+        if (!(delta > 0) || !std::isfinite(delta))
+            throw InvalidArgumentError("pss: Huber: delta is " + delta_text(delta) +
+                                       "; it is a finite number > 0 (Keras' default 1.0)");
+    }
+    [[nodiscard]] std::string_view name() const noexcept override { return "huber_loss"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] double delta() const noexcept { return delta_; }
+    /// @brief `{"delta": 1.0, "name": "huber_loss", "reduction": "auto"}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Loss::get_config();
+        config["delta"] = delta_;
+        return config;
+    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
+        check_same_size(y_true, output_shape);
+    }
+
+    /// `1.5`, as a message shows a delta.
+    [[nodiscard]] static std::string delta_text(double delta) { return nlohmann::json(delta).dump(); }
+
+private:
+    double delta_;
+};
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Huber::class_name() const noexcept { return "Huber"; }
+
+PSS_INLINE double Huber::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        const T d = static_cast<T>(delta_), half = T{0.5};
+        const auto error = xt::abs(p - as_shape_of(y, p));
+        return static_cast<double>(xt::mean(xt::where(error <= d, half * error * error, d * (error - half * d)))());
+    });
+}
+
+PSS_INLINE Tensor Huber::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        const T d = static_cast<T>(delta_);
+        const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+        return Tensor(xt::xarray<T>(scale * xt::clip(p - as_shape_of(y, p), -d, d)));
+    });
+}
+#endif
+
 /// @brief The loss Keras names `name`: "mean_squared_error" (or "mse"), "binary_crossentropy",
-/// "sparse_categorical_crossentropy".
+/// "sparse_categorical_crossentropy", "huber" (delta 1).
 /// @throws InvalidArgumentError `pss: loss "hinge" is not known; use ...`
 [[nodiscard]] inline std::shared_ptr<const Loss> make_loss(std::string_view name) {
     if (name == "mean_squared_error" || name == "mse" || name == "MeanSquaredError")
@@ -1536,9 +1643,10 @@ PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, 
     if (name == "binary_crossentropy" || name == "BinaryCrossentropy") return std::make_shared<BinaryCrossentropy>();
     if (name == "sparse_categorical_crossentropy" || name == "SparseCategoricalCrossentropy")
         return std::make_shared<SparseCategoricalCrossentropy>();
+    if (name == "huber" || name == "huber_loss" || name == "Huber") return std::make_shared<Huber>();
     throw InvalidArgumentError("pss: loss \"" + std::string(name) +
-                               "\" is not known; use \"mean_squared_error\" (or \"mse\"), \"binary_crossentropy\" or "
-                               "\"sparse_categorical_crossentropy\", or pass a pss::Loss object");
+                               "\" is not known; use \"mean_squared_error\" (or \"mse\"), \"binary_crossentropy\", "
+                               "\"sparse_categorical_crossentropy\" or \"huber\", or pass a pss::Loss object");
 }
 
 /// @brief Keras' `tf.keras.losses.serialize(loss)`: `{"class_name": "MeanSquaredError", "config":
@@ -1559,25 +1667,32 @@ namespace detail {
     const std::string class_name = outer.take_string("class_name");
     const nlohmann::json& config = outer.take("config");
     outer.finish();
-    std::shared_ptr<const Loss> loss;
-    if (class_name == "MeanSquaredError") loss = std::make_shared<MeanSquaredError>();
-    else if (class_name == "BinaryCrossentropy") loss = std::make_shared<BinaryCrossentropy>();
-    else if (class_name == "SparseCategoricalCrossentropy") loss = std::make_shared<SparseCategoricalCrossentropy>();
-    else
+    const bool logits = class_name == "BinaryCrossentropy" || class_name == "SparseCategoricalCrossentropy";
+    const bool huber = class_name == "Huber";
+    if (!logits && !huber && class_name != "MeanSquaredError")
         outer.fail("\"class_name\" is " + json_text(class_name) +
-                   "; the losses a worker rebuilds are \"MeanSquaredError\", \"BinaryCrossentropy\" and "
-                   "\"SparseCategoricalCrossentropy\"");
-    const bool logits = class_name != "MeanSquaredError";
-    ConfigFields fields(class_name + " config", config, logits ? "name, reduction and from_logits" : "name and reduction");
+                   "; the losses a worker rebuilds are \"MeanSquaredError\", \"BinaryCrossentropy\", "
+                   "\"SparseCategoricalCrossentropy\" and \"Huber\"");
+    ConfigFields fields(class_name + " config", config,
+                        logits ? "name, reduction and from_logits" : huber ? "name, reduction and delta" : "name and reduction");
     const std::string name = fields.take_string("name");
-    if (name != loss->name())
-        fields.fail("\"name\" is " + json_text(name) + "; a " + class_name + " is named \"" + std::string(loss->name()) + "\"");
     const std::string reduction = fields.take_string("reduction");
     if (reduction != "auto" && reduction != "sum_over_batch_size")
         fields.fail("\"reduction\" is " + json_text(reduction) +
                     "; a loss reduces as \"auto\" (or \"sum_over_batch_size\", the same): the mean over the batch");
-    if (logits && fields.take_bool("from_logits"))
-        fields.fail("\"from_logits\" is true; pss's crossentropies take probabilities (from_logits false)");
+    std::shared_ptr<const Loss> loss;
+    if (class_name == "BinaryCrossentropy") loss = std::make_shared<BinaryCrossentropy>(fields.take_bool("from_logits"));
+    else if (logits) loss = std::make_shared<SparseCategoricalCrossentropy>(fields.take_bool("from_logits"));
+    else if (huber) {
+        const nlohmann::json& delta = fields.take("delta");
+        if (!delta.is_number() || !(delta.get<double>() > 0) || !std::isfinite(delta.get<double>()))
+            fields.fail("\"delta\" is " + delta.dump() + "; it is a finite number > 0");
+        loss = std::make_shared<Huber>(delta.get<double>());
+    } else {
+        loss = std::make_shared<MeanSquaredError>();
+    }
+    if (name != loss->name())
+        fields.fail("\"name\" is " + json_text(name) + "; a " + class_name + " is named \"" + std::string(loss->name()) + "\"");
     fields.finish();
     return loss;
 }
@@ -2485,6 +2600,74 @@ PSS_INLINE LayerGradients GlobalAveragePooling1D::backward(const Tensor& grad_ou
 }
 #endif
 
+/// @brief Keras' `Dropout(rate, seed)`: in a training step each input value is dropped (set to 0) with
+/// probability `rate` and the others are scaled by 1 / (1 - rate), so the expected output is the input;
+/// outside training (evaluate, predict) the inputs pass unchanged.
+///
+/// A training step is a forward with a step number (> 0): Sequential::fit numbers every step, evaluate
+/// and predict give 0. Each value's fate is a hash of the layer's seed, the step, the worker and the
+/// value's position (splitmix64), not a generator's state: a step dropped again (rerun after a lost
+/// worker, or resumed from a backup) drops the same values, every standard library draws the same, and
+/// the workers of one synchronous step drop different values. Without a seed the layer takes one from
+/// its model's generator when built, so the model's seed fixes it, and the config carries it to workers.
+class Dropout final : public Layer {
+public:
+    /// @param rate the fraction dropped, in [0, 1)
+    /// @param seed the masks' seed; by default drawn from the model's generator at build
+    /// @throws InvalidArgumentError `pss: Dropout: rate is 1; it is in [0, 1) (the fraction of inputs dropped)`
+    explicit Dropout(double rate, std::optional<std::uint64_t> seed = std::nullopt) : rate_(rate), seed_(seed) {
+        if (!(rate >= 0 && rate < 1))
+            throw InvalidArgumentError("pss: Dropout: rate is " + nlohmann::json(rate).dump() +
+                                       "; it is in [0, 1) (the fraction of inputs dropped)");
+    }
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Dropout>(*this); }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] double rate() const noexcept { return rate_; }
+    /// @brief The seed of the masks: the one given, or (once built) the one drawn.
+    [[nodiscard]] std::optional<std::uint64_t> seed() const noexcept { return seed_; }
+
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
+
+    /// @brief `{"name": "dropout", "rate": 0.5, "seed": 42}` (the seed once built or given; else null)
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["rate"] = rate_;
+        config["seed"] = seed_ ? nlohmann::json(*seed_) : nlohmann::json(nullptr);
+        return config;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
+        if (!seed_) seed_ = rng();
+        return input_shape;
+    }
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_bind_weights(weights, {});
+        if (!seed_) throw InvalidArgumentError("pss: " + describe() + ": bind needs the seed the built layer drew");
+        return input_shape;
+    }
+
+private:
+    /// Keep (true) or drop value `index` of step `step` on `worker`: splitmix64 of the four, as a
+    /// uniform in [0, 1), against the rate.
+    [[nodiscard]] bool keeps(std::uint64_t step, std::uint64_t worker, std::uint64_t index) const noexcept {
+        auto mix = [](std::uint64_t z) {
+            z += 0x9e3779b97f4a7c15ULL;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            return z ^ (z >> 31);
+        };
+        const std::uint64_t h = mix(mix(mix(mix(*seed_) ^ step) ^ worker) ^ index);
+        return static_cast<double>(h >> 11) * 0x1.0p-53 >= rate_;
+    }
+
+    double rate_;
+    std::optional<std::uint64_t> seed_;
+    Tensor mask_;  // the last training forward's scale per value (0 or 1 / (1 - rate)); empty: none applied
+    Shape seen_;
+};
+
 /// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
 class Flatten final : public Layer {
 public:
@@ -2525,6 +2708,48 @@ protected:
 private:
     Shape seen_;
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Dropout::class_name() const noexcept { return "Dropout"; }
+
+PSS_INLINE Tensor Dropout::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    if (inputs.rank() == 0) throw InvalidArgumentError("pss: " + describe() + ": a scalar input; it takes (batch, ...)");
+    seen_ = inputs.shape();
+    mask_ = Tensor();
+    if (step == 0 || rate_ == 0) return inputs;  // not training: the identity
+    const auto worker = static_cast<std::uint64_t>(static_cast<std::int64_t>(worker_index()) + 1);
+    return detail::with_float_type(inputs.dtype() == DType::float64 ? DType::float64 : DType::float32,
+                                   [&]<class T>(std::type_identity<T>) {
+        xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
+        xt::xarray<T> mask = xt::xarray<T>::from_shape(x.shape());
+        const T scale = static_cast<T>(1.0 / (1.0 - rate_));
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            mask.data()[i] = keeps(step, worker, i) ? scale : T{0};
+            x.data()[i] *= mask.data()[i];
+        }
+        mask_ = Tensor(std::move(mask));
+        return Tensor(std::move(x));
+    });
+}
+
+PSS_INLINE LayerGradients Dropout::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    detail::check_grad_shape(grad_outputs, seen_, describe());
+    LayerGradients out;
+    if (!mask_.has_value()) {
+        out.inputs = grad_outputs;
+        return out;
+    }
+    out.inputs = mask_.visit(
+        [&](const auto& mask) {
+            using T = typename std::decay_t<decltype(mask)>::value_type;
+            return Tensor(xt::xarray<T>(detail::take_as<T>(Tensor(grad_outputs)) * mask));
+        },
+        Tensor());
+    return out;
+}
+#endif
 
 /// @brief Keras' `tf.keras.layers.serialize(layer)`: `{"class_name": "Dense", "config":
 /// layer.get_config()}`.
@@ -2575,6 +2800,14 @@ struct LayerConfig {
         out.layer = std::make_unique<Embedding>(static_cast<std::size_t>(input_dim), static_cast<std::size_t>(output_dim),
                                                 fields.take_float_dtype("dtype"));
         finish(fields);
+    } else if (cls == "Dropout") {
+        ConfigFields fields = fields_of("name, rate, seed and batch_input_shape");
+        const nlohmann::json& rate = fields.take("rate");
+        if (!rate.is_number() || !(rate.get<double>() >= 0 && rate.get<double>() < 1))
+            fields.fail("\"rate\" is " + json_text(rate) + "; it is a number in [0, 1)");
+        const std::uint64_t seed = fields.take_count("seed", 0);
+        out.layer = std::make_unique<Dropout>(rate.get<double>(), seed);
+        finish(fields);
     } else if (cls == "GlobalAveragePooling1D" || cls == "Flatten") {
         ConfigFields fields = fields_of("name and batch_input_shape");
         if (cls == "Flatten") out.layer = std::make_unique<Flatten>();
@@ -2582,8 +2815,8 @@ struct LayerConfig {
         finish(fields);
     } else {
         outer.fail("\"class_name\" is " + json_text(cls) +
-                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\" and "
-                   "\"Flatten\"");
+                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\", "
+                   "\"Flatten\" and \"Dropout\"");
     }
     return out;
 }
@@ -3449,6 +3682,7 @@ PSS_NAMESPACE_END
 #include <future>
 #include <initializer_list>
 #include <iomanip>
+#include <array>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -3594,6 +3828,27 @@ concept keras_strategy = std::derived_from<S, Strategy> && requires(const S& s) 
     { s.num_workers() } -> std::convertible_to<int>;
     { s.optimizer() } -> std::convertible_to<const typename S::optimizer_type&>;
 };
+
+/// One row of Keras' summary table: each field from its column's start (after one space in the first),
+/// cut to the column less two spaces (and one more but in the last column), the rest wrapped onto the
+/// next lines, each line padded to the last position (tf.keras 2's print_row, without nesting).
+inline void summary_row(std::ostream& out, std::array<std::string, 3> fields, const std::array<std::size_t, 3>& positions) {
+    while (std::any_of(fields.begin(), fields.end(), [](const std::string& f) { return !f.empty(); })) {
+        std::string line;
+        for (std::size_t col = 0; col < fields.size(); ++col) {
+            const bool last = col + 1 == fields.size();
+            const std::size_t start = col == 0 ? 0 : positions[col - 1];
+            const std::size_t space = last ? 0 : 2;
+            const std::size_t cutoff = positions[col] - start - space - (last ? 0 : 1);
+            if (col == 0) line += ' ';
+            line += fields[col].substr(0, cutoff);
+            line += std::string(space, ' ');
+            fields[col].erase(0, std::min(cutoff, fields[col].size()));
+            if (line.size() < positions[col]) line += std::string(positions[col] - line.size(), ' ');
+        }
+        out << line << "\n";
+    }
+}
 
 /// An optimizer's hyperparameters as Keras would list them: `SGD(learning_rate=0.1)`.
 template <class O>
@@ -4162,6 +4417,57 @@ public:
         nlohmann::json layers = nlohmann::json::array();
         for (const auto& layer : layers_) layers.push_back(serialize(*layer));
         return {{"name", "sequential"}, {"layers", std::move(layers)}};
+    }
+
+    /// @brief Keras' `model.summary()`: the layers with their output shapes and parameter counts, as
+    /// tf.keras 2 prints a Sequential model (65 columns), then, beyond Keras, each variable with its shape
+    /// and the ps tasks that hold its shards, in shard order.
+    /// @throws FailedPreconditionError before the model is built (as Keras' ValueError)
+    ///
+    /// @code
+    /// Model: "sequential"
+    /// _________________________________________________________________
+    ///  Layer (type)                Output Shape              Param #
+    /// =================================================================
+    ///  dense (Dense)               (None, 16)                64
+    /// ...
+    /// @endcode
+    void summary(std::ostream& out = std::cout) const {
+        require_built("summary");
+        constexpr std::size_t width = 65;
+        const std::array<std::size_t, 3> positions{29, 55, 65};  // Keras' [0.45, 0.85, 1.0] of 65
+        const auto rule = [&](char c) { out << std::string(width, c) << "\n"; };
+        const auto row = [&](const std::array<std::string, 3>& fields) { detail::summary_row(out, fields, positions); };
+        const auto shape_text = [](const Shape& shape) {
+            std::string text = "(None";
+            for (const auto d : shape) text += ", " + std::to_string(d);
+            return text + (shape.empty() ? ",)" : ")");
+        };
+        std::size_t total = 0;
+        out << "Model: \"sequential\"\n";
+        rule('_');
+        row({"Layer (type)", "Output Shape", "Param #"});
+        rule('=');
+        for (const auto& layer : layers_) {
+            std::size_t params = 0;
+            for (const auto& v : layer->weights()) params += num_elements(v.shape());
+            total += params;
+            row({layer->name() + " (" + std::string(layer->class_name()) + ")", shape_text(layer->output_shape()),
+                 std::to_string(params)});
+            out << std::string(width, ' ') << "\n";
+        }
+        rule('=');
+        out << "Total params: " << total << "\nTrainable params: " << total << "\nNon-trainable params: 0\n";
+        rule('_');
+        row({"Variable", "Shape", "On ps"});
+        rule('=');
+        for (const auto& v : weights()) {
+            std::string tasks;
+            for (const int task : v.shard_tasks()) tasks += (tasks.empty() ? "" : ",") + std::to_string(task);
+            row({v.name(), format_shape(v.shape()), tasks});
+        }
+        rule('=');
+        out << std::flush;
     }
 
     /// @brief Every layer's variables, first layer first (Keras' `model.weights`).

@@ -1,4 +1,4 @@
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten) whose weights are pss Variables, and their Keras configs (JSON).
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout) whose weights are pss Variables, and their Keras configs (JSON).
 #pragma once
 
 #include <algorithm>
@@ -929,6 +929,74 @@ PSS_INLINE LayerGradients GlobalAveragePooling1D::backward(const Tensor& grad_ou
 }
 #endif
 
+/// @brief Keras' `Dropout(rate, seed)`: in a training step each input value is dropped (set to 0) with
+/// probability `rate` and the others are scaled by 1 / (1 - rate), so the expected output is the input;
+/// outside training (evaluate, predict) the inputs pass unchanged.
+///
+/// A training step is a forward with a step number (> 0): Sequential::fit numbers every step, evaluate
+/// and predict give 0. Each value's fate is a hash of the layer's seed, the step, the worker and the
+/// value's position (splitmix64), not a generator's state: a step dropped again (rerun after a lost
+/// worker, or resumed from a backup) drops the same values, every standard library draws the same, and
+/// the workers of one synchronous step drop different values. Without a seed the layer takes one from
+/// its model's generator when built, so the model's seed fixes it, and the config carries it to workers.
+class Dropout final : public Layer {
+public:
+    /// @param rate the fraction dropped, in [0, 1)
+    /// @param seed the masks' seed; by default drawn from the model's generator at build
+    /// @throws InvalidArgumentError `pss: Dropout: rate is 1; it is in [0, 1) (the fraction of inputs dropped)`
+    explicit Dropout(double rate, std::optional<std::uint64_t> seed = std::nullopt) : rate_(rate), seed_(seed) {
+        if (!(rate >= 0 && rate < 1))
+            throw InvalidArgumentError("pss: Dropout: rate is " + nlohmann::json(rate).dump() +
+                                       "; it is in [0, 1) (the fraction of inputs dropped)");
+    }
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Dropout>(*this); }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] double rate() const noexcept { return rate_; }
+    /// @brief The seed of the masks: the one given, or (once built) the one drawn.
+    [[nodiscard]] std::optional<std::uint64_t> seed() const noexcept { return seed_; }
+
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
+
+    /// @brief `{"name": "dropout", "rate": 0.5, "seed": 42}` (the seed once built or given; else null)
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["rate"] = rate_;
+        config["seed"] = seed_ ? nlohmann::json(*seed_) : nlohmann::json(nullptr);
+        return config;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
+        if (!seed_) seed_ = rng();
+        return input_shape;
+    }
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_bind_weights(weights, {});
+        if (!seed_) throw InvalidArgumentError("pss: " + describe() + ": bind needs the seed the built layer drew");
+        return input_shape;
+    }
+
+private:
+    /// Keep (true) or drop value `index` of step `step` on `worker`: splitmix64 of the four, as a
+    /// uniform in [0, 1), against the rate.
+    [[nodiscard]] bool keeps(std::uint64_t step, std::uint64_t worker, std::uint64_t index) const noexcept {
+        auto mix = [](std::uint64_t z) {
+            z += 0x9e3779b97f4a7c15ULL;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+            return z ^ (z >> 31);
+        };
+        const std::uint64_t h = mix(mix(mix(mix(*seed_) ^ step) ^ worker) ^ index);
+        return static_cast<double>(h >> 11) * 0x1.0p-53 >= rate_;
+    }
+
+    double rate_;
+    std::optional<std::uint64_t> seed_;
+    Tensor mask_;  // the last training forward's scale per value (0 or 1 / (1 - rate)); empty: none applied
+    Shape seen_;
+};
+
 /// @brief Flattens each example (Keras' `Flatten`): (batch, d1, d2, ...) to (batch, d1 * d2 * ...).
 class Flatten final : public Layer {
 public:
@@ -969,6 +1037,48 @@ protected:
 private:
     Shape seen_;
 };
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Dropout::class_name() const noexcept { return "Dropout"; }
+
+PSS_INLINE Tensor Dropout::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    if (inputs.rank() == 0) throw InvalidArgumentError("pss: " + describe() + ": a scalar input; it takes (batch, ...)");
+    seen_ = inputs.shape();
+    mask_ = Tensor();
+    if (step == 0 || rate_ == 0) return inputs;  // not training: the identity
+    const auto worker = static_cast<std::uint64_t>(static_cast<std::int64_t>(worker_index()) + 1);
+    return detail::with_float_type(inputs.dtype() == DType::float64 ? DType::float64 : DType::float32,
+                                   [&]<class T>(std::type_identity<T>) {
+        xt::xarray<T> x = detail::take_as<T>(std::move(inputs));
+        xt::xarray<T> mask = xt::xarray<T>::from_shape(x.shape());
+        const T scale = static_cast<T>(1.0 / (1.0 - rate_));
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            mask.data()[i] = keeps(step, worker, i) ? scale : T{0};
+            x.data()[i] *= mask.data()[i];
+        }
+        mask_ = Tensor(std::move(mask));
+        return Tensor(std::move(x));
+    });
+}
+
+PSS_INLINE LayerGradients Dropout::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    detail::check_grad_shape(grad_outputs, seen_, describe());
+    LayerGradients out;
+    if (!mask_.has_value()) {
+        out.inputs = grad_outputs;
+        return out;
+    }
+    out.inputs = mask_.visit(
+        [&](const auto& mask) {
+            using T = typename std::decay_t<decltype(mask)>::value_type;
+            return Tensor(xt::xarray<T>(detail::take_as<T>(Tensor(grad_outputs)) * mask));
+        },
+        Tensor());
+    return out;
+}
+#endif
 
 /// @brief Keras' `tf.keras.layers.serialize(layer)`: `{"class_name": "Dense", "config":
 /// layer.get_config()}`.
@@ -1019,6 +1129,14 @@ struct LayerConfig {
         out.layer = std::make_unique<Embedding>(static_cast<std::size_t>(input_dim), static_cast<std::size_t>(output_dim),
                                                 fields.take_float_dtype("dtype"));
         finish(fields);
+    } else if (cls == "Dropout") {
+        ConfigFields fields = fields_of("name, rate, seed and batch_input_shape");
+        const nlohmann::json& rate = fields.take("rate");
+        if (!rate.is_number() || !(rate.get<double>() >= 0 && rate.get<double>() < 1))
+            fields.fail("\"rate\" is " + json_text(rate) + "; it is a number in [0, 1)");
+        const std::uint64_t seed = fields.take_count("seed", 0);
+        out.layer = std::make_unique<Dropout>(rate.get<double>(), seed);
+        finish(fields);
     } else if (cls == "GlobalAveragePooling1D" || cls == "Flatten") {
         ConfigFields fields = fields_of("name and batch_input_shape");
         if (cls == "Flatten") out.layer = std::make_unique<Flatten>();
@@ -1026,8 +1144,8 @@ struct LayerConfig {
         finish(fields);
     } else {
         outer.fail("\"class_name\" is " + json_text(cls) +
-                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\" and "
-                   "\"Flatten\"");
+                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\", "
+                   "\"Flatten\" and \"Dropout\"");
     }
     return out;
 }

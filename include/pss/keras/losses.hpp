@@ -1,4 +1,4 @@
-// pss/keras/losses.hpp: Keras-style losses (MeanSquaredError, BinaryCrossentropy, SparseCategoricalCrossentropy), each with its gradient.
+// pss/keras/losses.hpp: Keras-style losses (MeanSquaredError, BinaryCrossentropy, SparseCategoricalCrossentropy, Huber), each with its gradient.
 #pragma once
 
 #include <algorithm>
@@ -171,21 +171,29 @@ PSS_INLINE Tensor MeanSquaredError::gradient(const Tensor& y_true, const Tensor&
 }
 #endif
 
-/// @brief Keras' `BinaryCrossentropy()` from probabilities (`from_logits=False`):
-/// mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred, e, 1 - e) and e = 1e-7, Keras'
-/// `epsilon()`, exactly as tf.keras.backend.binary_crossentropy computes it. Where y_pred is outside
-/// [e, 1 - e] the gradient is 0 (the clip's). Predictions come from a sigmoid; targets are in [0, 1].
+/// @brief Keras' `BinaryCrossentropy(from_logits=False)`.
+///
+/// From probabilities (the default): mean(-(y log(p + e) + (1 - y) log(1 - p + e))) with p = clip(y_pred,
+/// e, 1 - e) and e = 1e-7, Keras' `epsilon()`, exactly as tf.keras.backend.binary_crossentropy computes
+/// it. Where y_pred is outside [e, 1 - e] the gradient is 0 (the clip's). Predictions come from a sigmoid.
+///
+/// From logits (`BinaryCrossentropy(true)`, predictions x from a linear layer): TensorFlow's
+/// sigmoid_cross_entropy_with_logits, mean(max(x, 0) - x y + log(1 + exp(-|x|))), exact for any x, with
+/// the gradient (sigmoid(x) - y) / n. Targets are in [0, 1] either way.
 class BinaryCrossentropy final : public Loss {
 public:
     /// @brief Keras' `backend.epsilon()`.
     static constexpr double epsilon = 1e-7;
 
+    explicit BinaryCrossentropy(bool from_logits = false) noexcept : from_logits_(from_logits) {}
+
     [[nodiscard]] std::string_view name() const noexcept override { return "binary_crossentropy"; }
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] bool from_logits() const noexcept { return from_logits_; }
     /// @brief `{"from_logits": false, "name": "binary_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
-        config["from_logits"] = false;
+        config["from_logits"] = from_logits_;
         return config;
     }
 
@@ -198,6 +206,9 @@ public:
                 throw InvalidArgumentError("pss: binary_crossentropy: a target is " + std::to_string(y) +
                                            "; targets are probabilities in [0, 1] (labels 0 and 1)");
     }
+
+private:
+    bool from_logits_;
 };
 
 #if PSS_DEFINITIONS
@@ -208,6 +219,9 @@ PSS_INLINE double BinaryCrossentropy::value(const Tensor& y_true, const Tensor& 
         check_value_count(y_in, p_in);
         const T e = static_cast<T>(epsilon), one = T{1};
         const auto y = as_shape_of(y_in, p_in);
+        if (from_logits_)
+            return static_cast<double>(
+                xt::mean(xt::maximum(p_in, T{0}) - p_in * y + xt::log1p(xt::exp(-xt::abs(p_in))))());
         const auto p = xt::clip(p_in, e, one - e);
         return -static_cast<double>(xt::mean(y * xt::log(p + e) + (one - y) * xt::log(one - p + e))());
     });
@@ -219,15 +233,19 @@ PSS_INLINE Tensor BinaryCrossentropy::gradient(const Tensor& y_true, const Tenso
         const T e = static_cast<T>(epsilon), one = T{1};
         const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
         const auto y = as_shape_of(y_in, p);
+        if (from_logits_) return Tensor(xt::xarray<T>(scale * (one / (one + xt::exp(-p)) - y)));
         return Tensor(xt::xarray<T>(
             xt::where(p < e || p > one - e, T{0}, -scale * (y / (p + e) - (one - y) / (one - p + e)))));
     });
 }
 #endif
 
-/// @brief Keras' `SparseCategoricalCrossentropy()` from probabilities (`from_logits=False`): targets
-/// are class ids, predictions a distribution over the last axis (a softmax's output).
+/// @brief Keras' `SparseCategoricalCrossentropy(from_logits=False)`: targets are class ids, predictions a
+/// distribution over the last axis (a softmax's output), or with `from_logits` true its logits (a linear
+/// layer's output): then the example's loss is log(sum_j exp(x[j])) - x[t], computed from the largest
+/// logit so that no exp overflows, with the gradient softmax(x) - onehot(t) (over the batch size).
 ///
+/// From probabilities:
 /// As tf.keras.backend.sparse_categorical_crossentropy: c = clip(y_pred, e, 1 - e) with e = 1e-7, and the
 /// example's loss is the softmax cross-entropy of the logits log(c), i.e. -log(c[t]) + log(sum_j c[j])
 /// (which is -log(y_pred[t]) for a softmax output no clip touched). The gradient is 0 where the clip
@@ -238,12 +256,15 @@ public:
     /// @brief Keras' `backend.epsilon()`.
     static constexpr double epsilon = 1e-7;
 
+    explicit SparseCategoricalCrossentropy(bool from_logits = false) noexcept : from_logits_(from_logits) {}
+
     [[nodiscard]] std::string_view name() const noexcept override { return "sparse_categorical_crossentropy"; }
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] bool from_logits() const noexcept { return from_logits_; }
     /// @brief `{"from_logits": false, "name": "sparse_categorical_crossentropy", "reduction": "auto"}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Loss::get_config();
-        config["from_logits"] = false;
+        config["from_logits"] = from_logits_;
         return config;
     }
 
@@ -279,6 +300,18 @@ private:
                                        "; give one class id per row of class probabilities");
         return y_pred.shape().back();
     }
+
+    /// The softmax of one row of logits into `out`; returns log(sum_j exp(x[j])).
+    template <class T>
+    static T softmax_row(const T* x, T* out, std::size_t classes) {
+        const T top = *std::max_element(x, x + classes);
+        T sum = 0;
+        for (std::size_t j = 0; j < classes; ++j) sum += (out[j] = std::exp(x[j] - top));
+        for (std::size_t j = 0; j < classes; ++j) out[j] /= sum;
+        return top + std::log(sum);
+    }
+
+    bool from_logits_;
 };
 
 #if PSS_DEFINITIONS
@@ -290,6 +323,15 @@ PSS_INLINE double SparseCategoricalCrossentropy::value(const Tensor& y_true, con
         const std::size_t rows = probs.size() / classes;
         const T e = static_cast<T>(epsilon), high = T{1} - e;
         double sum = 0;
+        if (from_logits_) {
+            std::vector<T> softmax(classes);
+            for (std::size_t r = 0; r < rows; ++r) {
+                const T* x = probs.data() + r * classes;
+                sum += static_cast<double>(softmax_row(x, softmax.data(), classes) -
+                                           x[static_cast<std::size_t>(y.data()[r])]);
+            }
+            return sum / static_cast<double>(rows);
+        }
         for (std::size_t r = 0; r < rows; ++r) {
             const T* p = probs.data() + r * classes;
             T total = 0;
@@ -308,6 +350,15 @@ PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, 
         const T e = static_cast<T>(epsilon), high = T{1} - e;
         xt::xarray<T> out = xt::xarray<T>::from_shape(probs.shape());
         const T scale = static_cast<T>(1.0 / static_cast<double>(rows));
+        if (from_logits_) {
+            for (std::size_t r = 0; r < rows; ++r) {
+                T* g = out.data() + r * classes;
+                (void)softmax_row(probs.data() + r * classes, g, classes);
+                g[static_cast<std::size_t>(y.data()[r])] -= T{1};
+                for (std::size_t j = 0; j < classes; ++j) g[j] *= scale;
+            }
+            return Tensor(std::move(out));
+        }
         for (std::size_t r = 0; r < rows; ++r) {
             const T* p = probs.data() + r * classes;
             T* g = out.data() + r * classes;
@@ -322,8 +373,64 @@ PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, 
 }
 #endif
 
+/// @brief Keras' `Huber(delta=1.0)`: each error e = y_pred - y_true costs e^2 / 2 where |e| <= delta and
+/// delta (|e| - delta / 2) beyond, so that large errors count linearly (robust to outliers); the mean over
+/// every prediction of the batch. The gradient is e clipped to [-delta, delta], over their count.
+class Huber final : public Loss {
+public:
+    /// @throws InvalidArgumentError when delta is not a finite number > 0:
+    /// `pss: Huber: delta is 0; it is a finite number > 0 (Keras' default 1.0)`
+    explicit Huber(double delta = 1.0) : delta_(delta) {
+        if (!(delta > 0) || !std::isfinite(delta))
+            throw InvalidArgumentError("pss: Huber: delta is " + delta_text(delta) +
+                                       "; it is a finite number > 0 (Keras' default 1.0)");
+    }
+    [[nodiscard]] std::string_view name() const noexcept override { return "huber_loss"; }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] double delta() const noexcept { return delta_; }
+    /// @brief `{"delta": 1.0, "name": "huber_loss", "reduction": "auto"}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Loss::get_config();
+        config["delta"] = delta_;
+        return config;
+    }
+    [[nodiscard]] PSS_INLINE double value(const Tensor& y_true, const Tensor& y_pred) const override;
+    [[nodiscard]] PSS_INLINE Tensor gradient(const Tensor& y_true, const Tensor& y_pred) const override;
+    void check_targets(const xt::xarray<float>& y_true, const Shape& output_shape) const override {
+        check_same_size(y_true, output_shape);
+    }
+
+    /// `1.5`, as a message shows a delta.
+    [[nodiscard]] static std::string delta_text(double delta) { return nlohmann::json(delta).dump(); }
+
+private:
+    double delta_;
+};
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Huber::class_name() const noexcept { return "Huber"; }
+
+PSS_INLINE double Huber::value(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        const T d = static_cast<T>(delta_), half = T{0.5};
+        const auto error = xt::abs(p - as_shape_of(y, p));
+        return static_cast<double>(xt::mean(xt::where(error <= d, half * error * error, d * (error - half * d)))());
+    });
+}
+
+PSS_INLINE Tensor Huber::gradient(const Tensor& y_true, const Tensor& y_pred) const {
+    return in_dtype(y_true, y_pred, [&]<class T>(const xt::xarray<T>& y, const xt::xarray<T>& p) {
+        check_value_count(y, p);
+        const T d = static_cast<T>(delta_);
+        const T scale = static_cast<T>(1.0 / static_cast<double>(p.size()));
+        return Tensor(xt::xarray<T>(scale * xt::clip(p - as_shape_of(y, p), -d, d)));
+    });
+}
+#endif
+
 /// @brief The loss Keras names `name`: "mean_squared_error" (or "mse"), "binary_crossentropy",
-/// "sparse_categorical_crossentropy".
+/// "sparse_categorical_crossentropy", "huber" (delta 1).
 /// @throws InvalidArgumentError `pss: loss "hinge" is not known; use ...`
 [[nodiscard]] inline std::shared_ptr<const Loss> make_loss(std::string_view name) {
     if (name == "mean_squared_error" || name == "mse" || name == "MeanSquaredError")
@@ -331,9 +438,10 @@ PSS_INLINE Tensor SparseCategoricalCrossentropy::gradient(const Tensor& y_true, 
     if (name == "binary_crossentropy" || name == "BinaryCrossentropy") return std::make_shared<BinaryCrossentropy>();
     if (name == "sparse_categorical_crossentropy" || name == "SparseCategoricalCrossentropy")
         return std::make_shared<SparseCategoricalCrossentropy>();
+    if (name == "huber" || name == "huber_loss" || name == "Huber") return std::make_shared<Huber>();
     throw InvalidArgumentError("pss: loss \"" + std::string(name) +
-                               "\" is not known; use \"mean_squared_error\" (or \"mse\"), \"binary_crossentropy\" or "
-                               "\"sparse_categorical_crossentropy\", or pass a pss::Loss object");
+                               "\" is not known; use \"mean_squared_error\" (or \"mse\"), \"binary_crossentropy\", "
+                               "\"sparse_categorical_crossentropy\" or \"huber\", or pass a pss::Loss object");
 }
 
 /// @brief Keras' `tf.keras.losses.serialize(loss)`: `{"class_name": "MeanSquaredError", "config":
@@ -354,25 +462,32 @@ namespace detail {
     const std::string class_name = outer.take_string("class_name");
     const nlohmann::json& config = outer.take("config");
     outer.finish();
-    std::shared_ptr<const Loss> loss;
-    if (class_name == "MeanSquaredError") loss = std::make_shared<MeanSquaredError>();
-    else if (class_name == "BinaryCrossentropy") loss = std::make_shared<BinaryCrossentropy>();
-    else if (class_name == "SparseCategoricalCrossentropy") loss = std::make_shared<SparseCategoricalCrossentropy>();
-    else
+    const bool logits = class_name == "BinaryCrossentropy" || class_name == "SparseCategoricalCrossentropy";
+    const bool huber = class_name == "Huber";
+    if (!logits && !huber && class_name != "MeanSquaredError")
         outer.fail("\"class_name\" is " + json_text(class_name) +
-                   "; the losses a worker rebuilds are \"MeanSquaredError\", \"BinaryCrossentropy\" and "
-                   "\"SparseCategoricalCrossentropy\"");
-    const bool logits = class_name != "MeanSquaredError";
-    ConfigFields fields(class_name + " config", config, logits ? "name, reduction and from_logits" : "name and reduction");
+                   "; the losses a worker rebuilds are \"MeanSquaredError\", \"BinaryCrossentropy\", "
+                   "\"SparseCategoricalCrossentropy\" and \"Huber\"");
+    ConfigFields fields(class_name + " config", config,
+                        logits ? "name, reduction and from_logits" : huber ? "name, reduction and delta" : "name and reduction");
     const std::string name = fields.take_string("name");
-    if (name != loss->name())
-        fields.fail("\"name\" is " + json_text(name) + "; a " + class_name + " is named \"" + std::string(loss->name()) + "\"");
     const std::string reduction = fields.take_string("reduction");
     if (reduction != "auto" && reduction != "sum_over_batch_size")
         fields.fail("\"reduction\" is " + json_text(reduction) +
                     "; a loss reduces as \"auto\" (or \"sum_over_batch_size\", the same): the mean over the batch");
-    if (logits && fields.take_bool("from_logits"))
-        fields.fail("\"from_logits\" is true; pss's crossentropies take probabilities (from_logits false)");
+    std::shared_ptr<const Loss> loss;
+    if (class_name == "BinaryCrossentropy") loss = std::make_shared<BinaryCrossentropy>(fields.take_bool("from_logits"));
+    else if (logits) loss = std::make_shared<SparseCategoricalCrossentropy>(fields.take_bool("from_logits"));
+    else if (huber) {
+        const nlohmann::json& delta = fields.take("delta");
+        if (!delta.is_number() || !(delta.get<double>() > 0) || !std::isfinite(delta.get<double>()))
+            fields.fail("\"delta\" is " + delta.dump() + "; it is a finite number > 0");
+        loss = std::make_shared<Huber>(delta.get<double>());
+    } else {
+        loss = std::make_shared<MeanSquaredError>();
+    }
+    if (name != loss->name())
+        fields.fail("\"name\" is " + json_text(name) + "; a " + class_name + " is named \"" + std::string(loss->name()) + "\"");
     fields.finish();
     return loss;
 }

@@ -14,6 +14,7 @@
 #include <future>
 #include <initializer_list>
 #include <iomanip>
+#include <array>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -174,6 +175,27 @@ concept keras_strategy = std::derived_from<S, Strategy> && requires(const S& s) 
     { s.num_workers() } -> std::convertible_to<int>;
     { s.optimizer() } -> std::convertible_to<const typename S::optimizer_type&>;
 };
+
+/// One row of Keras' summary table: each field from its column's start (after one space in the first),
+/// cut to the column less two spaces (and one more but in the last column), the rest wrapped onto the
+/// next lines, each line padded to the last position (tf.keras 2's print_row, without nesting).
+inline void summary_row(std::ostream& out, std::array<std::string, 3> fields, const std::array<std::size_t, 3>& positions) {
+    while (std::any_of(fields.begin(), fields.end(), [](const std::string& f) { return !f.empty(); })) {
+        std::string line;
+        for (std::size_t col = 0; col < fields.size(); ++col) {
+            const bool last = col + 1 == fields.size();
+            const std::size_t start = col == 0 ? 0 : positions[col - 1];
+            const std::size_t space = last ? 0 : 2;
+            const std::size_t cutoff = positions[col] - start - space - (last ? 0 : 1);
+            if (col == 0) line += ' ';
+            line += fields[col].substr(0, cutoff);
+            line += std::string(space, ' ');
+            fields[col].erase(0, std::min(cutoff, fields[col].size()));
+            if (line.size() < positions[col]) line += std::string(positions[col] - line.size(), ' ');
+        }
+        out << line << "\n";
+    }
+}
 
 /// An optimizer's hyperparameters as Keras would list them: `SGD(learning_rate=0.1)`.
 template <class O>
@@ -742,6 +764,57 @@ public:
         nlohmann::json layers = nlohmann::json::array();
         for (const auto& layer : layers_) layers.push_back(serialize(*layer));
         return {{"name", "sequential"}, {"layers", std::move(layers)}};
+    }
+
+    /// @brief Keras' `model.summary()`: the layers with their output shapes and parameter counts, as
+    /// tf.keras 2 prints a Sequential model (65 columns), then, beyond Keras, each variable with its shape
+    /// and the ps tasks that hold its shards, in shard order.
+    /// @throws FailedPreconditionError before the model is built (as Keras' ValueError)
+    ///
+    /// @code
+    /// Model: "sequential"
+    /// _________________________________________________________________
+    ///  Layer (type)                Output Shape              Param #
+    /// =================================================================
+    ///  dense (Dense)               (None, 16)                64
+    /// ...
+    /// @endcode
+    void summary(std::ostream& out = std::cout) const {
+        require_built("summary");
+        constexpr std::size_t width = 65;
+        const std::array<std::size_t, 3> positions{29, 55, 65};  // Keras' [0.45, 0.85, 1.0] of 65
+        const auto rule = [&](char c) { out << std::string(width, c) << "\n"; };
+        const auto row = [&](const std::array<std::string, 3>& fields) { detail::summary_row(out, fields, positions); };
+        const auto shape_text = [](const Shape& shape) {
+            std::string text = "(None";
+            for (const auto d : shape) text += ", " + std::to_string(d);
+            return text + (shape.empty() ? ",)" : ")");
+        };
+        std::size_t total = 0;
+        out << "Model: \"sequential\"\n";
+        rule('_');
+        row({"Layer (type)", "Output Shape", "Param #"});
+        rule('=');
+        for (const auto& layer : layers_) {
+            std::size_t params = 0;
+            for (const auto& v : layer->weights()) params += num_elements(v.shape());
+            total += params;
+            row({layer->name() + " (" + std::string(layer->class_name()) + ")", shape_text(layer->output_shape()),
+                 std::to_string(params)});
+            out << std::string(width, ' ') << "\n";
+        }
+        rule('=');
+        out << "Total params: " << total << "\nTrainable params: " << total << "\nNon-trainable params: 0\n";
+        rule('_');
+        row({"Variable", "Shape", "On ps"});
+        rule('=');
+        for (const auto& v : weights()) {
+            std::string tasks;
+            for (const int task : v.shard_tasks()) tasks += (tasks.empty() ? "" : ",") + std::to_string(task);
+            row({v.name(), format_shape(v.shape()), tasks});
+        }
+        rule('=');
+        out << std::flush;
     }
 
     /// @brief Every layer's variables, first layer first (Keras' `model.weights`).
