@@ -84,7 +84,8 @@ public:
 template <Transport TransportPolicy, Optimizer OptimizerPolicy>
 class TransportChannel final : public StrategyChannel {
 public:
-    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync) : transport_(spec) {
+    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync)
+        : transport_(spec), synchronous_(sync.synchronous) {
         const int num_ps = spec.num_tasks("ps");
         servers_.reserve(static_cast<std::size_t>(num_ps));
         const ServerOptions options = ServerOptions::from_environment();
@@ -104,6 +105,7 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
+    [[nodiscard]] bool synchronous() const noexcept override { return synchronous_; }
     void shutdown() override {
         transport_.shutdown();
         for (auto& server : servers_) server->release_held();  // a pull waiting for a step gets unavailable
@@ -111,6 +113,7 @@ public:
 
 private:
     TransportPolicy transport_;
+    bool synchronous_;
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
 };
 
@@ -331,6 +334,7 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
+    [[nodiscard]] bool synchronous() const noexcept override { return sync_.synchronous; }
     std::future<Reply> call(int worker, Request request) override {
         return client_->send(TaskId{"worker", worker}, std::move(request));
     }

@@ -49,6 +49,9 @@ public:
     virtual std::future<Reply> send(int task, Request request) = 0;
     /// TensorFlow's device string of a task: "/job:ps/replica:0/task:1/device:CPU:0".
     [[nodiscard]] virtual std::string device(int task) const = 0;
+    /// True when the ps tasks apply pushes by step (synchronous training): then a step's push goes to
+    /// every shard, empty where no row falls, so that each shard can count the step complete.
+    [[nodiscard]] virtual bool synchronous() const noexcept { return false; }
 };
 
 /// Where one shard lives and which rows of the whole variable it holds. Its ps task knows it by the
@@ -243,8 +246,8 @@ public:
         return update_rows(Op::scatter_max, ids, std::move(rows));
     }
     /// @brief The optimizer applies gradient `rows` to rows `ids`; rows of a repeated id are summed first.
-    /// In synchronous training (`step` > 0) every shard receives a push, empty when no id falls in it,
-    /// so that each shard can count its step complete.
+    /// In synchronous training every shard receives a push, empty when no id falls in it, so that each
+    /// shard can count its step complete; asynchronous pushes go to the shards the ids fall in.
     Tensor apply_sparse_gradient(std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step = 0) {
         return update_rows(Op::apply_sparse, ids, std::move(rows), step);
     }
@@ -600,7 +603,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     std::vector<std::vector<std::size_t>> picked(shards.size());
     for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        if (picked[s].empty() && step == 0) continue;
+        if (picked[s].empty() && !(step != 0 && info().channel->synchronous())) continue;
         Request r = request(op, shards[s], step);
         r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
         const detail::RowCopy copy(r.payload, rows);

@@ -9422,6 +9422,9 @@ public:
     virtual std::future<Reply> send(int task, Request request) = 0;
     /// TensorFlow's device string of a task: "/job:ps/replica:0/task:1/device:CPU:0".
     [[nodiscard]] virtual std::string device(int task) const = 0;
+    /// True when the ps tasks apply pushes by step (synchronous training): then a step's push goes to
+    /// every shard, empty where no row falls, so that each shard can count the step complete.
+    [[nodiscard]] virtual bool synchronous() const noexcept { return false; }
 };
 
 /// Where one shard lives and which rows of the whole variable it holds. Its ps task knows it by the
@@ -9616,8 +9619,8 @@ public:
         return update_rows(Op::scatter_max, ids, std::move(rows));
     }
     /// @brief The optimizer applies gradient `rows` to rows `ids`; rows of a repeated id are summed first.
-    /// In synchronous training (`step` > 0) every shard receives a push, empty when no id falls in it,
-    /// so that each shard can count its step complete.
+    /// In synchronous training every shard receives a push, empty when no id falls in it, so that each
+    /// shard can count its step complete; asynchronous pushes go to the shards the ids fall in.
     Tensor apply_sparse_gradient(std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step = 0) {
         return update_rows(Op::apply_sparse, ids, std::move(rows), step);
     }
@@ -9973,7 +9976,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     std::vector<std::vector<std::size_t>> picked(shards.size());
     for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        if (picked[s].empty() && step == 0) continue;
+        if (picked[s].empty() && !(step != 0 && info().channel->synchronous())) continue;
         Request r = request(op, shards[s], step);
         r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), picked[s].size()));
         const detail::RowCopy copy(r.payload, rows);
@@ -12217,7 +12220,8 @@ public:
 template <Transport TransportPolicy, Optimizer OptimizerPolicy>
 class TransportChannel final : public StrategyChannel {
 public:
-    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync) : transport_(spec) {
+    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync)
+        : transport_(spec), synchronous_(sync.synchronous) {
         const int num_ps = spec.num_tasks("ps");
         servers_.reserve(static_cast<std::size_t>(num_ps));
         const ServerOptions options = ServerOptions::from_environment();
@@ -12237,6 +12241,7 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
+    [[nodiscard]] bool synchronous() const noexcept override { return synchronous_; }
     void shutdown() override {
         transport_.shutdown();
         for (auto& server : servers_) server->release_held();  // a pull waiting for a step gets unavailable
@@ -12244,6 +12249,7 @@ public:
 
 private:
     TransportPolicy transport_;
+    bool synchronous_;
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
 };
 
@@ -12464,6 +12470,7 @@ public:
     [[nodiscard]] std::string device(int task) const override {
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
+    [[nodiscard]] bool synchronous() const noexcept override { return sync_.synchronous; }
     std::future<Reply> call(int worker, Request request) override {
         return client_->send(TaskId{"worker", worker}, std::move(request));
     }

@@ -826,7 +826,7 @@ PSS_INLINE Tensor Embedding::forward(Tensor inputs, std::uint64_t step) {
         if (fresh) unique.push_back(ids_[i]);
         slot_of[i] = it->second;
     }
-    if (step != 0) {  // synchronous: touch every shard (see the class description)
+    if (step != 0 && embeddings_.info_ptr()->channel->synchronous()) {  // touch every shard (see the class description)
         const std::size_t shards = embeddings_.num_shards();
         std::vector<bool> touched(shards, false);
         for (std::int64_t id : unique) touched[embeddings_.shard_of_row(static_cast<std::size_t>(id)).shard] = true;
