@@ -832,6 +832,25 @@ public:
 }  // namespace
 
 TEST_SUITE("keras/fit") {
+    TEST_CASE("Sequential::fit: the lines of verbose 1 and 2 leave the stream's precision and flags as they were (0.359197 printed after fit is still 0.359197)") {
+        for (int verbose : {1, 2}) {
+            CAPTURE(verbose);
+            pss::ParameterServerStrategy<> strategy;
+            pss::Sequential model(strategy, {pss::Dense(1)});
+            model.compile("mse");
+            const auto [x, y] = line_data(4);
+            std::ostringstream out;
+            out << std::setprecision(3);
+            const auto flags = out.flags();
+            (void)model.fit(x, y, {.epochs = 1, .verbose = verbose, .out = &out});
+            CHECK(out.precision() == 3);
+            CHECK(out.flags() == flags);
+            out.str("");
+            out << 0.359197;
+            CHECK(out.str() == "0.359");
+        }
+    }
+
     TEST_CASE("Dropout in a Sequential model: fit trains through it; evaluate and predict do not drop") {
         pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(0.05));
         pss::Sequential model(strategy, {pss::Dense(8, "relu"), pss::Dropout(0.5), pss::Dense(1)}, 5);

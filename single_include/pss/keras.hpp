@@ -3933,16 +3933,19 @@ public:
         if (terminal_) {
             update(total_, logs);
             out_ << "\n";
-        } else if (verbose_ == 2) {  // Keras' verbose=2: `4/4 - 0s - loss: 0.1234 - 12ms/epoch - 3ms/step`
-            const double seconds = elapsed();
-            out_ << total_ << "/" << total_ << " - " << std::fixed << std::setprecision(0) << seconds << "s"
-                 << values(logs) << " - " << per(seconds, "epoch") << " - "
-                 << per_step(seconds / static_cast<double>(std::max<std::size_t>(total_, 1))) << "\n";
-        } else {
-            out_ << total_ << "/" << total_;
-            for (const auto& [name, value] : logs)
-                out_ << " - " << name << ": " << std::fixed << std::setprecision(6) << value;
-            out_ << "\n";
+        } else {  // formatted apart: the user's stream keeps its own precision and flags
+            std::ostringstream line;
+            if (verbose_ == 2) {  // Keras' verbose=2: `4/4 - 0s - loss: 0.1234 - 12ms/epoch - 3ms/step`
+                const double seconds = elapsed();
+                line << total_ << "/" << total_ << " - " << std::fixed << std::setprecision(0) << seconds << "s"
+                     << values(logs) << " - " << per(seconds, "epoch") << " - "
+                     << per_step(seconds / static_cast<double>(std::max<std::size_t>(total_, 1)));
+            } else {
+                line << total_ << "/" << total_;
+                for (const auto& [name, value] : logs)
+                    line << " - " << name << ": " << std::fixed << std::setprecision(6) << value;
+            }
+            out_ << line.str() << "\n";
         }
         out_.flush();
     }
