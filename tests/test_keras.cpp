@@ -15,6 +15,7 @@
 #include <iomanip>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -1521,7 +1522,8 @@ TEST_SUITE("keras/config") {
                                R"(pss: layer {"config":{}}: the field "class_name" is missing; it has class_name and config)");
         check_bad_layer_config(R"({"class_name": "Conv2D", "config": {}})",
                                R"(pss: layer {"class_name":"Conv2D","config":{}}: "class_name" is "Conv2D"; the layers a )"
-                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten" and "Dropout")");
+                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", "Concatenate" )"
+                               R"(and "Add")");
         check_bad_layer_config(R"({"class_name": 7, "config": {}})",
                                R"(pss: layer {"class_name":7,"config":{}}: "class_name" is 7, not a string)");
         check_bad_layer_config(R"({"class_name": "Flatten", "config": {}, "x": 1})",
@@ -1823,13 +1825,13 @@ TEST_SUITE("keras/remote") {
         const pss::detail::ClosureContext::Guard current(context);
         const xt::xarray<float> one = column_f({1});
         const pss::Tensor no_weights(xt::xarray<double>::from_shape({0}));
-        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("0123456789abcdef", one, one, no_weights, 0, 1.0),
+        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("0123456789abcdef", {pss::Tensor(one)}, one, no_weights, 0, 1.0),
                              "pss: Sequential: worker task 3 does not have the model \"0123456789abcdef\" (it restarted, "
                              "or evicted the model: a worker keeps the 16 models used last); the chief sends it again "
                              "with the call \"pss.keras.Sequential.build\"",
                              pss::NotFoundError);
         try {
-            (void)pss::detail::keras_remote_step("x", one, one, no_weights, 0, 1.0);
+            (void)pss::detail::keras_remote_step("x", {pss::Tensor(one)}, one, no_weights, 0, 1.0);
         } catch (const pss::NotFoundError& e) {
             CHECK(pss::detail::is_remote_model_unknown(e));
         }
@@ -1851,10 +1853,10 @@ TEST_SUITE("keras/remote") {
         for (int i = 0; i < 17; ++i) pss::detail::keras_remote_build("m" + std::to_string(i), description, model.weights());
         const xt::xarray<float> x = xt::ones<float>({1, 2}), y = column_f({3});
         const pss::Tensor w(xt::xarray<double>::from_shape({0}));
-        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("m0", x, y, w, 0, 1.0), pss::NotFoundError);  // evicted
-        CHECK_NOTHROW((void)pss::detail::keras_remote_step("m1", x, y, w, 0, 1.0));
-        CHECK(pss::detail::keras_remote_step("m16", x, y, w, 0, 1.0).size() == 1);  // the loss; no metrics
-        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("m16", x, y, pss::Tensor(xt::xarray<double>{1.0, 2.0}), 0, 1.0),
+        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("m0", {pss::Tensor(x)}, y, w, 0, 1.0), pss::NotFoundError);  // evicted
+        CHECK_NOTHROW((void)pss::detail::keras_remote_step("m1", {pss::Tensor(x)}, y, w, 0, 1.0));
+        CHECK(pss::detail::keras_remote_step("m16", {pss::Tensor(x)}, y, w, 0, 1.0).size() == 1);  // the loss; no metrics
+        CHECK_THROWS_WITH_AS((void)pss::detail::keras_remote_step("m16", {pss::Tensor(x)}, y, pss::Tensor(xt::xarray<double>{1.0, 2.0}), 0, 1.0),
                              "pss: Sequential: a step's sample weights are float64 of shape (2,); they are float64 of "
                              "shape (1,), or (0,) for none",
                              pss::InvalidArgumentError);
@@ -1863,9 +1865,9 @@ TEST_SUITE("keras/remote") {
                              doctest::Contains("\"weight_counts\"[0] is 2, but 0 of the 0 variables sent are left for layer 0"),
                              pss::InvalidArgumentError);
         CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", "{\"class_name\": \"Sequential\"", model.weights()),
-                             doctest::Contains("pss: Sequential model description is not JSON: "), pss::InvalidArgumentError);
+                             doctest::Contains("pss: model description is not JSON: "), pss::InvalidArgumentError);
         CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", "{\"class_name\": \"Model\"}", model.weights()),
-                             doctest::Contains("\"class_name\" is \"Model\"; a worker builds \"Sequential\" models"),
+                             doctest::Contains("\"class_name\" is \"Model\"; a worker builds \"Sequential\" and \"Functional\" models"),
                              pss::InvalidArgumentError);
         json no_layers = json::parse(description);
         no_layers["config"]["layers"] = json::array();
@@ -1877,7 +1879,342 @@ TEST_SUITE("keras/remote") {
         bad_metric["metrics"] = 3;
         CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", bad_metric.dump(), model.weights()),
                              doctest::Contains("\"metrics\" is 3, not a list"), pss::InvalidArgumentError);
-        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("bad", x, y, w, 0, 1.0), pss::NotFoundError);
+        CHECK_THROWS_AS((void)pss::detail::keras_remote_step("bad", {pss::Tensor(x)}, y, w, 0, 1.0), pss::NotFoundError);
+        pss::detail::testing_forget_remote_models();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The functional API: pss::Input, layers called on symbolic tensors, Concatenate and Add, pss::Model.
+// ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+xt::xarray<float> rows_f(std::size_t rows, std::size_t cols, std::vector<float> values) {
+    xt::xarray<float> out = xt::xarray<float>::from_shape({rows, cols});
+    REQUIRE(values.size() == rows * cols);
+    std::copy(values.begin(), values.end(), out.begin());
+    return out;
+}
+
+/// The functional model of the remote tests: ids through an Embedding and pooling, two dense features
+/// through a Dense layer, joined, then one output; a synchronous fit of 3 epochs gives its losses and weights.
+template <class StrategyType, class BeforeFit = std::nullptr_t>
+std::vector<double> train_functional(StrategyType& strategy, BeforeFit before_fit = nullptr) {
+    const auto [ids, y] = sync_data();
+    xt::xarray<float> dense = xt::xarray<float>::from_shape({10, 2});
+    for (std::size_t i = 0; i < 10; ++i) {
+        dense(i, 0) = static_cast<float>(i) / 10.0f;
+        dense(i, 1) = 1.0f - static_cast<float>(i % 3) / 2.0f;
+    }
+    const pss::KerasTensor id_input = pss::Input({3}, "ids"), dense_input = pss::Input({2});
+    const pss::KerasTensor pooled = pss::GlobalAveragePooling1D()(pss::Embedding(5, 4)(id_input));
+    const pss::KerasTensor joined = pss::Concatenate()({pooled, pss::Dense(3, "tanh")(dense_input)});
+    pss::Model model(strategy, {id_input, dense_input}, pss::Dense(1)(joined), 7);
+    model.compile("mse", {"mae"});
+    if constexpr (!std::is_null_pointer_v<BeforeFit>) before_fit(model);
+    const auto history = model.fit({ids, dense}, y, 3, 3, true, false);
+    std::vector<double> out(history.loss.begin(), history.loss.end());
+    out.insert(out.end(), history.history.at("mean_absolute_error").begin(), history.history.at("mean_absolute_error").end());
+    for (const auto& w : model.get_weights()) out.insert(out.end(), w.template get<float>().begin(), w.template get<float>().end());
+    return out;
+}
+
+}  // namespace
+
+TEST_SUITE("keras/functional") {
+    TEST_CASE("Model: two inputs through Dense and Concatenate: Keras' names, config and summary; predict is the layers by hand") {
+        pss::ParameterServerStrategy<> strategy;
+        const pss::KerasTensor a = pss::Input({2}), b = pss::Input({3}, "extra");
+        const pss::KerasTensor h = pss::Dense(2, "relu")(a);
+        CHECK(h.shape() == pss::Shape{2});
+        const pss::KerasTensor joined = pss::Concatenate()({h, b});
+        CHECK(joined.shape() == pss::Shape{5});
+        pss::Model model(strategy, {a, b}, pss::Dense(1)(joined));
+        CHECK(model.name() == "model");
+        REQUIRE(model.layers().size() == 3);
+        CHECK(model.layers()[0]->name() == "dense");
+        CHECK(model.layers()[1]->name() == "concatenate");
+        CHECK(model.layers()[2]->name() == "dense_1");
+        CHECK(model.weights().size() == 4);  // built at once: the variables exist
+        model.get_layer("dense").set_weights({rows_f(2, 2, {1, -1, 2, 0.5f}), xt::xarray<float>{0.5f, 0}});
+        model.get_layer("dense_1").set_weights({column_f({1, 2, 3, 4, 5}), xt::xarray<float>{0.25f}});
+        // h = relu([[1, 1], [-1, 0]] . kernel + bias) = [[3.5, 0], [0, 1]]; joined with x_b; . [1..5] + 0.25
+        const xt::xarray<float> x_a = rows_f(2, 2, {1, 1, -1, 0});
+        const xt::xarray<float> x_b = rows_f(2, 3, {1, 0, 0, 0, 1, 2});
+        CHECK(model.predict({x_a, x_b}) == column_f({6.75f, 16.25f}));
+
+        const json config = model.get_config();
+        CHECK(config["name"] == "model");
+        CHECK(config["input_layers"] == json::parse(R"([["input_1", 0, 0], ["extra", 0, 0]])"));
+        CHECK(config["output_layers"] == json::parse(R"([["dense_1", 0, 0]])"));
+        REQUIRE(config["layers"].size() == 5);
+        CHECK(config["layers"][0] == json::parse(R"({"class_name": "InputLayer", "name": "input_1", "inbound_nodes": [],
+            "config": {"batch_input_shape": [null, 2], "dtype": "float32", "name": "input_1"}})"));
+        CHECK(config["layers"][3]["class_name"] == "Concatenate");
+        CHECK(config["layers"][3]["config"] == json::parse(R"({"axis": -1, "name": "concatenate"})"));
+        CHECK(config["layers"][3]["inbound_nodes"] == json::parse(R"([[["dense", 0, 0, {}], ["extra", 0, 0, {}]]])"));
+
+        std::ostringstream summary;
+        model.summary(summary);
+        const std::string rule(98, '_');
+        const std::string text = summary.str();
+        CAPTURE(text);
+        auto padded = [](std::string line) { return line + std::string(98 - line.size(), ' ') + "\n"; };
+        CHECK(text.starts_with("Model: \"model\"\n" + rule + "\n" +
+                               padded(" Layer (type)                   Output Shape         Param #     Connected to") +
+                               std::string(98, '=') + "\n" +
+                               padded(" input_1 (InputLayer)           [(None, 2)]          0           []")));
+        // Keras breaks "Connected to" after each "',".
+        CHECK(text.find(padded(" concatenate (Concatenate)      (None, 5)            0           ['dense[0][0]',") +
+                        padded("                                                                  'extra[0][0]']")) !=
+              std::string::npos);
+        CHECK(text.find("Total params: 12\n") != std::string::npos);  // 2 x 2 + 2, 5 + 1
+    }
+
+    TEST_CASE("Concatenate and Add: values, shapes and gradients of each input; axis 1 of rank-3 inputs; float64 when one input is") {
+        std::mt19937 rng(0);
+        pss::Concatenate last;
+        CHECK(last.build({{2}, {3}}) == pss::Shape{5});
+        const pss::Tensor y = last.forward_list({pss::Tensor(rows_f(2, 2, {1, 2, 3, 4})), pss::Tensor(rows_f(2, 3, {5, 6, 7, 8, 9, 10}))});
+        CHECK(y.get<float>() == rows_f(2, 5, {1, 2, 5, 6, 7, 3, 4, 8, 9, 10}));
+        const auto grads = last.backward_list(rows_f(2, 5, {10, 20, 30, 40, 50, 60, 70, 80, 90, 100}));
+        REQUIRE(grads.size() == 2);
+        CHECK(grads[0].get<float>() == rows_f(2, 2, {10, 20, 60, 70}));
+        CHECK(grads[1].get<float>() == rows_f(2, 3, {30, 40, 50, 80, 90, 100}));
+
+        pss::Concatenate first(1);
+        CHECK(first.build({{1, 2}, {2, 2}}) == pss::Shape{3, 2});
+        xt::xarray<double> p = xt::xarray<double>::from_shape({2, 1, 2});
+        xt::xarray<float> q = xt::xarray<float>::from_shape({2, 2, 2});
+        std::iota(p.begin(), p.end(), 1.0);    // 1..4
+        std::iota(q.begin(), q.end(), 10.0f);  // 10..17
+        const pss::Tensor joined = first.forward_list({pss::Tensor(p), pss::Tensor(q)});
+        REQUIRE(joined.dtype() == pss::DType::float64);
+        CHECK(joined.shape() == pss::Shape{2, 3, 2});
+        CHECK(D(joined) == xt::xarray<double>{{{1, 2}, {10, 11}, {12, 13}}, {{3, 4}, {14, 15}, {16, 17}}});
+        const auto split = first.backward_list(joined);
+        CHECK(split[0].dtype() == pss::DType::float64);
+        CHECK(split[1].dtype() == pss::DType::float32);  // each input's gradient in its own dtype
+        CHECK(D(split[0]) == D(pss::Tensor(p)));
+        CHECK(D(split[1]) == D(pss::Tensor(q)));
+
+        pss::Add add;
+        CHECK(add.build({{2}, {2}, {2}}) == pss::Shape{2});
+        const pss::Tensor sum = add.forward_list({pss::Tensor(rows_f(1, 2, {1, 2})), pss::Tensor(rows_f(1, 2, {10, 20})),
+                                                  pss::Tensor(rows_f(1, 2, {100, 200}))});
+        CHECK(sum.get<float>() == rows_f(1, 2, {111, 222}));
+        const auto copies = add.backward_list(rows_f(1, 2, {0.5f, -1}));
+        REQUIRE(copies.size() == 3);
+        for (const auto& g : copies) CHECK(g.get<float>() == rows_f(1, 2, {0.5f, -1}));
+
+        CHECK_THROWS_WITH_AS((void)last.forward(pss::Tensor(rows_f(2, 2, {1, 2, 3, 4}))),
+                             "pss: Concatenate 'concatenate': forward of one input; a merge layer takes a list of inputs "
+                             "(call it on a list of symbolic tensors, as pss::Model does)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)last.forward_list({pss::Tensor(rows_f(2, 2, {1, 2, 3, 4})), pss::Tensor(rows_f(2, 2, {1, 2, 3, 4}))}),
+                             "pss: Concatenate 'concatenate': input 1 has shape (2, 2), but the layer was built for (2, 3)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Concatenate(0), "pss: Concatenate: axis is 0, the batch axis; join along another (-1: the last)",
+                             pss::InvalidArgumentError);
+        (void)rng;
+    }
+
+    TEST_CASE("Model: one SGD step moves every weight by the central difference of evaluate's loss, through fan-out, Add and Concatenate (1e-7)") {
+        ConfigStrategy strategy(pss::LocalClusterResolver<2, 1>{}, pss::FixedShardsPartitioner(1), pss::SGD(0.5));
+        const auto f64 = pss::DType::float64;
+        const pss::KerasTensor a = pss::Input({2}), b = pss::Input({2});
+        const pss::KerasTensor h = pss::Dense(3, "tanh", true, f64)(a);  // read by the two below
+        const pss::KerasTensor s = pss::Add()({pss::Dense(2, "linear", true, f64)(h), pss::Dense(2, "sigmoid", true, f64)(h)});
+        const pss::KerasTensor out = pss::Dense(1, "linear", true, f64)(pss::Concatenate()({s, b}));
+        pss::Model model(strategy, {a, b}, out, 3);
+        model.compile("mse");
+        const xt::xarray<float> x_a = rows_f(3, 2, {0.5f, -1, 1.5f, 0.25f, -0.75f, 2});
+        const xt::xarray<float> x_b = rows_f(3, 2, {1, 0, -0.5f, 2, 0.25f, -1});
+        const xt::xarray<float> y = column_f({1, -2, 0.5f});
+        std::vector<pss::Tensor> weights = model.get_weights();
+        REQUIRE(weights.size() == 8);
+        std::vector<std::vector<double>> numeric;
+        for (std::size_t v = 0; v < weights.size(); ++v) {
+            numeric.emplace_back();
+            auto& values = weights[v].get<double>();
+            for (std::size_t i = 0; i < values.size(); ++i)
+                numeric.back().push_back(central_difference(values.data()[i], [&] {
+                    model.set_weights(weights);
+                    return model.evaluate({x_a, x_b}, y, 3);
+                }));
+        }
+        model.set_weights(weights);
+        (void)model.fit({x_a, x_b}, y, {.batch_size = 3, .verbose = 0, .shuffle = false});
+        const std::vector<pss::Tensor> after = model.get_weights();
+        for (std::size_t v = 0; v < weights.size(); ++v)
+            for (std::size_t i = 0; i < numeric[v].size(); ++i) {
+                const double moved = (weights[v].get<double>().data()[i] - after[v].get<double>().data()[i]) / 0.5;
+                INFO("weight " << v << " element " << i << ": moved " << moved << ", central difference " << numeric[v][i]);
+                CHECK(std::abs(moved - numeric[v][i]) <= 1e-7 * std::max(1.0, std::abs(moved)));
+            }
+    }
+
+    TEST_CASE("Model: Input, Dense, Dense gives a Sequential model's bits (same seed): initial weights, losses and final weights") {
+        auto run = [](auto make) {
+            SyncTwoWorkers strategy(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+            auto model = make(strategy);
+            model->compile("mse");
+            const auto [x, y] = line_data(10);
+            std::vector<double> out;
+            for (const auto& w : model->get_weights()) out.insert(out.end(), w.template get<float>().begin(), w.template get<float>().end());
+            const auto history = model->fit(x / 10.0f, y / 10.0f, {.batch_size = 4, .epochs = 3, .verbose = 0});
+            out.insert(out.end(), history.loss.begin(), history.loss.end());
+            for (const auto& w : model->get_weights()) out.insert(out.end(), w.template get<float>().begin(), w.template get<float>().end());
+            return out;
+        };
+        const auto sequential = run([](SyncTwoWorkers& s) {
+            auto m = std::make_unique<pss::Sequential<SyncTwoWorkers>>(s, std::initializer_list<pss::AnyLayer>{pss::Dense(3, "tanh"), pss::Dense(1)}, 5);
+            m->build({1});
+            return m;
+        });
+        const auto functional = run([](SyncTwoWorkers& s) {
+            const pss::KerasTensor x = pss::Input({1});
+            return std::make_unique<pss::Model<SyncTwoWorkers>>(s, x, pss::Dense(1)(pss::Dense(3, "tanh")(x)), 5);
+        });
+        CHECK(sequential.size() == 3 + 3 + 3 + 1 + 3 + 3 + 3 + 3 + 1);
+        CHECK(functional == sequential);
+    }
+
+    TEST_CASE("Model: a layer object called twice, an input missing or given twice, a merge on one tensor, shapes that do not join, and wrong data throw naming each") {
+        pss::ParameterServerStrategy<> strategy;
+        const pss::KerasTensor p = pss::Input({2}), q = pss::Input({2}, "q");
+        pss::Dense shared(2);
+        const pss::KerasTensor twice = shared(shared(p));
+        CHECK_THROWS_WITH_AS(pss::Model(strategy, p, twice),
+                             "pss: Model::Model: one Dense layer object is called twice; Keras would share its weights, "
+                             "pss does not (make one layer object per call)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Model(strategy, p, pss::Add()({p, q})),
+                             "pss: Model::Model: the output needs the input 'q' of shape (2,), which is not among the "
+                             "model's inputs",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Model(strategy, {p, p}, pss::Dense(1)(p)), "pss: Model::Model: input 1 is given twice",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Model(strategy, {pss::Dense(1)(p)}, pss::Dense(1)(p)),
+                             "pss: Model::Model: input 0 is the output of a Dense layer, not a pss::Input",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::Concatenate()(p),
+                             "pss: Concatenate takes a list of at least 2 inputs, but it was called on 1",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::Dense(2)({p, q}),
+                             "pss: Dense takes one input, but it was called on a list of 2 (join them first with "
+                             "Concatenate or Add)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::Concatenate()({pss::Input({2, 3}), pss::Input({3, 3})}),
+                             "pss: Concatenate: inputs of shapes (2, 3), (3, 3) (batch axis excluded) do not join along "
+                             "axis -1; every other axis must be equal",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)pss::Add()({p, pss::Input({3})}),
+                             "pss: Add: inputs of shapes (2,) and (3,) (batch axis excluded); Add takes inputs of one shape",
+                             pss::InvalidArgumentError);
+        pss::Dense named(1), same(1);
+        named.set_name("same");
+        same.set_name("same");
+        CHECK_THROWS_WITH_AS(pss::Model(strategy, p, same(named(p))),
+                             "pss: Model::Model: two layers or inputs are named 'same'; names are unique within a model",
+                             pss::InvalidArgumentError);
+
+        pss::Model model(strategy, {p, q}, pss::Dense(1)(pss::Add()({p, q})));
+        model.compile("mse");
+        const xt::xarray<float> two = xt::ones<float>({2, 2}), y = column_f({1, 2});
+        CHECK_THROWS_WITH_AS((void)model.fit(two, y, {.verbose = 0}),
+                             "pss: Model::fit: x is 1 arrays, but the model has 2 inputs; give one array per input, in the "
+                             "order of the model's inputs",
+                             pss::InvalidArgumentError);
+        const xt::xarray<float> three_rows = xt::ones<float>({3, 2});
+        CHECK_THROWS_WITH_AS((void)model.fit({two, three_rows}, y, {.verbose = 0}),
+                             "pss: Model::fit: x[1] (input 'q') has shape (3, 2), but the input takes (2, 2) (examples "
+                             "first, the same count in every input)",
+                             pss::InvalidArgumentError);
+        const xt::xarray<float> three_columns = xt::ones<float>({2, 3});
+        CHECK_THROWS_WITH_AS((void)model.predict({two, three_columns}),
+                             "pss: Model::predict: x[1] (input 'q') has shape (2, 3), but the input takes (2, 2) (examples "
+                             "first, the same count in every input)",
+                             pss::InvalidArgumentError);
+
+        const pss::KerasTensor ids = pss::Input({2});
+        pss::Model lookup(strategy, ids, pss::Dense(1)(pss::Flatten()(pss::Embedding(5, 2)(ids))));
+        lookup.compile("mse");
+        CHECK_THROWS_WITH_AS((void)lookup.predict(rows_f(1, 2, {1, 7})),
+                             "pss: Embedding 'embedding': input 1 (in row-major order) is 7.000000, not an id; an "
+                             "Embedding takes integer ids in [0, 5) stored as floats",
+                             pss::InvalidArgumentError);
+    }
+}
+
+TEST_SUITE("keras/remote") {
+    TEST_CASE("Model on worker processes: workers rebuild a functional model from Keras' Functional config and train it to the bits of in-process workers") {
+        pss::detail::testing_forget_remote_models();
+        SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        const auto expected = train_functional(local);
+        const auto got = train_functional(remote, [&](auto& model) {
+            remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
+        });
+        CHECK(got == expected);
+        CHECK(remote.workers.count("pss.keras.Sequential.build") == 2);
+        CHECK(remote.workers.count("pss.keras.Sequential.step") == 3 * 4 * 2);
+        pss::detail::testing_forget_remote_models();
+    }
+
+    TEST_CASE("pss.keras.Sequential.build: a Functional description with a bad reference, order, shape or count throws naming it; 20000 mutated texts give a model or InvalidArgumentError") {
+        pss::detail::testing_forget_remote_models();
+        pss::ParameterServerStrategy<> strategy;
+        const pss::KerasTensor a = pss::Input({2}), b = pss::Input({3});
+        pss::Model model(strategy, {a, b}, pss::Dense(1)(pss::Concatenate()({pss::Dense(2)(a), b})));
+        model.compile("mse");
+        const json valid{{"class_name", "Functional"}, {"config", model.get_config()},
+                         {"loss", pss::serialize(pss::MeanSquaredError())}, {"metrics", json::array()},
+                         {"weight_counts", {2, 0, 2}}};
+        const pss::detail::ClosureContext context{0};
+        const pss::detail::ClosureContext::Guard current(context);
+        CHECK_NOTHROW(pss::detail::keras_remote_build("f", valid.dump(), model.weights()));
+        // predictions 0 at zero weights: the loss of target 1 is 1
+        model.set_weights({xt::xarray<float>(xt::zeros<float>({2, 2})), xt::xarray<float>(xt::zeros<float>({2})),
+                           xt::xarray<float>(xt::zeros<float>({5, 1})), xt::xarray<float>(xt::zeros<float>({1}))});
+        CHECK(pss::detail::keras_remote_step("f", {pss::Tensor(rows_f(1, 2, {1, 2})), pss::Tensor(rows_f(1, 3, {1, 0, 1}))},
+                                             pss::Tensor(column_f({1})), pss::Tensor(xt::xarray<double>::from_shape({0})),
+                                             0, 1.0) == std::vector<double>{1.0});
+        auto rejects = [&](const std::function<void(json&)>& edit, const std::string& part) {
+            json d = valid;
+            edit(d);
+            CAPTURE(part);
+            CHECK_THROWS_WITH_AS(pss::detail::keras_remote_build("bad", d.dump(), model.weights()),
+                                 doctest::Contains(part.c_str()), pss::InvalidArgumentError);
+        };
+        rejects([](json& d) { d["config"]["layers"][2]["inbound_nodes"][0][0][0] = "nowhere"; },
+                "it is called on \"nowhere\", which is not an input or an earlier layer");
+        rejects([](json& d) { std::swap(d["config"]["layers"][2], d["config"]["layers"][3]); },
+                "which is not an input or an earlier layer");
+        rejects([](json& d) { d["config"]["layers"][2]["config"]["batch_input_shape"] = json::array({nullptr, 5}); },
+                "its batch_input_shape (5,) differs from its input's shape (2,)");
+        rejects([](json& d) { d["weight_counts"] = json::array({2, 1, 1}); },
+                "\"weight_counts\" gives 1 variables to \"concatenate\", a merge layer, which has none");
+        rejects([](json& d) { d["config"]["output_layers"] = json::parse(R"([["dense", 0, 0]])"); },
+                "it names the last layer, the one output");
+        rejects([](json& d) { d["config"]["layers"][2]["inbound_nodes"][0][0][1] = 1; },
+                "pss has no shared layers: node and tensor 0");
+        rejects([](json& d) { d["config"]["input_layers"] = json::parse(R"([["input_1", 0, 0]])"); },
+                "the InputLayer \"input_2\" is not in \"input_layers\"");
+        std::size_t accepted = 0, rejected = 0;
+        auto attempt = [&](const std::string& text) {
+            try {
+                pss::detail::keras_remote_build("m", text, model.weights());
+                ++accepted;
+            } catch (const pss::InvalidArgumentError&) {
+                ++rejected;
+            }
+        };
+        pss_test::for_each_mutated_text({valid.dump()}, "0123456789[]{},:\"-.e truefalsenull_inputdense\xff", 7, attempt);
+        MESSAGE(accepted << " texts gave a model, " << rejected << " were rejected");
+        CHECK(accepted + rejected == 20000);
+        CHECK(rejected > 10000);
         pss::detail::testing_forget_remote_models();
     }
 }

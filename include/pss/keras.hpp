@@ -1,4 +1,4 @@
-// pss/keras.hpp: the whole library with its Keras-style layer (Sequential, Dense, Embedding, the losses,
+// pss/keras.hpp: the whole library with its Keras-style layer (Model, Sequential, Dense, Embedding, the losses,
 // metrics and callbacks)
 // and the datasets read from files (pss/data.hpp);
 // the root of the second generated single header. Kept apart from pss/pss.hpp because it costs a third
@@ -17,6 +17,8 @@
 
 // The default configurations' models, instantiated once in the library under PSS_SEPARATE_COMPILATION.
 PSS_NAMESPACE_BEGIN
+PSS_INSTANTIATE(class Model<ParameterServerStrategy<>>)
+PSS_INSTANTIATE(class Model<ClusterStrategy<>>)
 PSS_INSTANTIATE(class Sequential<ParameterServerStrategy<>>)
 PSS_INSTANTIATE(class Sequential<ClusterStrategy<>>)
 PSS_NAMESPACE_END

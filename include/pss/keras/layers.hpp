@@ -1,4 +1,4 @@
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout) whose weights are pss Variables, and their Keras configs (JSON).
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout, Concatenate, Add) whose weights are pss Variables, the functional API's symbolic tensors (Input), and the layers' Keras configs (JSON).
 #pragma once
 
 #include <algorithm>
@@ -220,6 +220,39 @@ inline void assign_weights(const std::vector<Variable>& vars, const std::vector<
 
 }  // namespace detail
 
+class Layer;
+namespace detail {
+struct SymbolicNode;
+}  // namespace detail
+
+/// @brief A symbolic tensor of the functional API (Keras' KerasTensor): what pss::Input returns, and
+/// what a layer called on symbolic tensors returns. It holds no values: its shape (batch axis excluded)
+/// and how it was made, which pss::Model(strategy, inputs, outputs) traces back to the inputs.
+///
+/// @par Example
+/// @code
+/// pss::KerasTensor x = pss::Input({3});
+/// pss::KerasTensor h = pss::Dense(8, "relu")(x);   // h.shape() is (8)
+/// @endcode
+class KerasTensor {
+public:
+    /// @brief An empty tensor; calling a layer on it throws.
+    KerasTensor() = default;
+    /// @brief The shape of one example (batch axis excluded). @pre not empty
+    [[nodiscard]] const Shape& shape() const;
+    /// @brief An Input's name ("" until a Model names it) or the name of the layer whose output it is
+    /// (given by the user; else "" until a Model names the layer). @pre not empty
+    [[nodiscard]] const std::string& name() const;
+    [[nodiscard]] explicit operator bool() const noexcept { return node_ != nullptr; }
+    /// @brief What made it (the Model's tracing reads it).
+    [[nodiscard]] const std::shared_ptr<const detail::SymbolicNode>& node() const noexcept { return node_; }
+    /// @brief The tensor `node` makes (pss::Input and Layer's call make them).
+    explicit KerasTensor(std::shared_ptr<const detail::SymbolicNode> node) : node_(std::move(node)) {}
+
+private:
+    std::shared_ptr<const detail::SymbolicNode> node_;
+};
+
 /// @brief The interface of a layer of a pss::Sequential model (tf.keras.layers.Layer).
 ///
 /// A layer's weights are pss::Variables: `build` creates them through get_strategy(), so built inside
@@ -259,6 +292,25 @@ public:
     }
 
     [[nodiscard]] bool built() const noexcept { return built_; }
+
+    /// @brief Calls the layer on a symbolic tensor (Keras' functional API): a tensor of the output
+    /// shape, made by a copy of this layer (not built) that pss::Model builds. Calling one layer object
+    /// twice would share its weights in Keras; pss::Model refuses such a graph (make one layer per call).
+    /// @throws InvalidArgumentError when the layer cannot take inputs of that shape (or takes a list).
+    KerasTensor operator()(const KerasTensor& input) const { return call({input}); }
+    /// @brief Calls a layer that takes a list (Concatenate, Add) on symbolic tensors.
+    KerasTensor operator()(const std::vector<KerasTensor>& inputs) const { return call(inputs); }
+
+    /// @brief Keras' `compute_output_shape`: the output shape for inputs of `input_shape` (batch axis
+    /// excluded), without building. Every pss layer has it; a user's layer overrides it to be called on
+    /// symbolic tensors.
+    /// @throws InvalidArgumentError when the layer cannot take such inputs; FailedPreconditionError when
+    /// the class does not override it.
+    [[nodiscard]] virtual Shape compute_output_shape(const Shape& /*input_shape*/) const {
+        throw FailedPreconditionError("pss: " + describe() +
+                                      ": compute_output_shape is not implemented by this class; override it to call "
+                                      "the layer on symbolic tensors (pss::Input)");
+    }
 
     /// @brief Keras' `get_config()`: the layer's constructor parameters, its name and, once built, the
     /// input shape it was built for: `{"name": "dense", "units": 4, "activation": "relu", "use_bias":
@@ -414,6 +466,27 @@ protected:
     /// @brief Rejects input values the layer cannot take (Embedding: ids that are not row numbers).
     virtual void check_input_values(const xt::xarray<float>& /*inputs*/) const {}
 
+    /// @brief The output shape for a list of input shapes (the functional API's call): one shape gives
+    /// compute_output_shape; a layer that takes a list (Merge) overrides this.
+    [[nodiscard]] virtual Shape output_shape_of(const std::vector<Shape>& input_shapes) const {
+        if (input_shapes.size() != 1)
+            throw InvalidArgumentError("pss: " + describe() + " takes one input, but it was called on a list of " +
+                                       std::to_string(input_shapes.size()) +
+                                       " (join them first with Concatenate or Add)");
+        return compute_output_shape(input_shapes.front());
+    }
+
+    /// @brief Marks the layer built for `input_shape` with `output_shape`: for a class whose build is not
+    /// Layer::build (a Merge's, over a list of shapes). Names the layer first, as build does.
+    void mark_built(Shape input_shape, Shape output_shape) {
+        if (built_)
+            throw FailedPreconditionError("pss: " + describe() + ": built twice; a layer is built or bound once");
+        if (name_.empty()) name_ = default_name();
+        input_shape_ = std::move(input_shape);
+        output_shape_ = std::move(output_shape);
+        built_ = true;
+    }
+
     /// "Dense 'dense_1'", for messages.
     [[nodiscard]] std::string describe() const {
         return std::string(class_name()) + (name_.empty() ? std::string() : " '" + name_ + "'");
@@ -428,10 +501,15 @@ protected:
     [[nodiscard]] std::string default_name() const { return detail::snake_case(class_name()); }
 
 private:
+    PSS_INLINE KerasTensor call(const std::vector<KerasTensor>& inputs) const;
+
     std::string name_;
     Shape input_shape_;
     Shape output_shape_;
     bool built_ = false;
+    // Shared by the nodes this object made when called on symbolic tensors: how Model finds one layer
+    // object called twice. Made at the first call, so copies made before it are other layers.
+    mutable std::shared_ptr<const int> call_identity_;
 };
 
 namespace detail {
@@ -540,6 +618,10 @@ public:
         if (!built()) return {};
         if (use_bias_) return {kernel_, bias_};
         return {kernel_};
+    }
+    /// @brief The input shape with its last axis `units`.
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override {
+        return output_shape_for(input_shape);
     }
 
     PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
@@ -744,6 +826,12 @@ public:
         if (!built()) return {};
         return {embeddings_};
     }
+    /// @brief The input shape with one more axis, `output_dim`.
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override {
+        Shape out = input_shape;
+        out.push_back(output_dim_);
+        return out;
+    }
 
     PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
 
@@ -767,17 +855,13 @@ protected:
             for (T& v : values) v = static_cast<T>(detail::uniform(rng, -0.05, 0.05));
         });
         embeddings_ = Variable(std::move(table), name() + "/embeddings");
-        Shape out = input_shape;
-        out.push_back(output_dim_);
-        return out;
+        return compute_output_shape(input_shape);
     }
 
     Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
         check_bind_weights(weights, {{"embeddings", {input_dim_, output_dim_}, dtype_}});
         embeddings_ = std::move(weights[0]);
-        Shape out = input_shape;
-        out.push_back(output_dim_);
-        return out;
+        return compute_output_shape(input_shape);
     }
 
     void check_input_values(const xt::xarray<float>& inputs) const override { check_ids(inputs); }
@@ -875,6 +959,11 @@ public:
 
     PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
+    /// @brief (steps, features) to (features).
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override {
+        return output_shape_for(input_shape);
+    }
+
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return output_shape_for(input_shape); }
     Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
@@ -957,6 +1046,8 @@ public:
 
     PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
     PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
+    /// @brief The input shape.
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
 
     /// @brief `{"name": "dropout", "rate": 0.5, "seed": 42}` (the seed once built or given; else null)
     [[nodiscard]] nlohmann::json get_config() const override {
@@ -1027,6 +1118,11 @@ public:
         return out;
     }
 
+    /// @brief One axis of all the input's elements.
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override {
+        return {num_elements(input_shape)};
+    }
+
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return {num_elements(input_shape)}; }
     Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
@@ -1077,6 +1173,310 @@ PSS_INLINE LayerGradients Dropout::backward(const Tensor& grad_outputs) {
         },
         Tensor());
     return out;
+}
+#endif
+
+/// @brief A layer that joins a list of at least 2 inputs into one output (Keras' `Merge`, the base of
+/// Concatenate and Add), without weights. Its forward and backward take and give lists (forward_list,
+/// backward_list); Layer's single-input forward and backward throw. pss::Model builds it over its
+/// inputs' shapes. Inputs of float32 and float64 mixed are computed in float64.
+class Merge : public Layer {
+public:
+    /// @throws InvalidArgumentError: a merge layer takes a list (forward_list)
+    Tensor forward(Tensor /*inputs*/, std::uint64_t /*step*/ = 0) final { throw takes_list("forward"); }
+    /// @throws InvalidArgumentError: a merge layer gives a list (backward_list)
+    LayerGradients backward(const Tensor& /*grad_outputs*/) final { throw takes_list("backward"); }
+
+    /// @brief The output for one batch of each input, in the order of the input shapes it was built for.
+    /// @throws InvalidArgumentError naming the input whose shape differs from what the layer was built for.
+    [[nodiscard]] virtual Tensor forward_list(std::vector<Tensor> inputs) = 0;
+    /// @brief The gradient of each input of the last forward_list, from its output's gradient.
+    [[nodiscard]] virtual std::vector<Tensor> backward_list(const Tensor& grad_outputs) = 0;
+
+    /// @brief Builds the layer for inputs of `input_shapes` (batch axis excluded); returns the output shape.
+    /// @throws FailedPreconditionError when built already; InvalidArgumentError when the shapes do not join.
+    Shape build(const std::vector<Shape>& input_shapes) {
+        Shape out = output_shape_of(input_shapes);
+        mark_built({}, out);
+        input_shapes_ = input_shapes;
+        return out;
+    }
+    /// @pre built()
+    [[nodiscard]] const std::vector<Shape>& input_shapes() const {
+        require_built("input_shapes");
+        return input_shapes_;
+    }
+
+    /// @throws InvalidArgumentError: a merge layer's output shape is of a list (output_shape_of)
+    [[nodiscard]] Shape compute_output_shape(const Shape& /*input_shape*/) const final {
+        throw takes_list("compute_output_shape");
+    }
+    /// @brief Keras' config without an input shape (a merge has several): `{"name": "concatenate"}`.
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config.erase("batch_input_shape");
+        return config;
+    }
+
+protected:
+    Merge() = default;
+    [[nodiscard]] Shape output_shape_of(const std::vector<Shape>& input_shapes) const final {
+        if (input_shapes.size() < 2)
+            throw InvalidArgumentError("pss: " + describe() + " takes a list of at least 2 inputs, but it was called on " +
+                                       std::to_string(input_shapes.size()));
+        return merge_shape(input_shapes);
+    }
+    /// @brief The output shape of inputs of these shapes (at least 2).
+    [[nodiscard]] virtual Shape merge_shape(const std::vector<Shape>& input_shapes) const = 0;
+
+    Shape do_build(const Shape& /*input_shape*/, std::mt19937& /*rng*/) final { throw takes_list("build"); }
+    Shape do_bind(const Shape& /*input_shape*/, std::vector<Variable> /*weights*/) final { throw takes_list("bind"); }
+
+    /// Checks a batch against the shapes the layer was built for; returns the batch size.
+    std::size_t check_batch(const std::vector<Tensor>& inputs) const {
+        require_built("forward_list");
+        if (inputs.size() != input_shapes_.size())
+            throw InvalidArgumentError("pss: " + describe() + ": forward_list got " + std::to_string(inputs.size()) +
+                                       " inputs, but the layer was built for " + std::to_string(input_shapes_.size()));
+        const std::size_t batch = inputs.front().rank() == 0 ? 0 : inputs.front().shape().front();
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            Shape expected = input_shapes_[i];
+            expected.insert(expected.begin(), batch);
+            if (inputs[i].shape() != expected)
+                throw InvalidArgumentError("pss: " + describe() + ": input " + std::to_string(i) + " has shape " +
+                                           format_shape(inputs[i].shape()) + ", but the layer was built for " +
+                                           format_shape(expected));
+        }
+        return batch;
+    }
+    /// The dtype a list is computed in: float64 when an input is, else float32.
+    static DType common_dtype(const std::vector<Tensor>& inputs) {
+        return std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.dtype() == DType::float64; })
+                   ? DType::float64
+                   : DType::float32;
+    }
+
+private:
+    [[nodiscard]] InvalidArgumentError takes_list(const char* what) const {
+        return InvalidArgumentError("pss: " + describe() + ": " + what +
+                                    " of one input; a merge layer takes a list of inputs (call it on a list of "
+                                    "symbolic tensors, as pss::Model does)");
+    }
+
+    std::vector<Shape> input_shapes_;
+};
+
+/// @brief Keras' `Concatenate(axis=-1)`: joins its inputs along `axis` (counted with the batch axis
+/// as 0, negative from the end, as Keras), the other axes equal.
+class Concatenate final : public Merge {
+public:
+    /// @param axis the axis joined, not the batch axis (0): -1 (the last) by default
+    explicit Concatenate(int axis = -1) : axis_(axis) {
+        if (axis == 0)
+            throw InvalidArgumentError("pss: Concatenate: axis is 0, the batch axis; join along another (-1: the last)");
+    }
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Concatenate>(*this); }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] int axis() const noexcept { return axis_; }
+
+    PSS_INLINE Tensor forward_list(std::vector<Tensor> inputs) override;
+    PSS_INLINE std::vector<Tensor> backward_list(const Tensor& grad_outputs) override;
+
+    /// @brief `{"axis": -1, "name": "concatenate"}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Merge::get_config();
+        config["axis"] = axis_;
+        return config;
+    }
+
+protected:
+    [[nodiscard]] Shape merge_shape(const std::vector<Shape>& shapes) const override {
+        const std::size_t rank = shapes.front().size();
+        const int with_batch = static_cast<int>(rank) + 1;
+        const int axis = axis_ < 0 ? axis_ + with_batch : axis_;
+        auto list = [&] {
+            std::string out;
+            for (const auto& shape : shapes) out += (out.empty() ? "" : ", ") + format_shape(shape);
+            return out;
+        };
+        if (axis < 1 || axis >= with_batch)
+            throw InvalidArgumentError("pss: " + describe() + ": axis " + std::to_string(axis_) +
+                                       " is not an axis after the batch axis of inputs of shapes " + list() +
+                                       " (batch axis excluded)");
+        const auto at = static_cast<std::size_t>(axis - 1);
+        Shape out = shapes.front();
+        out[at] = 0;
+        for (const auto& shape : shapes) {
+            bool fits = shape.size() == rank;
+            for (std::size_t d = 0; fits && d < rank; ++d) fits = d == at || shape[d] == shapes.front()[d];
+            if (!fits)
+                throw InvalidArgumentError("pss: " + describe() + ": inputs of shapes " + list() +
+                                           " (batch axis excluded) do not join along axis " + std::to_string(axis_) +
+                                           "; every other axis must be equal");
+            out[at] += shape[at];
+        }
+        return out;
+    }
+
+private:
+    /// The elements of one input's block between two steps of the axes before the joined one.
+    [[nodiscard]] std::size_t block(std::size_t input) const {
+        const Shape& shape = input_shapes()[input];
+        const std::size_t at = static_cast<std::size_t>((axis_ < 0 ? axis_ + static_cast<int>(shape.size()) + 1 : axis_) - 1);
+        std::size_t n = 1;
+        for (std::size_t d = at; d < shape.size(); ++d) n *= shape[d];
+        return n;
+    }
+
+    int axis_;
+    std::size_t batch_ = 0;
+    std::vector<DType> dtypes_;  // the last inputs'
+};
+
+/// @brief Keras' `Add()`: the sum of its inputs, all of one shape.
+class Add final : public Merge {
+public:
+    Add() = default;
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Add>(*this); }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+
+    PSS_INLINE Tensor forward_list(std::vector<Tensor> inputs) override;
+    PSS_INLINE std::vector<Tensor> backward_list(const Tensor& grad_outputs) override;
+
+protected:
+    [[nodiscard]] Shape merge_shape(const std::vector<Shape>& shapes) const override {
+        for (const auto& shape : shapes)
+            if (shape != shapes.front())
+                throw InvalidArgumentError("pss: " + describe() + ": inputs of shapes " + format_shape(shapes.front()) +
+                                           " and " + format_shape(shape) +
+                                           " (batch axis excluded); Add takes inputs of one shape");
+        return shapes.front();
+    }
+
+private:
+    std::vector<DType> dtypes_;  // the last inputs'
+};
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Concatenate::class_name() const noexcept { return "Concatenate"; }
+
+PSS_INLINE Tensor Concatenate::forward_list(std::vector<Tensor> inputs) {
+    batch_ = check_batch(inputs);
+    dtypes_.clear();
+    for (const auto& t : inputs) dtypes_.push_back(t.dtype());
+    return detail::with_float_type(common_dtype(inputs), [&]<class T>(std::type_identity<T>) {
+        Shape shape = output_shape();
+        std::size_t width = 0;  // one row of the output: every input's block
+        for (std::size_t i = 0; i < inputs.size(); ++i) width += block(i);
+        const std::size_t rows = width == 0 ? 0 : batch_ * num_elements(shape) / width;
+        shape.insert(shape.begin(), batch_);
+        xt::xarray<T> out = xt::xarray<T>::from_shape(shape);
+        std::size_t offset = 0;
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            const xt::xarray<T> x = detail::take_as<T>(std::move(inputs[i]));
+            const std::size_t n = block(i);
+            for (std::size_t r = 0; r < rows; ++r) std::copy_n(x.data() + r * n, n, out.data() + r * width + offset);
+            offset += n;
+        }
+        return Tensor(std::move(out));
+    });
+}
+
+PSS_INLINE std::vector<Tensor> Concatenate::backward_list(const Tensor& grad_outputs) {
+    require_built("backward_list");
+    Shape expected = output_shape();
+    expected.insert(expected.begin(), batch_);
+    detail::check_grad_shape(grad_outputs, expected, describe());
+    std::size_t width = 0;
+    for (std::size_t i = 0; i < dtypes_.size(); ++i) width += block(i);
+    const std::size_t rows = width == 0 ? 0 : grad_outputs.size() / width;
+    std::vector<Tensor> out;
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < dtypes_.size(); ++i) {
+        const std::size_t n = block(i);
+        Shape shape = input_shapes()[i];
+        shape.insert(shape.begin(), batch_);
+        out.push_back(detail::with_float_type(dtypes_[i], [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
+            xt::xarray<T> gi = xt::xarray<T>::from_shape(shape);
+            for (std::size_t r = 0; r < rows; ++r) std::copy_n(g.data() + r * width + offset, n, gi.data() + r * n);
+            return Tensor(std::move(gi));
+        }));
+        offset += n;
+    }
+    return out;
+}
+
+PSS_INLINE std::string_view Add::class_name() const noexcept { return "Add"; }
+
+PSS_INLINE Tensor Add::forward_list(std::vector<Tensor> inputs) {
+    (void)check_batch(inputs);
+    dtypes_.clear();
+    for (const auto& t : inputs) dtypes_.push_back(t.dtype());
+    return detail::with_float_type(common_dtype(inputs), [&]<class T>(std::type_identity<T>) {
+        xt::xarray<T> sum = detail::take_as<T>(std::move(inputs.front()));
+        for (std::size_t i = 1; i < inputs.size(); ++i) sum += detail::take_as<T>(std::move(inputs[i]));
+        return Tensor(std::move(sum));
+    });
+}
+
+PSS_INLINE std::vector<Tensor> Add::backward_list(const Tensor& grad_outputs) {
+    require_built("backward_list");
+    std::vector<Tensor> out;
+    for (const DType dtype : dtypes_) out.push_back(detail::convert_tensor(grad_outputs, dtype));
+    return out;
+}
+#endif
+
+namespace detail {
+
+/// What a layer called on symbolic tensors records (see KerasTensor).
+struct SymbolicNode {
+    std::unique_ptr<Layer> layer;     ///< a copy of the layer called, not built; null for an Input
+    std::vector<KerasTensor> inputs;  ///< what it was called on
+    Shape shape;                      ///< of its output, batch axis excluded
+    std::string name;                 ///< an Input's name
+    std::shared_ptr<const int> identity;  ///< the called layer object's
+};
+
+}  // namespace detail
+
+/// @brief Keras' `tf.keras.Input(shape, name)`: an input of a functional model, examples of `shape`
+/// (batch axis excluded). Unnamed inputs are named by their Model as Keras does: `input_1`, `input_2`,
+/// ... in the order of the model's inputs.
+[[nodiscard]] inline KerasTensor Input(Shape shape, std::string name = {}) {
+    auto node = std::make_shared<detail::SymbolicNode>();
+    node->shape = std::move(shape);
+    node->name = std::move(name);
+    return KerasTensor(std::move(node));
+}
+
+inline const Shape& KerasTensor::shape() const {
+    if (!node_) throw FailedPreconditionError("pss: KerasTensor::shape of an empty tensor");
+    return node_->shape;
+}
+
+inline const std::string& KerasTensor::name() const {
+    if (!node_) throw FailedPreconditionError("pss: KerasTensor::name of an empty tensor");
+    return node_->layer ? node_->layer->name() : node_->name;
+}
+
+#if PSS_DEFINITIONS
+PSS_INLINE KerasTensor Layer::call(const std::vector<KerasTensor>& inputs) const {
+    std::vector<Shape> shapes;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        if (!inputs[i])
+            throw InvalidArgumentError("pss: " + describe() + " was called on an empty KerasTensor (input " +
+                                       std::to_string(i) + "); call layers on pss::Input or on other layers' outputs");
+        shapes.push_back(inputs[i].shape());
+    }
+    auto node = std::make_shared<detail::SymbolicNode>();
+    node->shape = output_shape_of(shapes);
+    node->layer = clone();
+    node->inputs = inputs;
+    if (!call_identity_) call_identity_ = std::make_shared<const int>(0);
+    node->identity = call_identity_;
+    return KerasTensor(std::move(node));
 }
 #endif
 
@@ -1142,10 +1542,25 @@ struct LayerConfig {
         if (cls == "Flatten") out.layer = std::make_unique<Flatten>();
         else out.layer = std::make_unique<GlobalAveragePooling1D>();
         finish(fields);
+    } else if (cls == "Concatenate" || cls == "Add") {  // merges: their input shapes come from the model's graph
+        ConfigFields fields = fields_of(cls == "Add" ? "name" : "name and axis");
+        if (cls == "Add") {
+            out.layer = std::make_unique<Add>();
+        } else {
+            const nlohmann::json& axis = fields.take("axis");
+            const auto limit = static_cast<std::int64_t>(config_rank_limit);
+            if (!axis.is_number_integer() || axis.get<std::int64_t>() == 0 || axis.get<std::int64_t>() > limit ||
+                axis.get<std::int64_t>() < -limit - 1)
+                fields.fail("\"axis\" is " + json_text(axis) + "; it is an integer axis other than 0 (the batch axis), "
+                            "at most " + std::to_string(config_rank_limit) + " either way");
+            out.layer = std::make_unique<Concatenate>(static_cast<int>(axis.get<std::int64_t>()));
+        }
+        out.layer->set_name(fields.take_string("name"));
+        fields.finish();
     } else {
         outer.fail("\"class_name\" is " + json_text(cls) +
                    "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\", "
-                   "\"Flatten\" and \"Dropout\"");
+                   "\"Flatten\", \"Dropout\", \"Concatenate\" and \"Add\"");
     }
     return out;
 }

@@ -1,4 +1,4 @@
-// pss/keras/model.hpp: Sequential, a Keras-style model trained by scheduling steps on a strategy's workers (compile, fit, evaluate, predict).
+// pss/keras/model.hpp: Model (Keras' functional API) and Sequential, Keras-style models trained by scheduling steps on a strategy's workers (compile, fit, evaluate, predict).
 #pragma once
 
 #include <algorithm>
@@ -68,12 +68,66 @@ struct History {
     std::map<std::string, std::vector<double>> history;
 };
 
+/// @brief A model's input data: one array for a model of one input, or one array per input of a
+/// functional model, in the order of its inputs (Keras' `x` as an array or a list of arrays), each with
+/// the examples on its first axis. It refers to the arrays it is given as lvalues (no copy: they must
+/// outlive the call it is given to) and keeps those moved in or converted (another element type, an
+/// xtensor expression).
+///
+/// @code
+/// model.fit(x, y);                      // one input
+/// model.fit({wide_ids, deep_ids}, y);   // a Model of two inputs
+/// @endcode
+class ModelInputs {
+public:
+    ModelInputs(const xt::xarray<float>& x) { refer(x); }  // NOLINT: implicit by design, as Keras' x
+    ModelInputs(xt::xarray<float>&& x) { keep(std::move(x)); }  // NOLINT
+    /// @brief An array of another element type or an xtensor expression, converted to float.
+    template <class E>
+        requires(xt::is_xexpression<std::decay_t<E>>::value && !std::is_same_v<std::decay_t<E>, xt::xarray<float>>)
+    ModelInputs(E&& x) {  // NOLINT
+        keep(xt::xarray<float>(std::forward<E>(x)));
+    }
+    ModelInputs(const std::vector<xt::xarray<float>>& xs) {  // NOLINT
+        for (const auto& x : xs) refer(x);
+    }
+    ModelInputs(std::vector<xt::xarray<float>>&& xs) {  // NOLINT
+        for (auto& x : xs) keep(std::move(x));
+    }
+    ModelInputs(std::initializer_list<std::reference_wrapper<const xt::xarray<float>>> xs) {  // NOLINT
+        for (const auto& x : xs) refer(x.get());
+    }
+
+    [[nodiscard]] std::size_t size() const noexcept { return arrays_.size(); }
+    [[nodiscard]] const xt::xarray<float>& operator[](std::size_t i) const { return *arrays_.at(i); }
+    /// @brief The number of examples: the first axis of the first array (0 for none or a scalar).
+    [[nodiscard]] std::size_t examples() const {
+        return arrays_.empty() || arrays_.front()->dimension() == 0 ? 0 : arrays_.front()->shape()[0];
+    }
+    /// @brief A copy that keeps every array (copying those it refers to).
+    [[nodiscard]] ModelInputs kept() const {
+        ModelInputs out(std::vector<xt::xarray<float>>{});
+        for (const auto& a : arrays_) out.keep(xt::xarray<float>(*a));
+        return out;
+    }
+
+private:
+    void refer(const xt::xarray<float>& x) { arrays_.emplace_back(std::shared_ptr<const xt::xarray<float>>(), &x); }
+    void keep(xt::xarray<float>&& x) { arrays_.push_back(std::make_shared<const xt::xarray<float>>(std::move(x))); }
+
+    std::vector<std::shared_ptr<const xt::xarray<float>>> arrays_;
+};
+
 /// @brief Data fit validates on at the end of every epoch (Keras' `validation_data`: `(x, y)` or `(x,
-/// y, sample_weight)`).
+/// y, sample_weight)`). It keeps copies of its arrays.
 struct ValidationData {
-    xt::xarray<float> x{};
-    xt::xarray<float> y{};
-    std::vector<double> sample_weight{};  ///< empty, or one weight per example
+    /// @param x one array, or one per input of a functional model
+    /// @param sample_weight empty, or one weight per example
+    ValidationData(const ModelInputs& x, xt::xarray<float> y, std::vector<double> sample_weight = {})
+        : x(x.kept()), y(std::move(y)), sample_weight(std::move(sample_weight)) {}
+    ModelInputs x;
+    xt::xarray<float> y;
+    std::vector<double> sample_weight;  ///< empty, or one weight per example
 };
 
 /// @brief Keras' `fit` arguments, by name: `model.fit(x, y, {.epochs = 10, .validation_split = 0.2})`.
@@ -179,7 +233,7 @@ concept keras_strategy = std::derived_from<S, Strategy> && requires(const S& s) 
 /// One row of Keras' summary table: each field from its column's start (after one space in the first),
 /// cut to the column less two spaces (and one more but in the last column), the rest wrapped onto the
 /// next lines, each line padded to the last position (tf.keras 2's print_row, without nesting).
-inline void summary_row(std::ostream& out, std::array<std::string, 3> fields, const std::array<std::size_t, 3>& positions) {
+inline void summary_row(std::ostream& out, std::vector<std::string> fields, const std::vector<std::size_t>& positions) {
     while (std::any_of(fields.begin(), fields.end(), [](const std::string& f) { return !f.empty(); })) {
         std::string line;
         for (std::size_t col = 0; col < fields.size(); ++col) {
@@ -188,9 +242,15 @@ inline void summary_row(std::ostream& out, std::array<std::string, 3> fields, co
             const std::size_t space = last ? 0 : 2;
             const std::size_t cutoff = positions[col] - start - space - (last ? 0 : 1);
             if (col == 0) line += ' ';
-            line += fields[col].substr(0, cutoff);
+            std::string fit = fields[col].substr(0, cutoff);
+            // As Keras: a long list breaks after the end of an item ("),", "},", "],", "',").
+            std::size_t end = std::string::npos;
+            for (const char* mark : {"),", "},", "],", "',"})
+                if (const std::size_t at = fit.find(mark); at != std::string::npos) end = std::min(end, at + 2);
+            if (end != std::string::npos) fit.resize(end);
+            line += fit;
             line += std::string(space, ' ');
-            fields[col].erase(0, std::min(cutoff, fields[col].size()));
+            fields[col].erase(0, fit.size());
             if (line.size() < positions[col]) line += std::string(positions[col] - line.size(), ' ');
         }
         out << line << "\n";
@@ -441,17 +501,121 @@ inline std::span<const double> step_weights(const Tensor& weights, std::size_t e
     return {weights.get<double>().data(), examples};
 }
 
+/// A model's layers as a graph, each layer after the layers it takes inputs from; the last layer's
+/// output is the model's. A source names where an input comes from: -1 - k for the model's input k,
+/// i for layer i's output. A Sequential model is a chain (layer i takes source i - 1).
+struct LayerGraph {
+    std::vector<std::unique_ptr<Layer>> layers;
+    std::vector<std::vector<int>> sources;  // each layer's inputs, in the order it was called on them
+    std::size_t num_inputs = 1;
+
+    void add(std::unique_ptr<Layer> layer, std::vector<int> from) {
+        layers.push_back(std::move(layer));
+        sources.push_back(std::move(from));
+        last_reads.clear();
+    }
+
+    /// Copies sharing the variables, with their own per-step state: one per worker.
+    [[nodiscard]] LayerGraph clone() const {
+        LayerGraph out;
+        for (const auto& layer : layers) out.layers.push_back(layer->clone());
+        out.sources = sources;
+        out.num_inputs = num_inputs;
+        return out;
+    }
+
+    /// Every layer's variables, in the layers' order (Keras' `model.weights`).
+    [[nodiscard]] std::vector<Variable> weights() const {
+        std::vector<Variable> out;
+        for (const auto& layer : layers)
+            for (auto& v : layer->weights()) out.push_back(std::move(v));
+        return out;
+    }
+
+    /// Runs the layers forward on one batch of each input; returns the last layer's output. A layer's
+    /// output is moved to its last reader (a chain copies nothing) and copied to the others.
+    Tensor forward(std::vector<Tensor> inputs, std::uint64_t step) {
+        if (last_reads.empty()) find_last_reads();
+        std::vector<Tensor> outputs(layers.size());
+        auto read = [&](std::size_t i, std::size_t j) {
+            const int from = sources[i][j];
+            Tensor& t = from < 0 ? inputs[static_cast<std::size_t>(-1 - from)] : outputs[static_cast<std::size_t>(from)];
+            return last_reads[i][j] ? std::move(t) : Tensor(t);
+        };
+        for (std::size_t i = 0; i < layers.size(); ++i) {
+            if (auto* merge = dynamic_cast<Merge*>(layers[i].get())) {
+                std::vector<Tensor> args;
+                for (std::size_t j = 0; j < sources[i].size(); ++j) args.push_back(read(i, j));
+                outputs[i] = merge->forward_list(std::move(args));
+            } else {
+                outputs[i] = layers[i]->forward(read(i, 0), step);
+            }
+        }
+        return std::move(outputs.back());
+    }
+
+    /// Runs the layers backward from the gradient of the output, last layer first, calling `push` with
+    /// each VariableGradient as its layer gives it. A layer read by several is given the sum of their
+    /// gradients.
+    template <class Push>
+    void backward(Tensor grad_outputs, Push&& push) {
+        std::vector<Tensor> grads(layers.size());
+        grads.back() = std::move(grad_outputs);
+        for (std::size_t i = layers.size(); i-- > 0;) {
+            std::vector<Tensor> to_inputs;
+            if (auto* merge = dynamic_cast<Merge*>(layers[i].get())) {
+                to_inputs = merge->backward_list(grads[i]);
+            } else {
+                LayerGradients g = layers[i]->backward(grads[i]);
+                for (auto& v : g.variables) push(v);
+                to_inputs.push_back(std::move(g.inputs));
+            }
+            grads[i] = Tensor();
+            for (std::size_t j = 0; j < sources[i].size() && j < to_inputs.size(); ++j) {
+                const int from = sources[i][j];
+                if (from < 0) continue;  // the data's gradient: not needed
+                Tensor& sum = grads[static_cast<std::size_t>(from)];
+                if (!sum.has_value()) {
+                    sum = std::move(to_inputs[j]);
+                } else {
+                    sum.visit_mut([&](auto& a) {
+                        using T = typename std::decay_t<decltype(a)>::value_type;
+                        a += take_as<T>(std::move(to_inputs[j]));
+                    });
+                }
+            }
+        }
+    }
+
+private:
+    // last_reads[i][j]: source j of layer i is read for the last time there (in forward's order).
+    std::vector<std::vector<bool>> last_reads;
+
+    void find_last_reads() {
+        std::set<int> read_later;
+        last_reads.assign(layers.size(), {});
+        for (std::size_t i = layers.size(); i-- > 0;) {
+            last_reads[i].assign(sources[i].size(), false);
+            for (std::size_t j = sources[i].size(); j-- > 0;)
+                last_reads[i][j] = read_later.insert(sources[i][j]).second;
+        }
+    }
+};
+
 /// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
 /// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker),
 /// then the metrics' states for the slice (see accumulate_metrics), computed on the step's predictions.
-inline std::vector<double> keras_train_step(std::vector<std::unique_ptr<Layer>>& layers, const Loss& loss,
-                                            const MetricList& metrics, Tensor x, Tensor y, const Tensor& weights,
-                                            std::uint64_t step, double scale) {
+/// `x` holds one batch per model input.
+inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss, const MetricList& metrics,
+                                            std::vector<Tensor> x, Tensor y, const Tensor& weights, std::uint64_t step,
+                                            double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    const std::size_t examples = x.rank() == 0 ? 0 : x.shape().front();
+    const std::size_t examples = x.empty() || x.front().rank() == 0 ? 0 : x.front().shape().front();
     const std::span<const double> w = step_weights(weights, examples);
-    Tensor predictions = std::move(x);
-    for (auto& layer : layers) predictions = layer->forward(std::move(predictions), step);
+    if (x.size() != graph.num_inputs)
+        throw InvalidArgumentError("pss: a training step got " + std::to_string(x.size()) +
+                                   " input batches for a model of " + std::to_string(graph.num_inputs) + " inputs");
+    Tensor predictions = graph.forward(std::move(x), step);
     std::vector<double> out(1 + metric_state_size(metrics), 0.0);
     Tensor grad;
     if (examples == 0) {
@@ -462,18 +626,14 @@ inline std::vector<double> keras_train_step(std::vector<std::unique_ptr<Layer>>&
     }
     if (scale != 1.0)
         grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
-    for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
-        LayerGradients grads = (*it)->backward(grad);
-        for (auto& g : grads.variables) {
-            Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
-                                                                   : convert_tensor(g.values, g.variable.dtype());
-            if (g.sparse)
-                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
-            else
-                (void)g.variable.apply_gradient(std::move(values), step);
-        }
-        grad = std::move(grads.inputs);
-    }
+    graph.backward(std::move(grad), [step](VariableGradient& g) {
+        Tensor values =
+            g.values.dtype() == g.variable.dtype() ? std::move(g.values) : convert_tensor(g.values, g.variable.dtype());
+        if (g.sparse)
+            (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
+        else
+            (void)g.variable.apply_gradient(std::move(values), step);
+    });
     return out;
 }
 
@@ -491,7 +651,7 @@ inline std::vector<double> keras_train_step(std::vector<std::unique_ptr<Layer>>&
 struct RemoteModel {
     std::mutex mutex;
     std::string description;
-    std::vector<std::unique_ptr<Layer>> layers;
+    LayerGraph graph;
     std::shared_ptr<const Loss> loss;
     MetricList metrics;
     std::uint64_t last_used = 0;
@@ -531,45 +691,162 @@ inline std::optional<int> remote_model_unknown_worker(const Error& e) {
     return parse_int(message.substr(0, message.find(remote_model_unknown_tail)));
 }
 
-/// A model's description as Sequential sends it: `{"class_name": "Sequential", "config": {"name":
+/// The graph of a functional model's config (Model::get_config, Keras' "Functional" format), its layers
+/// bound to `weights` as `counts` (one count per layer that is not an InputLayer) allot them.
+inline LayerGraph parse_functional_config(const nlohmann::json& config, const nlohmann::json& counts,
+                                          const std::vector<Variable>& weights, ConfigFields& top) {
+    ConfigFields model("Functional config", config, "name, layers, input_layers and output_layers");
+    (void)model.take_string("name");
+    const nlohmann::json& layers = model.take("layers");
+    const nlohmann::json& input_layers = model.take("input_layers");
+    const nlohmann::json& output_layers = model.take("output_layers");
+    model.finish();
+    if (!layers.is_array() || layers.empty())
+        model.fail("\"layers\" is " + json_text(layers) + ", not a list of at least one layer");
+    if (!input_layers.is_array() || input_layers.empty())
+        model.fail("\"input_layers\" is " + json_text(input_layers) + ", not a list of at least one input");
+    // A reference to a layer's output: [name, 0, 0] (pss has no shared layers: node 0, tensor 0).
+    auto reference = [&](const nlohmann::json& r, const std::string& where, std::size_t extra) {
+        if (!r.is_array() || r.size() != 3 + extra || !r[0].is_string() || r[1] != 0 || r[2] != 0 ||
+            (extra == 1 && !r[3].is_object()))
+            model.fail(where + " is " + json_text(r) + ", not a reference [\"name\", 0, 0" +
+                       (extra == 1 ? ", {}" : "") + "] (pss has no shared layers: node and tensor 0)");
+        return r[0].get<std::string>();
+    };
+    std::map<std::string, int> input_index;
+    for (std::size_t k = 0; k < input_layers.size(); ++k)
+        if (!input_index.emplace(reference(input_layers[k], "\"input_layers\"[" + std::to_string(k) + "]", 0),
+                                 -1 - static_cast<int>(k)).second)
+            model.fail("\"input_layers\" names an input twice: " + json_text(input_layers));
+    std::map<std::string, int> source_of;  // the inputs and layers seen so far, by name
+    std::map<int, Shape> shape_of;         // by source
+    LayerGraph graph;
+    graph.num_inputs = input_layers.size();
+    std::size_t layer_count = 0, at = 0;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+        const std::string where = "\"layers\"[" + std::to_string(i) + "]";
+        ConfigFields entry("Functional config " + where, layers[i], "class_name, config, name and inbound_nodes");
+        const std::string cls = entry.take_string("class_name");
+        const nlohmann::json& layer_config = entry.take("config");
+        const std::string name = entry.take_string("name");
+        const nlohmann::json& inbound = entry.take("inbound_nodes");
+        entry.finish();
+        if (source_of.contains(name)) entry.fail("the name " + json_text(name) + " is taken by an earlier layer");
+        if (cls == "InputLayer") {
+            ConfigFields fields("InputLayer config", layer_config, "name, batch_input_shape and dtype");
+            if (fields.take_string("name") != name) fields.fail("\"name\" differs from the layer's " + json_text(name));
+            Shape shape = fields.take_batch_input_shape("batch_input_shape");
+            if (fields.take_string("dtype") != "float32") fields.fail("\"dtype\" is not \"float32\", a model input's");
+            fields.finish();
+            const auto k = input_index.find(name);
+            if (k == input_index.end()) entry.fail("the InputLayer " + json_text(name) + " is not in \"input_layers\"");
+            if (!inbound.is_array() || !inbound.empty()) entry.fail("\"inbound_nodes\" of an InputLayer is not []");
+            source_of[name] = k->second;
+            shape_of[k->second] = std::move(shape);
+            continue;
+        }
+        LayerConfig parsed = parse_layer_config({{"class_name", cls}, {"config", layer_config}});
+        if (parsed.layer->name() != name) entry.fail("\"name\" differs from its config's " + json_text(parsed.layer->name()));
+        if (!inbound.is_array() || inbound.size() != 1 || !inbound[0].is_array() || inbound[0].empty())
+            entry.fail("\"inbound_nodes\" is " + json_text(inbound) +
+                       ", not one node of the layers it is called on ([[[\"name\", 0, 0, {}], ...]])");
+        std::vector<int> from;
+        std::vector<Shape> shapes;
+        for (std::size_t j = 0; j < inbound[0].size(); ++j) {
+            const std::string called_on =
+                reference(inbound[0][j], where + "'s \"inbound_nodes\"[0][" + std::to_string(j) + "]", 1);
+            const auto it = source_of.find(called_on);
+            if (it == source_of.end())
+                entry.fail("it is called on " + json_text(called_on) + ", which is not an input or an earlier layer");
+            from.push_back(it->second);
+            shapes.push_back(shape_of.at(it->second));
+        }
+        if (layer_count >= counts.size())
+            top.fail("\"weight_counts\" is " + json_text(counts) + "; it lists one count per layer that is not an "
+                     "InputLayer");
+        const nlohmann::json& count = counts[layer_count++];
+        if (!count.is_number_unsigned() || count.get<std::uint64_t>() > weights.size() - at)
+            top.fail("\"weight_counts\"[" + std::to_string(layer_count - 1) + "] is " + json_text(count) + ", but " +
+                     std::to_string(weights.size() - at) + " of the " + std::to_string(weights.size()) +
+                     " variables sent are left for it");
+        const auto n = static_cast<std::size_t>(count.get<std::uint64_t>());
+        std::vector<Variable> own(weights.begin() + static_cast<std::ptrdiff_t>(at),
+                                  weights.begin() + static_cast<std::ptrdiff_t>(at + n));
+        at += n;
+        Shape out;
+        if (auto* merge = dynamic_cast<Merge*>(parsed.layer.get())) {
+            if (n != 0) top.fail("\"weight_counts\" gives " + std::to_string(n) + " variables to " + json_text(name) +
+                                 ", a merge layer, which has none");
+            out = merge->build(shapes);
+        } else {
+            if (shapes.size() != 1) entry.fail("a " + cls + " layer is called on one input, not " + std::to_string(shapes.size()));
+            if (parsed.input_shape != shapes.front())
+                entry.fail("its batch_input_shape " + format_shape(parsed.input_shape) + " differs from its input's shape " +
+                           format_shape(shapes.front()));
+            out = parsed.layer->bind(shapes.front(), std::move(own));
+        }
+        source_of[name] = static_cast<int>(graph.layers.size());
+        shape_of[static_cast<int>(graph.layers.size())] = std::move(out);
+        graph.add(std::move(parsed.layer), std::move(from));
+    }
+    if (graph.layers.empty()) model.fail("\"layers\" has no layer but InputLayers");
+    if (source_of.size() != graph.layers.size() + input_index.size())
+        model.fail("\"input_layers\" names an input that \"layers\" does not have");
+    if (!output_layers.is_array() || output_layers.size() != 1 ||
+        reference(output_layers[0], "\"output_layers\"[0]", 0) != graph.layers.back()->name())
+        model.fail("\"output_layers\" is " + json_text(output_layers) + "; it names the last layer, the one output");
+    if (layer_count != counts.size() || at != weights.size())
+        top.fail("\"weight_counts\" is " + json_text(counts) + " for " + std::to_string(layer_count) + " layers and " +
+                 std::to_string(weights.size()) + " variables sent");
+    return graph;
+}
+
+/// A model's description as the chief sends it: `{"class_name": "Sequential", "config": {"name":
 /// "sequential", "layers": [serialize(layer), ...]}, "loss": serialize(loss), "metrics": [serialize(metric),
-/// ...], "weight_counts": [2, 0, 1]}` (how many of the variables sent with it each layer takes, in order).
+/// ...], "weight_counts": [2, 0, 1]}` (how many of the variables sent with it each layer takes, in order),
+/// or the same with `"class_name": "Functional"` and Model::get_config's config.
 [[nodiscard]] inline std::shared_ptr<RemoteModel> parse_model_description(const std::string& description,
                                                                          std::vector<Variable> weights) {
-    const nlohmann::json json = parse_config_text(description, "Sequential model description");
-    ConfigFields top("Sequential model description", json, "class_name, config, loss, metrics and weight_counts");
-    if (top.take_string("class_name") != "Sequential")
-        top.fail("\"class_name\" is " + json_text(json["class_name"]) + "; a worker builds \"Sequential\" models");
+    const nlohmann::json json = parse_config_text(description, "model description");
+    ConfigFields top("model description", json, "class_name, config, loss, metrics and weight_counts");
+    const std::string cls = top.take_string("class_name");
+    if (cls != "Sequential" && cls != "Functional")
+        top.fail("\"class_name\" is " + json_text(cls) + "; a worker builds \"Sequential\" and \"Functional\" models");
     const nlohmann::json& config = top.take("config");
     const nlohmann::json& loss = top.take("loss");
     const nlohmann::json& metric_list = top.take("metrics");
     const nlohmann::json& counts = top.take("weight_counts");
     top.finish();
-    ConfigFields model("Sequential config", config, "name and layers");
-    (void)model.take_string("name");
-    const nlohmann::json& layers = model.take("layers");
-    model.finish();
-    if (!layers.is_array() || layers.empty())
-        model.fail("\"layers\" is " + json_text(layers) + ", not a list of at least one layer");
-    if (!counts.is_array() || counts.size() != layers.size())
-        top.fail("\"weight_counts\" is " + json_text(counts) + "; it lists one count per layer (" +
-                 std::to_string(layers.size()) + ")");
+    if (!counts.is_array()) top.fail("\"weight_counts\" is " + json_text(counts) + ", not a list");
     auto out = std::make_shared<RemoteModel>();
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-        if (!counts[i].is_number_unsigned() || counts[i].get<std::uint64_t>() > weights.size() - at)
-            top.fail("\"weight_counts\"[" + std::to_string(i) + "] is " + json_text(counts[i]) + ", but " +
-                     std::to_string(weights.size() - at) + " of the " + std::to_string(weights.size()) +
-                     " variables sent are left for layer " + std::to_string(i));
-        const auto n = static_cast<std::size_t>(counts[i].get<std::uint64_t>());
-        std::vector<Variable> own(weights.begin() + static_cast<std::ptrdiff_t>(at),
-                                  weights.begin() + static_cast<std::ptrdiff_t>(at + n));
-        at += n;
-        out->layers.push_back(bind_layer_from_config(layers[i], std::move(own)));
+    if (cls == "Functional") {
+        out->graph = parse_functional_config(config, counts, weights, top);
+    } else {
+        ConfigFields model("Sequential config", config, "name and layers");
+        (void)model.take_string("name");
+        const nlohmann::json& layers = model.take("layers");
+        model.finish();
+        if (!layers.is_array() || layers.empty())
+            model.fail("\"layers\" is " + json_text(layers) + ", not a list of at least one layer");
+        if (counts.size() != layers.size())
+            top.fail("\"weight_counts\" is " + json_text(counts) + "; it lists one count per layer (" +
+                     std::to_string(layers.size()) + ")");
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < layers.size(); ++i) {
+            if (!counts[i].is_number_unsigned() || counts[i].get<std::uint64_t>() > weights.size() - at)
+                top.fail("\"weight_counts\"[" + std::to_string(i) + "] is " + json_text(counts[i]) + ", but " +
+                         std::to_string(weights.size() - at) + " of the " + std::to_string(weights.size()) +
+                         " variables sent are left for layer " + std::to_string(i));
+            const auto n = static_cast<std::size_t>(counts[i].get<std::uint64_t>());
+            std::vector<Variable> own(weights.begin() + static_cast<std::ptrdiff_t>(at),
+                                      weights.begin() + static_cast<std::ptrdiff_t>(at + n));
+            at += n;
+            out->graph.add(bind_layer_from_config(layers[i], std::move(own)), {static_cast<int>(i) - 1});
+        }
+        if (at != weights.size())
+            top.fail("\"weight_counts\" sum to " + std::to_string(at) + ", but " + std::to_string(weights.size()) +
+                     " variables were sent");
     }
-    if (at != weights.size())
-        top.fail("\"weight_counts\" sum to " + std::to_string(at) + ", but " + std::to_string(weights.size()) +
-                 " variables were sent");
     out->loss = loss_from_config(loss);
     if (!metric_list.is_array()) top.fail("\"metrics\" is " + json_text(metric_list) + ", not a list");
     for (const auto& m : metric_list) out->metrics.push_back(metrics::from_config(m));
@@ -609,8 +886,8 @@ PSS_INLINE void keras_remote_build(std::string model_id, std::string description
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
-PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, Tensor x, Tensor y, Tensor weights,
-                                                std::uint64_t step, double scale) {
+PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, std::vector<Tensor> x, Tensor y,
+                                                Tensor weights, std::uint64_t step, double scale) {
     std::shared_ptr<RemoteModel> model;
     {
         auto& store = RemoteModels::instance();
@@ -627,19 +904,20 @@ PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, Tensor x,
         model->last_used = ++store.clock;
     }
     std::lock_guard lock(model->mutex);
-    return keras_train_step(model->layers, *model->loss, model->metrics, std::move(x), std::move(y), weights, step,
+    return keras_train_step(model->graph, *model->loss, model->metrics, std::move(x), std::move(y), weights, step,
                             scale);
 }
 #else
 void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights);
-std::vector<double> keras_remote_step(std::string model_id, Tensor x, Tensor y, Tensor weights, std::uint64_t step,
-                                      double scale);
+std::vector<double> keras_remote_step(std::string model_id, std::vector<Tensor> x, Tensor y, Tensor weights,
+                                      std::uint64_t step, double scale);
 #endif
 
 /// Registered in every program that includes this header, so that worker processes know them.
 inline const RegisteredFunction<void(std::string, std::string, std::vector<Variable>)> keras_remote_build_function =
     register_function("pss.keras.Sequential.build", &keras_remote_build);
-inline const RegisteredFunction<std::vector<double>(std::string, Tensor, Tensor, Tensor, std::uint64_t, double)>
+inline const RegisteredFunction<std::vector<double>(std::string, std::vector<Tensor>, Tensor, Tensor, std::uint64_t,
+                                                   double)>
     keras_remote_step_function =
     register_function("pss.keras.Sequential.step", &keras_remote_step);
 
@@ -658,13 +936,20 @@ inline std::string fnv1a_hex(std::string_view text) {
 
 }  // namespace detail
 
-/// @brief A stack of layers trained on a parameter-server cluster (tf.keras.Sequential under
-/// ParameterServerStrategy): compile, fit, evaluate, predict.
+/// @brief A Keras model trained on a parameter-server cluster (tf.keras.Model under
+/// ParameterServerStrategy): the functional API's `pss::Model(strategy, inputs, outputs)`, and the base
+/// of pss::Sequential. compile, fit, evaluate, predict.
 ///
-/// The model builds its layers on first use (or `build(input_shape)`), inside the strategy's scope, so
-/// every variable lives on the ps tasks (and is sharded as the strategy's partitioner decides). Initial
-/// values come from `std::mt19937(seed)`, layer after layer; shuffling from `std::mt19937(seed + 1)`:
-/// the same seed gives the same numbers on every platform.
+/// A functional model is traced from symbolic tensors: `pss::Input(shape)` for each input, layers called
+/// on them (`pss::Dense(8, "relu")(x)`, `pss::Concatenate()({a, b})`), and the output. The model takes
+/// copies of the layers it traced and builds them at once in the strategy's scope, so every variable
+/// lives on the ps tasks; unnamed inputs and layers are named as Keras names them (`input_1`, `dense`,
+/// `dense_1`, ...). Its data is one array per input (pss::ModelInputs: `model.fit({wide, deep}, y)`).
+/// Differences from Keras: one output (one loss); a layer object called twice is refused (Keras would
+/// share its weights); two models traced from the same tensors have their own layers and weights.
+///
+/// Initial values come from `std::mt19937(seed)`, layer after layer; shuffling from `std::mt19937(seed +
+/// 1)`: the same seed gives the same numbers on every platform.
 ///
 /// `fit` runs each step as a closure on a worker, through the strategy's ClusterCoordinator (the same as
 /// the program's own, if it made one; one thread per worker on the embedded cluster). Each worker computes with its own copy of the layers
@@ -698,80 +983,106 @@ inline std::string fnv1a_hex(std::string_view text) {
 ///
 /// @par Example
 /// @code
-/// pss::ParameterServerStrategy<> strategy;
-/// pss::Sequential model(strategy, {pss::Dense(1)});
-/// model.compile(pss::SGD(), pss::MeanSquaredError());
-/// auto history = model.fit(x, y, 5);  // history.loss: one mean loss per epoch
+/// pss::KerasTensor ids = pss::Input({4}), dense = pss::Input({3});
+/// pss::KerasTensor deep = pss::Flatten()(pss::Embedding(1000, 8)(ids));
+/// pss::KerasTensor joined = pss::Concatenate()({deep, dense});
+/// pss::Model model(strategy, {ids, dense}, pss::Dense(1, "sigmoid")(joined));
+/// model.compile("binary_crossentropy", {"auc"});
+/// model.fit({x_ids, x_dense}, y, {.epochs = 5});
 /// @endcode
 template <class StrategyType>
-class Sequential : public ModelBase {
+class Model : public ModelBase {
     static_assert(detail::keras_strategy<StrategyType>,
-                  "pss: Sequential<StrategyType>: StrategyType must be a ParameterServerStrategy (a pss::Strategy with "
-                  "optimizer_type, synchronous, num_workers() and optimizer())");
+                  "pss: Model<StrategyType>, Sequential<StrategyType>: StrategyType must be a ParameterServerStrategy "
+                  "(a pss::Strategy with optimizer_type, synchronous, num_workers() and optimizer())");
 
 public:
     using strategy_type = StrategyType;
     using optimizer_type = typename StrategyType::optimizer_type;
 
+    /// @brief The functional model from `inputs` to `output` (Keras' `tf.keras.Model(inputs, outputs)`),
+    /// built at once: its variables are created on the ps tasks.
     /// @param strategy holds the variables and runs the steps; it must outlive the model
-    /// @param layers the layers, first to last (copied); more can be added with add() before building
-    /// @param seed the seed of initial values and shuffling (Keras' `set_random_seed`)
-    explicit Sequential(StrategyType& strategy, std::initializer_list<AnyLayer> layers = {}, std::uint32_t seed = 0)
-        : strategy_(&strategy), seed_(seed), shuffle_rng_(seed + 1u) {
-        for (const auto& layer : layers) add_layer(layer.clone());
+    /// @param inputs the pss::Input tensors, in the order of the arrays given to fit
+    /// @param output a tensor computed from them
+    /// @param seed the seed of initial values and shuffling
+    /// @throws InvalidArgumentError when the output needs an Input not among `inputs`, an input is given
+    /// twice or is not a pss::Input, a layer object was called twice, two layers have one name, or a
+    /// layer cannot take its input shape.
+    Model(StrategyType& strategy, const std::vector<KerasTensor>& inputs, const KerasTensor& output,
+          std::uint32_t seed = 0, std::string name = "model")
+        : strategy_(&strategy), seed_(seed), shuffle_rng_(seed + 1u), sequential_(false), name_(std::move(name)) {
+        trace(inputs, output);
     }
-    Sequential(const Sequential&) = delete;
-    Sequential& operator=(const Sequential&) = delete;
+    /// @brief The functional model of one input.
+    Model(StrategyType& strategy, const KerasTensor& input, const KerasTensor& output, std::uint32_t seed = 0,
+          std::string name = "model")
+        : Model(strategy, std::vector<KerasTensor>{input}, output, seed, std::move(name)) {}
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
 
-    /// @brief Appends a layer (Keras' `model.add`).
-    /// @throws FailedPreconditionError once the model is built.
-    template <std::derived_from<Layer> L>
-    void add(L layer) {
-        add_layer(std::make_unique<L>(std::move(layer)));
-    }
+    [[nodiscard]] bool built() const noexcept { return input_shapes_.has_value(); }
+    /// @brief The model's name (Keras' `model.name`): "model", or "sequential".
+    [[nodiscard]] const std::string& name() const noexcept { return name_; }
 
-    /// @brief Creates every layer's variables, in the strategy's scope, for inputs of shape (batch,
-    /// `input_shape`...) (Keras' `input_shape`, batch axis excluded). fit, evaluate and predict build
-    /// from their data when this was not called.
-    /// @throws FailedPreconditionError when built already or without layers; InvalidArgumentError
-    /// when a layer cannot take its input shape.
-    void build(const Shape& input_shape) {
-        if (input_shape_)
-            throw FailedPreconditionError("pss: Sequential::build: the model is built already, for inputs " +
-                                          format_shape(*input_shape_) + " (batch axis excluded)");
-        if (layers_.empty())
-            throw FailedPreconditionError("pss: Sequential::build: the model has no layers; add() them first");
-        auto scope = strategy_->scope();
-        std::mt19937 rng(seed_);
-        Shape shape = input_shape;
-        for (auto& layer : layers_) shape = layer->build(shape, rng);
-        input_shape_ = input_shape;
-        output_shape_ = shape;
-    }
-    [[nodiscard]] bool built() const noexcept { return input_shape_.has_value(); }
-
-    /// @brief The layers, first to last (Keras' `model.layers`).
-    [[nodiscard]] const std::vector<std::unique_ptr<Layer>>& layers() const noexcept { return layers_; }
+    /// @brief The layers, each after those it takes inputs from (Keras' `model.layers`, without the
+    /// InputLayers).
+    [[nodiscard]] const std::vector<std::unique_ptr<Layer>>& layers() const noexcept { return graph_.layers; }
     /// @brief The layer named `name` (Keras' `get_layer`). @throws NotFoundError listing the names.
     [[nodiscard]] Layer& get_layer(std::string_view name) const {
         std::string names;
-        for (const auto& layer : layers_) {
+        for (const auto& layer : graph_.layers) {
             if (layer->name() == name) return *layer;
             names += (names.empty() ? "" : ", ") + layer->name();
         }
-        throw NotFoundError("pss: Sequential::get_layer: no layer is named '" + std::string(name) +
+        throw NotFoundError(who("get_layer") + ": no layer is named '" + std::string(name) +
                             "'; the layers are: " + (names.empty() ? "(none)" : names));
     }
-    /// @brief Keras' `get_config()`: `{"name": "sequential", "layers": [serialize(layer), ...]}`.
+    /// @brief Keras' `get_config()`. A Sequential model's: `{"name": "sequential", "layers":
+    /// [serialize(layer), ...]}`. A functional model's, as Keras' "Functional": `{"name": "model",
+    /// "layers": [{"class_name": "InputLayer", "config": {...}, "name": "input_1", "inbound_nodes": []},
+    /// {"class_name": "Dense", "config": {...}, "name": "dense", "inbound_nodes": [[["input_1", 0, 0,
+    /// {}]]]}, ...], "input_layers": [["input_1", 0, 0]], "output_layers": [["dense", 0, 0]]}`.
     [[nodiscard]] nlohmann::json get_config() const {
         nlohmann::json layers = nlohmann::json::array();
-        for (const auto& layer : layers_) layers.push_back(serialize(*layer));
-        return {{"name", "sequential"}, {"layers", std::move(layers)}};
+        if (sequential_) {
+            for (const auto& layer : graph_.layers) layers.push_back(serialize(*layer));
+            return {{"name", name_}, {"layers", std::move(layers)}};
+        }
+        auto reference = [](const std::string& name) { return nlohmann::json::array({name, 0, 0}); };
+        nlohmann::json inputs = nlohmann::json::array();
+        for (std::size_t k = 0; k < input_names_.size(); ++k) {
+            nlohmann::json shape = nlohmann::json::array({nullptr});
+            for (auto d : (*input_shapes_)[k]) shape.push_back(d);
+            layers.push_back({{"class_name", "InputLayer"},
+                              {"config", {{"batch_input_shape", std::move(shape)}, {"dtype", "float32"},
+                                          {"name", input_names_[k]}}},
+                              {"name", input_names_[k]},
+                              {"inbound_nodes", nlohmann::json::array()}});
+            inputs.push_back(reference(input_names_[k]));
+        }
+        for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
+            nlohmann::json node = nlohmann::json::array();
+            for (const int from : graph_.sources[i]) {
+                nlohmann::json r = reference(source_name(from));
+                r.push_back(nlohmann::json::object());
+                node.push_back(std::move(r));
+            }
+            nlohmann::json entry = serialize(*graph_.layers[i]);
+            entry["name"] = graph_.layers[i]->name();
+            entry["inbound_nodes"] = nlohmann::json::array({std::move(node)});
+            layers.push_back(std::move(entry));
+        }
+        return {{"name", name_},
+                {"layers", std::move(layers)},
+                {"input_layers", std::move(inputs)},
+                {"output_layers", nlohmann::json::array({reference(graph_.layers.back()->name())})}};
     }
 
     /// @brief Keras' `model.summary()`: the layers with their output shapes and parameter counts, as
-    /// tf.keras 2 prints a Sequential model (65 columns), then, beyond Keras, each variable with its shape
-    /// and the ps tasks that hold its shards, in shard order.
+    /// tf.keras 2 prints them (a Sequential model in 65 columns; a functional one in 98, with its
+    /// InputLayers and each layer's inputs, "Connected to"), then, beyond Keras, each variable with its
+    /// shape and the ps tasks that hold its shards, in shard order.
     /// @throws FailedPreconditionError before the model is built (as Keras' ValueError)
     ///
     /// @code
@@ -784,27 +1095,55 @@ public:
     /// @endcode
     void summary(std::ostream& out = std::cout) const {
         require_built("summary");
-        constexpr std::size_t width = 65;
-        const std::array<std::size_t, 3> positions{29, 55, 65};  // Keras' [0.45, 0.85, 1.0] of 65
+        const std::size_t width = sequential_ ? 65 : 98;
+        // Keras' column ends: [0.45, 0.85, 1.0] of 65; [0.33, 0.55, 0.67, 1.0] of 98.
+        const std::vector<std::size_t> positions =
+            sequential_ ? std::vector<std::size_t>{29, 55, 65} : std::vector<std::size_t>{32, 53, 65, 98};
         const auto rule = [&](char c) { out << std::string(width, c) << "\n"; };
-        const auto row = [&](const std::array<std::string, 3>& fields) { detail::summary_row(out, fields, positions); };
+        const auto row = [&](std::vector<std::string> fields) {
+            fields.resize(positions.size());
+            detail::summary_row(out, std::move(fields), positions);
+        };
         const auto shape_text = [](const Shape& shape) {
             std::string text = "(None";
             for (const auto d : shape) text += ", " + std::to_string(d);
             return text + (shape.empty() ? ",)" : ")");
         };
         std::size_t total = 0;
-        out << "Model: \"sequential\"\n";
+        out << "Model: \"" << name_ << "\"\n";
         rule('_');
-        row({"Layer (type)", "Output Shape", "Param #"});
+        if (sequential_) row({"Layer (type)", "Output Shape", "Param #"});
+        else row({"Layer (type)", "Output Shape", "Param #", "Connected to"});
         rule('=');
-        for (const auto& layer : layers_) {
+        bool first = true;
+        const auto separate = [&] {
+            if (!first) {
+                if (sequential_) out << std::string(width, ' ') << "\n";
+                else rule('_');
+            }
+            first = false;
+        };
+        if (!sequential_)
+            for (std::size_t k = 0; k < input_names_.size(); ++k) {
+                separate();
+                row({input_names_[k] + " (InputLayer)", "[" + shape_text((*input_shapes_)[k]) + "]", "0", "[]"});
+            }
+        for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
+            const Layer& layer = *graph_.layers[i];
             std::size_t params = 0;
-            for (const auto& v : layer->weights()) params += num_elements(v.shape());
+            for (const auto& v : layer.weights()) params += num_elements(v.shape());
             total += params;
-            row({layer->name() + " (" + std::string(layer->class_name()) + ")", shape_text(layer->output_shape()),
-                 std::to_string(params)});
-            out << std::string(width, ' ') << "\n";
+            separate();
+            std::vector<std::string> fields{layer.name() + " (" + std::string(layer.class_name()) + ")",
+                                            shape_text(layer.output_shape()), std::to_string(params)};
+            if (!sequential_) {
+                std::string connected;
+                for (const int from : graph_.sources[i])
+                    connected += (connected.empty() ? "" : ", ") + ("'" + source_name(from) + "[0][0]'");
+                fields.push_back("[" + connected + "]");
+            }
+            row(std::move(fields));
+            if (sequential_ && i + 1 == graph_.layers.size()) out << std::string(width, ' ') << "\n";
         }
         rule('=');
         out << "Total params: " << total << "\nTrainable params: " << total << "\nNon-trainable params: 0\n";
@@ -820,19 +1159,14 @@ public:
         out << std::flush;
     }
 
-    /// @brief Every layer's variables, first layer first (Keras' `model.weights`).
-    [[nodiscard]] std::vector<Variable> weights() const {
-        std::vector<Variable> out;
-        for (const auto& layer : layers_)
-            for (auto& v : layer->weights()) out.push_back(std::move(v));
-        return out;
-    }
+    /// @brief Every layer's variables, in the order of layers() (Keras' `model.weights`).
+    [[nodiscard]] std::vector<Variable> weights() const { return graph_.weights(); }
     /// @brief Every weight's value (Keras' `model.get_weights()`).
     [[nodiscard]] std::vector<Tensor> get_weights() const override { return detail::read_weights(weights()); }
     /// @brief Assigns every weight, in the order of weights() (Keras' `model.set_weights()`).
     /// @throws InvalidArgumentError when the count or a shape differs, before any weight changes.
     void set_weights(const std::vector<Tensor>& values) override {
-        detail::assign_weights(weights(), values, "Sequential::set_weights", "model");
+        detail::assign_weights(weights(), values, kind() + "::set_weights", "model");
     }
 
     /// @brief Saves every weight, with its optimizer slots, as a checkpoint in the directory `path`
@@ -865,7 +1199,7 @@ public:
         if constexpr (requires { strategy_->set_learning_rate(rate); })
             strategy_->set_learning_rate(rate);
         else
-            throw FailedPreconditionError("pss: Sequential::set_learning_rate: this strategy has no set_learning_rate");
+            throw FailedPreconditionError(who("set_learning_rate") + ": this strategy has no set_learning_rate");
     }
 
     /// @brief Restores every weight, and its optimizer slots, from a checkpoint directory written by
@@ -924,16 +1258,17 @@ public:
     /// epoch's end (`val_loss`, `val_<metric>`). Callbacks are called on the calling thread: batch hooks
     /// as batches complete, in order (a few batches run ahead on the workers, at most 2 * num_workers + 2,
     /// so a callback that stops training stops it after those).
-    /// @param x inputs, shape (examples, input_shape...); an Embedding's ids as floats
+    /// @param x inputs, shape (examples, input_shape...), or one such array per input of a functional
+    /// model (ModelInputs); an Embedding's ids as floats
     /// @param y targets, batch axis first (class ids as floats for SparseCategoricalCrossentropy)
     /// @return every epoch's logs (History::history), the epochs this call ran
     /// @throws FailedPreconditionError before compile; InvalidArgumentError for options or data that do
     /// not fit (checked before any step runs); the first error a step raised; what a callback threw.
-    History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, const FitOptions& options);
+    History fit(const ModelInputs& x, const xt::xarray<float>& y, const FitOptions& options);
 
     /// @brief fit with Keras' first positional arguments: `fit(x, y, epochs, batch_size)`. With `verbose`,
     /// FitOptions' verbose 1.
-    History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs = 1, std::size_t batch_size = 32,
+    History fit(const ModelInputs& x, const xt::xarray<float>& y, int epochs = 1, std::size_t batch_size = 32,
                 bool shuffle = true, bool verbose = true, std::ostream& out = std::cout) {
         return fit(x, y, {.batch_size = batch_size, .epochs = epochs, .verbose = verbose ? 1 : 0, .shuffle = shuffle,
                           .out = &out});
@@ -946,7 +1281,7 @@ public:
     /// In synchronous training, a resumed fit gives the bits of a fit that never stopped. The same as
     /// `fit(x, y, {..., .callbacks = {backup}})`.
     /// @throws what fit and Checkpoint::restore throw.
-    History fit(const xt::xarray<float>& x, const xt::xarray<float>& y, int epochs, std::size_t batch_size,
+    History fit(const ModelInputs& x, const xt::xarray<float>& y, int epochs, std::size_t batch_size,
                 const BackupAndRestore& backup, bool shuffle = true, bool verbose = true, std::ostream& out = std::cout) {
         return fit(x, y, {.batch_size = batch_size, .epochs = epochs, .verbose = verbose ? 1 : 0, .callbacks = {backup},
                           .shuffle = shuffle, .out = &out});
@@ -954,16 +1289,16 @@ public:
 
     /// @brief The loss over all of (x, y): the mean over the examples, computed in batches of
     /// `batch_size` on the calling thread (Keras' `evaluate` without metrics).
-    [[nodiscard]] double evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y, std::size_t batch_size = 32) {
+    [[nodiscard]] double evaluate(const ModelInputs& x, const xt::xarray<float>& y, std::size_t batch_size = 32) {
         return evaluate(x, y, EvaluateOptions{.batch_size = batch_size}).at("loss");
     }
     /// @brief The loss and every compiled metric over all of (x, y), computed in batches on the calling
     /// thread (Keras' `evaluate(..., return_dict=True)`): `{"loss": ..., "auc": ...}`. With sample
     /// weights, the loss is the sum of the weighted losses over the examples.
-    [[nodiscard]] Logs evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y, const EvaluateOptions& options);
+    [[nodiscard]] Logs evaluate(const ModelInputs& x, const xt::xarray<float>& y, const EvaluateOptions& options);
 
     /// @brief The model's outputs for `x`, shape (examples, output_shape...) (Keras' `predict`).
-    [[nodiscard]] xt::xarray<float> predict(const xt::xarray<float>& x, std::size_t batch_size = 32);
+    [[nodiscard]] xt::xarray<float> predict(const ModelInputs& x, std::size_t batch_size = 32);
 
 private:
     /// Where a fit stands between two batches: the next batch of `epoch` is `batch`, the batches of it
@@ -982,11 +1317,11 @@ private:
         std::function<void(const FitPoint&)> save;
     };
 
-    History fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y, const FitOptions& options,
+    History fit_epochs(const ModelInputs& x, const xt::xarray<float>& y, const FitOptions& options,
                        const FitPoint& start, const FitBackup& backup);
 
     /// Loss and metrics over rows [begin, end) of (x, y), on the calling thread, as `prefix` + name.
-    Logs evaluate_rows(const xt::xarray<float>& x, const xt::xarray<float>& y, const std::vector<double>& weights,
+    Logs evaluate_rows(const ModelInputs& x, const xt::xarray<float>& y, const std::vector<double>& weights,
                        std::size_t begin, std::size_t end, std::size_t batch_size, std::string_view prefix = {});
 
     /// Per-example weights from sample_weight and class_weight (empty when neither is given).
@@ -994,21 +1329,21 @@ private:
                                         const std::vector<double>& sample_weight,
                                         const std::map<int, double>& class_weight, const char* what) const {
         if (!sample_weight.empty() && sample_weight.size() != examples)
-            throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": sample_weight has " +
+            throw InvalidArgumentError(who(what) + ": sample_weight has " +
                                        std::to_string(sample_weight.size()) + " weights for " +
                                        std::to_string(examples) + " examples; give one weight per example");
         for (double w : sample_weight)
             if (!std::isfinite(w) || w < 0)
-                throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": a sample weight is " +
+                throw InvalidArgumentError(who(what) + ": a sample weight is " +
                                            std::to_string(w) + "; weights are finite and not negative");
         if (class_weight.empty()) return sample_weight;
         if (y.size() != examples)
-            throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": class_weight needs one class id "
+            throw InvalidArgumentError(who(what) + ": class_weight needs one class id "
                                        "per example, but y has shape " +
                                        format_shape(Shape(y.shape().begin(), y.shape().end())));
         for (const auto& [id, w] : class_weight)
             if (!std::isfinite(w) || w < 0)
-                throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": class_weight of class " +
+                throw InvalidArgumentError(who(what) + ": class_weight of class " +
                                            std::to_string(id) + " is " + std::to_string(w) +
                                            "; weights are finite and not negative");
         std::vector<double> out = sample_weight.empty() ? std::vector<double>(examples, 1.0) : sample_weight;
@@ -1035,7 +1370,7 @@ private:
             for (const auto& spec : metric_specs_) {
                 list.push_back(spec.resolve(*output_shape_));
                 if (!names.insert(list.back()->name()).second)
-                    throw InvalidArgumentError("pss: Sequential::compile: two metrics are named '" +
+                    throw InvalidArgumentError(who("compile") + ": two metrics are named '" +
                                                list.back()->name() + "' (or one is named 'loss'); name them apart");
             }
             metrics_ = std::move(list);
@@ -1044,55 +1379,165 @@ private:
     }
 
     /// @throws FailedPreconditionError for a strategy that cannot write checkpoints.
-    static void require_checkpoints(const char* what) {
+    void require_checkpoints(const char* what) const {
         if constexpr (!detail::checkpointable_strategy<StrategyType>)
-            throw FailedPreconditionError(std::string("pss: Sequential::") + what +
+            throw FailedPreconditionError(who(what) +
                                           ": this strategy cannot write or read checkpoints (pss::Checkpoint takes a "
                                           "ParameterServerStrategy or ClusterStrategy)");
     }
 
     void require_built(const char* what) const {
         if (!built())
-            throw FailedPreconditionError(std::string("pss: Sequential::") + what +
+            throw FailedPreconditionError(who(what) +
                                           ": the model is not built, so it has no weights yet; call build(input_shape) "
                                           "(or fit) first");
     }
 
     /// Each worker's own layers: clones of the model's, sharing the variables.
     struct Replica {
-        std::vector<std::unique_ptr<Layer>> layers;
+        detail::LayerGraph graph;
     };
 
-    void add_layer(std::unique_ptr<Layer> layer) {
-        if (input_shape_)
-            throw FailedPreconditionError("pss: Sequential::add: the model is built already (its variables exist on "
+protected:
+    /// A Sequential model's start: no layers, not built.
+    Model(StrategyType& strategy, std::uint32_t seed, std::string name)
+        : strategy_(&strategy), seed_(seed), shuffle_rng_(seed + 1u), sequential_(true), name_(std::move(name)) {}
+
+    /// "pss: Sequential::fit" or "pss: Model::fit", for messages.
+    [[nodiscard]] std::string who(std::string_view what) const { return "pss: " + kind() + "::" + std::string(what); }
+    [[nodiscard]] std::string kind() const { return sequential_ ? "Sequential" : "Model"; }
+
+    /// Appends a layer to the graph, taking inputs `from` (a Sequential's: the layer before), named as
+    /// Keras names it when unnamed.
+    void add_layer(std::unique_ptr<Layer> layer, std::vector<int> from) {
+        if (input_shapes_)
+            throw FailedPreconditionError(who("add") + ": the model is built already (its variables exist on "
                                           "the ps tasks); add every layer before build, fit, evaluate or predict");
+        const auto& layers = graph_.layers;
         if (layer->name().empty()) {
             // Keras' names, per class within the model: "dense", "dense_1", ...; skipping names taken.
             const std::string base = detail::snake_case(layer->class_name());
             auto taken = [&](const std::string& name) {
-                return std::any_of(layers_.begin(), layers_.end(), [&](const auto& l) { return l->name() == name; });
+                return std::any_of(layers.begin(), layers.end(), [&](const auto& l) { return l->name() == name; }) ||
+                       std::find(input_names_.begin(), input_names_.end(), name) != input_names_.end();
             };
             std::size_t n = static_cast<std::size_t>(std::count_if(
-                layers_.begin(), layers_.end(), [&](const auto& l) { return l->class_name() == layer->class_name(); }));
+                layers.begin(), layers.end(), [&](const auto& l) { return l->class_name() == layer->class_name(); }));
             std::string name = n == 0 ? base : base + "_" + std::to_string(n);
             while (taken(name)) name = base + "_" + std::to_string(++n);
             layer->set_name(std::move(name));
         }
-        layers_.push_back(std::move(layer));
+        graph_.add(std::move(layer), std::move(from));
         replicas_.reset();
+    }
+
+    /// Builds every layer for model inputs of `input_shapes`, in the strategy's scope.
+    void build_graph(std::vector<Shape> input_shapes) {
+        auto scope = strategy_->scope();
+        std::mt19937 rng(seed_);
+        std::vector<Shape> outputs;
+        auto shape_of = [&](int from) -> const Shape& {
+            return from < 0 ? input_shapes[static_cast<std::size_t>(-1 - from)] : outputs[static_cast<std::size_t>(from)];
+        };
+        for (std::size_t i = 0; i < graph_.layers.size(); ++i) {
+            if (auto* merge = dynamic_cast<Merge*>(graph_.layers[i].get())) {
+                std::vector<Shape> shapes;
+                for (const int from : graph_.sources[i]) shapes.push_back(shape_of(from));
+                outputs.push_back(merge->build(shapes));
+            } else {
+                outputs.push_back(graph_.layers[i]->build(shape_of(graph_.sources[i].front()), rng));
+            }
+        }
+        graph_.num_inputs = input_shapes.size();
+        output_shape_ = outputs.back();
+        input_shapes_ = std::move(input_shapes);
+    }
+
+    /// A Sequential model's build: its chain of layers for inputs of `input_shape`.
+    void build_chain(const Shape& input_shape) {
+        if (built())
+            throw FailedPreconditionError(who("build") + ": the model is built already, for inputs " +
+                                          format_shape(input_shapes_->front()) + " (batch axis excluded)");
+        if (graph_.layers.empty())
+            throw FailedPreconditionError(who("build") + ": the model has no layers; add() them first");
+        build_graph({input_shape});
+    }
+
+    /// The graph's layers so far (Sequential's build and add read them).
+    [[nodiscard]] const detail::LayerGraph& graph() const noexcept { return graph_; }
+
+private:
+    /// A functional model's graph, from the symbolic tensors: the layers each output needs, in an order
+    /// where each comes after its inputs (depth first, inputs in call order), copied, named and built.
+    void trace(const std::vector<KerasTensor>& inputs, const KerasTensor& output) {
+        if (inputs.empty()) throw InvalidArgumentError(who("Model") + ": no inputs; give the pss::Input tensors");
+        if (!output) throw InvalidArgumentError(who("Model") + ": the output is an empty KerasTensor");
+        std::map<const detail::SymbolicNode*, int> source;
+        std::vector<Shape> input_shapes;
+        for (std::size_t k = 0; k < inputs.size(); ++k) {
+            const auto& node = inputs[k].node();
+            if (!node || node->layer)
+                throw InvalidArgumentError(who("Model") + ": input " + std::to_string(k) + " is " +
+                                           (node ? "the output of a " + std::string(node->layer->class_name()) + " layer"
+                                                 : std::string("empty")) +
+                                           ", not a pss::Input");
+            if (!source.emplace(node.get(), -1 - static_cast<int>(k)).second)
+                throw InvalidArgumentError(who("Model") + ": input " + std::to_string(k) + " is given twice");
+            input_shapes.push_back(node->shape);
+            input_names_.push_back(node->name);
+        }
+        // Keras' names for unnamed inputs: input_1, input_2, ... (skipping names given).
+        for (std::size_t k = 0, n = 0; k < input_names_.size(); ++k)
+            while (input_names_[k].empty()) {
+                const std::string name = "input_" + std::to_string(++n);
+                if (std::find(input_names_.begin(), input_names_.end(), name) == input_names_.end()) input_names_[k] = name;
+            }
+        std::set<const void*> identities;
+        const std::function<int(const detail::SymbolicNode&)> visit = [&](const detail::SymbolicNode& node) -> int {
+            if (const auto it = source.find(&node); it != source.end()) return it->second;
+            if (!node.layer)
+                throw InvalidArgumentError(who("Model") + ": the output needs the input '" +
+                                           (node.name.empty() ? std::string("(unnamed)") : node.name) + "' of shape " +
+                                           format_shape(node.shape) + ", which is not among the model's inputs");
+            if (!identities.insert(node.identity.get()).second)
+                throw InvalidArgumentError(who("Model") + ": one " + std::string(node.layer->class_name()) +
+                                           " layer object is called twice; Keras would share its weights, pss does not "
+                                           "(make one layer object per call)");
+            std::vector<int> from;
+            for (const auto& input : node.inputs) from.push_back(visit(*input.node()));
+            add_layer(node.layer->clone(), std::move(from));
+            const int index = static_cast<int>(graph_.layers.size()) - 1;
+            source.emplace(&node, index);
+            return index;
+        };
+        (void)visit(*output.node());
+        std::set<std::string> names(input_names_.begin(), input_names_.end());
+        for (const auto& layer : graph_.layers)
+            if (!names.insert(layer->name()).second)
+                throw InvalidArgumentError(who("Model") + ": two layers or inputs are named '" + layer->name() +
+                                           "'; names are unique within a model");
+        if (names.size() != graph_.layers.size() + input_names_.size())
+            throw InvalidArgumentError(who("Model") + ": two inputs have one name");
+        build_graph(std::move(input_shapes));
+    }
+
+    /// The name of a source: an input's or a layer's.
+    [[nodiscard]] std::string source_name(int from) const {
+        return from < 0 ? input_names_[static_cast<std::size_t>(-1 - from)]
+                        : graph_.layers[static_cast<std::size_t>(from)]->name();
     }
 
     template <class OptimizerType>
     void check_optimizer(const OptimizerType& optimizer) const {
         static_assert(std::is_same_v<OptimizerType, optimizer_type>,
-                      "pss: Sequential::compile: the optimizer must be the strategy's Optimizer policy type: in pss "
+                      "pss: Model::compile (Sequential::compile): the optimizer must be the strategy's Optimizer "
+                      "policy type: in pss "
                       "the parameter servers apply the strategy's optimizer to the variables they hold, so construct "
                       "ParameterServerStrategy with this optimizer (its OptimizerPolicy argument), or call "
                       "compile(loss)");
         if (!detail::same_optimizer(optimizer, strategy_->optimizer()))
             throw InvalidArgumentError(
-                "pss: Sequential::compile: the optimizer is " + detail::describe_optimizer(optimizer) +
+                who("compile") + ": the optimizer is " + detail::describe_optimizer(optimizer) +
                 ", but the strategy's is " + detail::describe_optimizer(strategy_->optimizer()) +
                 "; in pss the parameter servers apply the strategy's optimizer, so construct the strategy with this "
                 "one (ParameterServerStrategy(resolver, partitioner, optimizer)), or call compile(loss)");
@@ -1100,47 +1545,70 @@ private:
 
     void require_compiled(const char* what) const {
         if (!loss_)
-            throw FailedPreconditionError("pss: Sequential::" + std::string(what) +
+            throw FailedPreconditionError(who(what) +
                                           ": the model is not compiled; call compile(loss) or compile(optimizer, "
                                           "loss) first");
     }
 
     /// Checks x against the model, building it from x's shape when needed.
-    void prepare_inputs(const xt::xarray<float>& x, const char* what) {
-        if (x.dimension() == 0 || x.shape()[0] == 0)
-            throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has shape " +
-                                       format_shape(Shape(x.shape().begin(), x.shape().end())) +
-                                       "; give at least one example, batch axis first");
-        if (!input_shape_) build(Shape(x.shape().begin() + 1, x.shape().end()));
-        layers_.front()->check_inputs(x);
+    /// Checks x against the model (a Sequential model is built from x's shape when needed): one array
+    /// per input, each of the input's shape after the batch axis, the same number of examples, and the
+    /// values the layers reading them take.
+    void prepare_inputs(const ModelInputs& x, const char* what) {
+        const auto shape_of = [](const xt::xarray<float>& a) { return Shape(a.shape().begin(), a.shape().end()); };
+        const std::size_t inputs = built() ? input_shapes_->size() : 1;
+        if (x.size() != inputs)
+            throw InvalidArgumentError(who(what) + ": x is " + std::to_string(x.size()) + " arrays, but the model has " +
+                                       std::to_string(inputs) + " input" + (inputs == 1 ? "" : "s") +
+                                       "; give one array per input, in the order of the model's inputs");
+        if (x[0].dimension() == 0 || x[0].shape()[0] == 0)
+            throw InvalidArgumentError(who(what) + ": x" + (inputs == 1 ? "" : "[0]") + " has shape " +
+                                       format_shape(shape_of(x[0])) + "; give at least one example, batch axis first");
+        if (!built()) build_chain(Shape(x[0].shape().begin() + 1, x[0].shape().end()));
+        for (std::size_t k = 0; k < inputs; ++k) {
+            const Shape got = shape_of(x[k]);
+            Shape expected = (*input_shapes_)[k];
+            expected.insert(expected.begin(), x.examples());
+            if (got != expected && sequential_) continue;  // the first layer names what it expected (below)
+            if (got != expected)
+                throw InvalidArgumentError(who(what) + ": x[" + std::to_string(k) + "] (input '" + input_names_[k] +
+                                           "') has shape " + format_shape(got) + ", but the input takes " +
+                                           format_shape(expected) + " (examples first, the same count in every input)");
+        }
+        for (std::size_t i = 0; i < graph_.layers.size(); ++i)
+            if (dynamic_cast<const Merge*>(graph_.layers[i].get()) == nullptr && graph_.sources[i].front() < 0)
+                graph_.layers[i]->check_inputs(x[static_cast<std::size_t>(-1 - graph_.sources[i].front())]);
+    }
+
+    /// One batch of each input: rows `order[begin, begin + count)`.
+    static std::vector<Tensor> take_input_rows(const ModelInputs& x, const std::vector<std::size_t>& order,
+                                               std::size_t begin, std::size_t count) {
+        std::vector<Tensor> out;
+        out.reserve(x.size());
+        for (std::size_t k = 0; k < x.size(); ++k) out.emplace_back(detail::take_rows(x[k], order, begin, count));
+        return out;
     }
     void prepare_targets(const xt::xarray<float>& y, std::size_t examples, const char* what) const {
         const Shape got(y.shape().begin(), y.shape().end());
         if (got.empty() || got.front() != examples)
-            throw InvalidArgumentError("pss: Sequential::" + std::string(what) + ": x has " + std::to_string(examples) +
+            throw InvalidArgumentError(who(what) + ": x has " + std::to_string(examples) +
                                        " examples but y has shape " + format_shape(got) +
                                        "; give one target row per example, batch axis first");
         loss_->check_targets(y, *output_shape_);
     }
 
-    static void check_batch_size(std::size_t batch_size, const char* what) {
+    void check_batch_size(std::size_t batch_size, const char* what) const {
         if (batch_size == 0)
-            throw InvalidArgumentError("pss: Sequential::" + std::string(what) +
+            throw InvalidArgumentError(who(what) +
                                        ": batch_size is 0; it must be at least 1 (Keras' default is 32)");
-    }
-
-    /// Runs the layers forward, from the first.
-    static Tensor run_forward(std::vector<std::unique_ptr<Layer>>& layers, Tensor x, std::uint64_t step) {
-        for (auto& layer : layers) x = layer->forward(std::move(x), step);
-        return x;
     }
 
     /// Schedules one step: as a closure on the embedded cluster, as the registered step with the model's
     /// id when the workers are other processes (which have the model: ensure_remote_model). A synchronous
     /// step goes to the given worker, so that each worker pushes once to it; an asynchronous one to
     /// whichever worker is free.
-    RemoteValue<std::vector<double>> schedule_step(int worker, Tensor xs, Tensor ys, Tensor ws, std::uint64_t step,
-                                                   double scale) {
+    RemoteValue<std::vector<double>> schedule_step(int worker, std::vector<Tensor> xs, Tensor ys, Tensor ws,
+                                                   std::uint64_t step, double scale) {
         auto on_worker = [&](auto&&... args) {
             if constexpr (StrategyType::synchronous)
                 return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
@@ -1151,8 +1619,8 @@ private:
             return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), std::move(ws),
                              step, scale);
         return on_worker(
-            [this, step, scale](Replica& replica, Tensor& x, Tensor& y, Tensor& w) {
-                return detail::keras_train_step(replica.layers, *loss_, *metrics_, std::move(x), std::move(y), w, step,
+            [this, step, scale](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
+                return detail::keras_train_step(replica.graph, *loss_, *metrics_, std::move(x), std::move(y), w, step,
                                                 scale);
             },
             *replicas_, std::move(xs), std::move(ys), std::move(ws));
@@ -1164,10 +1632,11 @@ private:
             RemoteModelDescription d;
             nlohmann::json metric_list = nlohmann::json::array();
             for (const auto& m : resolved_metrics()) metric_list.push_back(metrics::serialize(*m));
-            nlohmann::json description = {{"class_name", "Sequential"}, {"config", get_config()},
+            nlohmann::json description = {{"class_name", sequential_ ? "Sequential" : "Functional"},
+                                          {"config", get_config()},
                                           {"loss", serialize(*loss_)}, {"metrics", std::move(metric_list)},
                                           {"weight_counts", nlohmann::json::array()}};
-            for (const auto& layer : layers_) {
+            for (const auto& layer : graph_.layers) {
                 const auto w = layer->weights();
                 description["weight_counts"].push_back(w.size());
                 d.weights.insert(d.weights.end(), w.begin(), w.end());
@@ -1214,17 +1683,19 @@ private:
         // Worker processes rebuild the layers themselves (schedule_step): only in-process workers get clones.
         if (!replicas_ && strategy_->remote_workers() == nullptr)
             replicas_.emplace(coordinator_->create_per_worker_dataset([this](int) {
-                Replica replica;
-                for (const auto& layer : layers_) replica.layers.push_back(layer->clone());
-                return replica;
+                return Replica{graph_.clone()};
             }));
     }
 
     StrategyType* strategy_;
     std::uint32_t seed_;
     std::mt19937 shuffle_rng_;
-    std::vector<std::unique_ptr<Layer>> layers_;
-    std::optional<Shape> input_shape_, output_shape_;
+    bool sequential_;   // a Sequential model: built from the first data, configs in Keras' Sequential format
+    std::string name_;  // "sequential", "model"
+    detail::LayerGraph graph_;
+    std::vector<std::string> input_names_;           // a functional model's
+    std::optional<std::vector<Shape>> input_shapes_;  // set once built
+    std::optional<Shape> output_shape_;
     std::shared_ptr<const Loss> loss_;
     std::vector<AnyMetric> metric_specs_;
     std::optional<detail::MetricList> metrics_;  // metric_specs_ resolved once the model is built
@@ -1246,19 +1717,19 @@ private:
 // ---------------------------------------------------------------------------------------------------
 
 template <class StrategyType>
-History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarray<float>& y,
+History Model<StrategyType>::fit(const ModelInputs& x, const xt::xarray<float>& y,
                                       const FitOptions& options) {
     require_compiled("fit");
     const BackupAndRestore* backup = nullptr;
     for (const auto& c : options.callbacks)
         if (const auto* b = dynamic_cast<const BackupAndRestore*>(c.get())) {
             if (backup != nullptr)
-                throw InvalidArgumentError("pss: Sequential::fit: two BackupAndRestore callbacks (" +
+                throw InvalidArgumentError(who("fit") + ": two BackupAndRestore callbacks (" +
                                            backup->backup_dir + " and " + b->backup_dir + "); give one");
             backup = b;
         }
     if (options.initial_epoch < 0)
-        throw InvalidArgumentError("pss: Sequential::fit: initial_epoch is " + std::to_string(options.initial_epoch) +
+        throw InvalidArgumentError(who("fit") + ": initial_epoch is " + std::to_string(options.initial_epoch) +
                                    "; it must be 0 or more");
     FitPoint start{options.initial_epoch, 0, 0, shuffle_rng_, {}};
     if (backup == nullptr) return fit_epochs(x, y, options, start, {});
@@ -1281,7 +1752,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
             state >> start.shuffle_rng;
             if (!state) throw std::invalid_argument("\"shuffle_rng\" is no state of std::mt19937");
         } catch (const std::exception& e) {
-            throw InvalidArgumentError("pss: Sequential::fit: the backup in " + backup->backup_dir +
+            throw InvalidArgumentError(who("fit") + ": the backup in " + backup->backup_dir +
                                        " is malformed: " + e.what());
         }
         // An asynchronous run continues its step count, so a learning-rate schedule goes on where it was. A
@@ -1314,7 +1785,7 @@ History Sequential<StrategyType>::fit(const xt::xarray<float>& x, const xt::xarr
 }
 
 template <class StrategyType>
-History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const xt::xarray<float>& y,
+History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<float>& y,
                                              const FitOptions& options, const FitPoint& start,
                                              const FitBackup& backup) {
     require_compiled("fit");
@@ -1322,18 +1793,18 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     const std::size_t batch_size = options.batch_size;
     const int epochs = options.epochs;
     if (epochs < 0)
-        throw InvalidArgumentError("pss: Sequential::fit: epochs is " + std::to_string(epochs) +
+        throw InvalidArgumentError(who("fit") + ": epochs is " + std::to_string(epochs) +
                                    "; it must be 0 or more");
     if (options.verbose < FitOptions::verbose_auto || options.verbose > 2)
-        throw InvalidArgumentError("pss: Sequential::fit: verbose is " + std::to_string(options.verbose) +
+        throw InvalidArgumentError(who("fit") + ": verbose is " + std::to_string(options.verbose) +
                                    "; it is FitOptions::verbose_auto (-1: 1 on a terminal, else 2), 0 (silent), 1 "
                                    "(a progress bar) or 2 (one line per epoch)");
     if (!(options.validation_split >= 0 && options.validation_split < 1))
-        throw InvalidArgumentError("pss: Sequential::fit: validation_split is " +
+        throw InvalidArgumentError(who("fit") + ": validation_split is " +
                                    std::to_string(options.validation_split) + "; it is in [0, 1)");
     std::ostream& out = options.out != nullptr ? *options.out : std::cout;
     prepare_inputs(x, "fit");
-    const std::size_t all_examples = x.shape()[0];
+    const std::size_t all_examples = x.examples();
     prepare_targets(y, all_examples, "fit");
     const std::vector<double> weights =
         example_weights(y, all_examples, options.sample_weight, options.class_weight, "fit");
@@ -1342,7 +1813,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     if (options.validation_split > 0 && !options.validation_data) {
         examples = static_cast<std::size_t>(std::floor(static_cast<double>(all_examples) * (1 - options.validation_split)));
         if (examples == 0 || examples == all_examples)
-            throw InvalidArgumentError("pss: Sequential::fit: validation_split " +
+            throw InvalidArgumentError(who("fit") + ": validation_split " +
                                        std::to_string(options.validation_split) + " of " +
                                        std::to_string(all_examples) + " examples leaves " + std::to_string(examples) +
                                        " to train on and " + std::to_string(all_examples - examples) +
@@ -1351,8 +1822,8 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     std::vector<double> validation_weights;
     if (const auto& v = options.validation_data) {
         prepare_inputs(v->x, "fit (validation_data)");
-        prepare_targets(v->y, v->x.shape()[0], "fit (validation_data)");
-        validation_weights = example_weights(v->y, v->x.shape()[0], v->sample_weight, {}, "fit (validation_data)");
+        prepare_targets(v->y, v->x.examples(), "fit (validation_data)");
+        validation_weights = example_weights(v->y, v->x.examples(), v->sample_weight, {}, "fit (validation_data)");
     }
     const bool validates = options.validation_data || examples < all_examples;
     const detail::MetricList& metric_list = resolved_metrics();
@@ -1364,7 +1835,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
 
     const std::size_t batches = (examples + batch_size - 1) / batch_size;
     if (options.steps_per_epoch > batches)
-        throw InvalidArgumentError("pss: Sequential::fit: steps_per_epoch is " + std::to_string(options.steps_per_epoch) +
+        throw InvalidArgumentError(who("fit") + ": steps_per_epoch is " + std::to_string(options.steps_per_epoch) +
                                    ", but " + std::to_string(examples) + " examples make " + std::to_string(batches) +
                                    " batches of " + std::to_string(batch_size));
     const std::size_t steps = options.steps_per_epoch > 0 ? options.steps_per_epoch : batches;
@@ -1379,11 +1850,11 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
     std::vector<std::size_t> order(examples);
     History history;
     if (start.batch >= steps && start.batch > 0)
-        throw InvalidArgumentError("pss: Sequential::fit: the backup resumes at batch " + std::to_string(start.batch) +
+        throw InvalidArgumentError(who("fit") + ": the backup resumes at batch " + std::to_string(start.batch) +
                                    " of an epoch, but an epoch of this data has " + std::to_string(steps) +
                                    " batches; it was made with other data or another batch_size");
     if (start.batch > 0 && !start.metric_state.empty() && start.metric_state.size() != state_size)
-        throw InvalidArgumentError("pss: Sequential::fit: the backup holds " + std::to_string(start.metric_state.size()) +
+        throw InvalidArgumentError(who("fit") + ": the backup holds " + std::to_string(start.metric_state.size()) +
                                    " numbers of metric state, but the compiled metrics have " +
                                    std::to_string(state_size) + "; it was made with other metrics");
 
@@ -1427,7 +1898,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         };
         std::deque<Closure> window;
         auto schedule_rows = [&](const Closure& c) {
-            return schedule_step(c.worker, detail::take_rows(x, order, c.begin, c.count),
+            return schedule_step(c.worker, take_input_rows(x, order, c.begin, c.count),
                                  detail::take_rows(y, order, c.begin, c.count),
                                  detail::take_weights(weights, order, c.begin, c.count), c.step, c.scale);
         };
@@ -1512,7 +1983,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
                     for (; n < window.size() && window[n].batch == counted; ++n) {
                         const std::vector<double>& result = window[n].value.fetch();
                         if (result.size() != 1 + state_size)
-                            throw InternalError("pss: Sequential::fit: a step returned " + std::to_string(result.size()) +
+                            throw InternalError(who("fit") + ": a step returned " + std::to_string(result.size()) +
                                                 " numbers; the loss and " + std::to_string(state_size) +
                                                 " of metric state were expected");
                         batch_loss += window[n].weight * result[0];
@@ -1579,7 +2050,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
         if (validates) {
             const Logs val = options.validation_data
                                  ? evaluate_rows(options.validation_data->x, options.validation_data->y,
-                                                 validation_weights, 0, options.validation_data->x.shape()[0],
+                                                 validation_weights, 0, options.validation_data->x.examples(),
                                                  batch_size, "val_")
                                  : evaluate_rows(x, y, options.sample_weight, examples, all_examples, batch_size,
                                                  "val_");  // as Keras: class_weight weighs training only
@@ -1598,7 +2069,7 @@ History Sequential<StrategyType>::fit_epochs(const xt::xarray<float>& x, const x
 }
 
 template <class StrategyType>
-Logs Sequential<StrategyType>::evaluate_rows(const xt::xarray<float>& x, const xt::xarray<float>& y,
+Logs Model<StrategyType>::evaluate_rows(const ModelInputs& x, const xt::xarray<float>& y,
                                              const std::vector<double>& weights, std::size_t begin, std::size_t end,
                                              std::size_t batch_size, std::string_view prefix) {
     const detail::MetricList& metric_list = resolved_metrics();
@@ -1608,7 +2079,7 @@ Logs Sequential<StrategyType>::evaluate_rows(const xt::xarray<float>& x, const x
     double total = 0;
     for (std::size_t at = 0; at < order.size(); at += batch_size) {
         const std::size_t count = std::min(batch_size, order.size() - at);
-        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, at, count), 0);
+        const Tensor predictions = graph_.forward(take_input_rows(x, order, at, count), 0);
         const Tensor targets(detail::take_rows(y, order, at, count));
         const Tensor w = detail::take_weights(weights, order, at, count);
         const std::span<const double> ws = detail::step_weights(w, count);
@@ -1621,22 +2092,22 @@ Logs Sequential<StrategyType>::evaluate_rows(const xt::xarray<float>& x, const x
 }
 
 template <class StrategyType>
-Logs Sequential<StrategyType>::evaluate(const xt::xarray<float>& x, const xt::xarray<float>& y,
+Logs Model<StrategyType>::evaluate(const ModelInputs& x, const xt::xarray<float>& y,
                                         const EvaluateOptions& options) {
     require_compiled("evaluate");
     check_batch_size(options.batch_size, "evaluate");
     prepare_inputs(x, "evaluate");
-    const std::size_t examples = x.shape()[0];
+    const std::size_t examples = x.examples();
     prepare_targets(y, examples, "evaluate");
     const std::vector<double> weights = example_weights(y, examples, options.sample_weight, {}, "evaluate");
     return evaluate_rows(x, y, weights, 0, examples, options.batch_size);
 }
 
 template <class StrategyType>
-xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, std::size_t batch_size) {
+xt::xarray<float> Model<StrategyType>::predict(const ModelInputs& x, std::size_t batch_size) {
     check_batch_size(batch_size, "predict");
     prepare_inputs(x, "predict");
-    const std::size_t examples = x.shape()[0];
+    const std::size_t examples = x.examples();
     Shape shape = *output_shape_;
     shape.insert(shape.begin(), examples);
     xt::xarray<float> out = xt::xarray<float>::from_shape(shape);
@@ -1645,7 +2116,7 @@ xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, 
     std::iota(order.begin(), order.end(), std::size_t{0});
     for (std::size_t begin = 0; begin < examples; begin += batch_size) {
         const std::size_t count = std::min(batch_size, examples - begin);
-        const Tensor predictions = run_forward(layers_, detail::take_rows(x, order, begin, count), 0);
+        const Tensor predictions = graph_.forward(take_input_rows(x, order, begin, count), 0);
         predictions.visit(
             [&](const auto& p) {
                 std::transform(p.begin(), p.end(), out.data() + begin * width, [](auto v) { return static_cast<float>(v); });
@@ -1655,5 +2126,48 @@ xt::xarray<float> Sequential<StrategyType>::predict(const xt::xarray<float>& x, 
     }
     return out;
 }
+
+/// @brief A stack of layers (tf.keras.Sequential): a Model whose layers each take the output of the
+/// one before, built from the first data it is given (fit, evaluate, predict) or by build(input_shape).
+/// Everything else is Model's: compile, fit, evaluate, predict, the weights, summary, callbacks.
+///
+/// @par Example
+/// @code
+/// pss::ParameterServerStrategy<> strategy;
+/// pss::Sequential model(strategy, {pss::Dense(1)});
+/// model.compile(pss::SGD(), pss::MeanSquaredError());
+/// auto history = model.fit(x, y, 5);  // history.loss: one mean loss per epoch
+/// @endcode
+template <class StrategyType>
+class Sequential : public Model<StrategyType> {
+public:
+    /// @param strategy holds the variables and runs the steps; it must outlive the model
+    /// @param layers the layers, first to last (copied); more can be added with add() before building
+    /// @param seed the seed of initial values and shuffling (Keras' `set_random_seed`)
+    explicit Sequential(StrategyType& strategy, std::initializer_list<AnyLayer> layers = {}, std::uint32_t seed = 0)
+        : Model<StrategyType>(strategy, seed, "sequential") {
+        for (const auto& layer : layers) append(layer.clone());
+    }
+
+    /// @brief Appends a layer (Keras' `model.add`).
+    /// @throws FailedPreconditionError once the model is built.
+    template <std::derived_from<Layer> L>
+    void add(L layer) {
+        append(std::make_unique<L>(std::move(layer)));
+    }
+
+    /// @brief Creates every layer's variables, in the strategy's scope, for inputs of shape (batch,
+    /// `input_shape`...) (Keras' `input_shape`, batch axis excluded). fit, evaluate and predict build
+    /// from their data when this was not called.
+    /// @throws FailedPreconditionError when built already or without layers; InvalidArgumentError
+    /// when a layer cannot take its input shape.
+    void build(const Shape& input_shape) { this->build_chain(input_shape); }
+
+private:
+    void append(std::unique_ptr<Layer> layer) {
+        const int previous = static_cast<int>(this->graph().layers.size()) - 1;  // -1: the model's input
+        this->add_layer(std::move(layer), {previous});
+    }
+};
 
 PSS_NAMESPACE_END
