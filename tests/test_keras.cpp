@@ -82,7 +82,7 @@ xt::xarray<float> column_f(std::vector<float> values) {
 bool close_relative(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(1e-12, std::abs(b)); }
 
 /// A Dense layer's gradients (kernel, bias, inputs) of sum(r * forward(x)) against central differences.
-void check_dense_gradients(pss::Activation activation) {
+void check_dense_gradients(pss::ActivationFunction activation) {
     pss::Dense dense(3, activation, true, pss::DType::float64);
     std::mt19937 rng(0);
     dense.build({4}, rng);
@@ -122,8 +122,8 @@ void check_loss_gradient(const pss::Loss& loss, const xt::xarray<double>& y_true
 
 TEST_SUITE("keras/layers") {
     TEST_CASE("Dense: kernel, bias and input gradients match central differences for each activation (1e-8 relative)") {
-        for (auto a : {pss::Activation::linear, pss::Activation::relu, pss::Activation::sigmoid, pss::Activation::tanh,
-                       pss::Activation::softmax}) {
+        for (auto a : {pss::ActivationFunction::linear, pss::ActivationFunction::relu, pss::ActivationFunction::sigmoid, pss::ActivationFunction::tanh,
+                       pss::ActivationFunction::softmax}) {
             CAPTURE(pss::activation_name(a));
             check_dense_gradients(a);
         }
@@ -150,8 +150,8 @@ TEST_SUITE("keras/layers") {
                 CHECK(std::abs(a.data()[i] - e.data()[i]) <= 1e-5 * std::max(1.0, std::abs(e.data()[i])));
             }
         };
-        for (pss::Activation activation : {pss::Activation::linear, pss::Activation::relu, pss::Activation::sigmoid,
-                                           pss::Activation::tanh, pss::Activation::softmax}) {
+        for (pss::ActivationFunction activation : {pss::ActivationFunction::linear, pss::ActivationFunction::relu, pss::ActivationFunction::sigmoid,
+                                           pss::ActivationFunction::tanh, pss::ActivationFunction::softmax}) {
             CAPTURE(pss::activation_name(activation));
             pss::Dense d32(3, activation, true, pss::DType::float32), d64(3, activation, true, pss::DType::float64);
             std::mt19937 rng(0);
@@ -1430,11 +1430,11 @@ TEST_SUITE("keras/config") {
     }
 
     TEST_CASE("activation_name and activation_from_name read one table: each name round-trips; \"\" is linear") {
-        for (pss::Activation a : {pss::Activation::linear, pss::Activation::relu, pss::Activation::sigmoid,
-                                  pss::Activation::tanh, pss::Activation::softmax})
+        for (pss::ActivationFunction a : {pss::ActivationFunction::linear, pss::ActivationFunction::relu, pss::ActivationFunction::sigmoid,
+                                  pss::ActivationFunction::tanh, pss::ActivationFunction::softmax})
             CHECK(pss::activation_from_name(pss::activation_name(a)) == a);
-        CHECK(pss::activation_from_name("") == pss::Activation::linear);
-        CHECK(pss::activation_name(pss::Activation::tanh) == "tanh");
+        CHECK(pss::activation_from_name("") == pss::ActivationFunction::linear);
+        CHECK(pss::activation_name(pss::ActivationFunction::tanh) == "tanh");
     }
 
     TEST_CASE("Layer::bind: Dense(4) for (3) rejects 1 variable, a (2, 4) kernel, a float64 bias, an empty handle and input shape (0); naming each") {

@@ -1708,8 +1708,9 @@ PSS_NAMESPACE_END
 
 PSS_NAMESPACE_BEGIN
 
-/// @brief The activation a Dense layer applies to `inputs · kernel + bias` (Keras' `activation=`).
-enum class Activation {
+/// @brief The activation a Dense layer applies to `inputs · kernel + bias` (Keras' `activation=`), and
+/// an Activation layer to its inputs. (Not `Activation`: that is the layer, as Keras' `layers.Activation`.)
+enum class ActivationFunction {
     linear,   ///< y = z (Keras' default, `None`)
     relu,     ///< y = max(z, 0); its derivative at 0 is taken as 0, as TensorFlow does
     sigmoid,  ///< y = 1 / (1 + exp(-z))
@@ -1719,16 +1720,16 @@ enum class Activation {
 
 namespace detail {
 /// Every activation with Keras' name for it: the one list that both directions read.
-inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activation_names{{
-    {Activation::linear, "linear"},
-    {Activation::relu, "relu"},
-    {Activation::sigmoid, "sigmoid"},
-    {Activation::tanh, "tanh"},
-    {Activation::softmax, "softmax"},
+inline constexpr std::array<std::pair<ActivationFunction, std::string_view>, 5> activation_names{{
+    {ActivationFunction::linear, "linear"},
+    {ActivationFunction::relu, "relu"},
+    {ActivationFunction::sigmoid, "sigmoid"},
+    {ActivationFunction::tanh, "tanh"},
+    {ActivationFunction::softmax, "softmax"},
 }};
 
 /// The activation named `name`, if one is.
-[[nodiscard]] constexpr std::optional<Activation> find_activation(std::string_view name) noexcept {
+[[nodiscard]] constexpr std::optional<ActivationFunction> find_activation(std::string_view name) noexcept {
     for (const auto& [activation, known] : activation_names)
         if (name == known) return activation;
     return std::nullopt;
@@ -1745,7 +1746,7 @@ inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activati
 }  // namespace detail
 
 /// @brief Keras' name of an activation: "linear", "relu", "sigmoid", "tanh", "softmax".
-[[nodiscard]] constexpr std::string_view activation_name(Activation activation) noexcept {
+[[nodiscard]] constexpr std::string_view activation_name(ActivationFunction activation) noexcept {
     for (const auto& [a, name] : detail::activation_names)
         if (a == activation) return name;
     return "linear";
@@ -1754,8 +1755,8 @@ inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activati
 /// @brief The activation named `name` (Keras' names; "" means linear, as Keras' `None`).
 /// @throws InvalidArgumentError `pss: activation "gelu" is not known; use "linear", "relu", "sigmoid",
 /// "tanh" or "softmax"`
-[[nodiscard]] inline Activation activation_from_name(std::string_view name) {
-    if (name.empty()) return Activation::linear;
+[[nodiscard]] inline ActivationFunction activation_from_name(std::string_view name) {
+    if (name.empty()) return ActivationFunction::linear;
     if (const auto a = detail::find_activation(name)) return *a;
     throw InvalidArgumentError("pss: activation \"" + std::string(name) + "\" is not known; use " +
                                detail::activation_list());
@@ -2109,13 +2110,13 @@ namespace detail {
 
 /// Applies `activation` in place to `z`, rows of `units` values (softmax works per row).
 template <class T>
-void activate(Activation activation, xt::xarray<T>& z, std::size_t units) {
+void activate(ActivationFunction activation, xt::xarray<T>& z, std::size_t units) {
     switch (activation) {
-        case Activation::linear: return;
-        case Activation::relu: xt::noalias(z) = xt::maximum(z, T{0}); return;
-        case Activation::sigmoid: xt::noalias(z) = T{1} / (T{1} + xt::exp(-z)); return;
-        case Activation::tanh: xt::noalias(z) = xt::tanh(z); return;
-        case Activation::softmax: {
+        case ActivationFunction::linear: return;
+        case ActivationFunction::relu: xt::noalias(z) = xt::maximum(z, T{0}); return;
+        case ActivationFunction::sigmoid: xt::noalias(z) = T{1} / (T{1} + xt::exp(-z)); return;
+        case ActivationFunction::tanh: xt::noalias(z) = xt::tanh(z); return;
+        case ActivationFunction::softmax: {
             T* p = z.data();
             for (std::size_t r = 0; r < z.size(); r += units) {
                 T top = p[r];
@@ -2132,14 +2133,14 @@ void activate(Activation activation, xt::xarray<T>& z, std::size_t units) {
 /// The gradient with respect to the pre-activation z, from the activation's output `y` and the gradient
 /// `g` of y (same shape, rows of `units`).
 template <class T>
-xt::xarray<T> activation_gradient(Activation activation, const xt::xarray<T>& y, const xt::xarray<T>& g,
+xt::xarray<T> activation_gradient(ActivationFunction activation, const xt::xarray<T>& y, const xt::xarray<T>& g,
                                   std::size_t units) {
     switch (activation) {
-        case Activation::linear: return g;
-        case Activation::relu: return xt::where(y > T{0}, g, T{0});
-        case Activation::sigmoid: return g * y * (T{1} - y);
-        case Activation::tanh: return g * (T{1} - y * y);
-        case Activation::softmax: break;
+        case ActivationFunction::linear: return g;
+        case ActivationFunction::relu: return xt::where(y > T{0}, g, T{0});
+        case ActivationFunction::sigmoid: return g * y * (T{1} - y);
+        case ActivationFunction::tanh: return g * (T{1} - y * y);
+        case ActivationFunction::softmax: break;
     }
     xt::xarray<T> out = xt::xarray<T>::from_shape(g.shape());
     const T* py = y.data();
@@ -2183,7 +2184,7 @@ public:
     explicit Dense(std::size_t units, std::string_view activation = "linear", bool use_bias = true,
                    DType dtype = DType::float32)
         : Dense(units, activation_from_name(activation), use_bias, dtype) {}
-    Dense(std::size_t units, Activation activation, bool use_bias = true, DType dtype = DType::float32)
+    Dense(std::size_t units, ActivationFunction activation, bool use_bias = true, DType dtype = DType::float32)
         : units_(units), activation_(activation), use_bias_(use_bias), dtype_(dtype) {
         if (units == 0) throw InvalidArgumentError("pss: Dense: units is 0; a Dense layer needs at least 1 output unit");
         detail::check_float_dtype(dtype, "Dense");
@@ -2193,7 +2194,7 @@ public:
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     [[nodiscard]] std::size_t units() const noexcept { return units_; }
-    [[nodiscard]] Activation activation() const noexcept { return activation_; }
+    [[nodiscard]] ActivationFunction activation() const noexcept { return activation_; }
     [[nodiscard]] bool use_bias() const noexcept { return use_bias_; }
     [[nodiscard]] DType dtype() const noexcept { return dtype_; }
     /// @pre built()
@@ -2337,7 +2338,7 @@ private:
     }
 
     std::size_t units_;
-    Activation activation_;
+    ActivationFunction activation_;
     bool use_bias_;
     DType dtype_;
     Variable kernel_, bias_;
