@@ -455,6 +455,7 @@ inline std::vector<double> keras_train_step(std::vector<std::unique_ptr<Layer>>&
         grad = Tensor::zeros(predictions.dtype(), predictions.shape());
     } else {
         out[0] = weighted_loss(loss, y, predictions, w, &grad);
+        for (const auto& layer : layers) out[0] += layer->regularization_loss();  // Keras' model.losses
         accumulate_metrics(metrics, std::span<double>(out).subspan(1), y, predictions, w);
     }
     if (scale != 1.0)
@@ -1609,7 +1610,9 @@ Logs Sequential<StrategyType>::evaluate_rows(const xt::xarray<float>& x, const x
         const Tensor targets(detail::take_rows(y, order, at, count));
         const Tensor w = detail::take_weights(weights, order, at, count);
         const std::span<const double> ws = detail::step_weights(w, count);
-        total += detail::weighted_loss(*loss_, targets, predictions, ws, nullptr) * static_cast<double>(count);
+        double penalty = 0;  // the regularizers' (Keras' evaluate adds them to each batch's loss)
+        for (const auto& layer : layers_) penalty += layer->regularization_loss();
+        total += (detail::weighted_loss(*loss_, targets, predictions, ws, nullptr) + penalty) * static_cast<double>(count);
         detail::accumulate_metrics(metric_list, state, targets, predictions, ws);
     }
     Logs logs{{std::string(prefix) + "loss", total / static_cast<double>(order.size())}};
