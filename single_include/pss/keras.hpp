@@ -1046,6 +1046,7 @@ PSS_NAMESPACE_END
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json.hpp>
