@@ -13,6 +13,7 @@
 #include <functional>
 #include <future>
 #include <iomanip>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -83,7 +84,7 @@ xt::xarray<float> column_f(std::vector<float> values) {
 bool close_relative(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(1e-12, std::abs(b)); }
 
 /// A Dense layer's gradients (kernel, bias, inputs) of sum(r * forward(x)) against central differences.
-void check_dense_gradients(pss::Activation activation) {
+void check_dense_gradients(pss::ActivationFunction activation) {
     pss::Dense dense(3, activation, true, pss::DType::float64);
     std::mt19937 rng(0);
     dense.build({4}, rng);
@@ -123,8 +124,8 @@ void check_loss_gradient(const pss::Loss& loss, const xt::xarray<double>& y_true
 
 TEST_SUITE("keras/layers") {
     TEST_CASE("Dense: kernel, bias and input gradients match central differences for each activation (1e-8 relative)") {
-        for (auto a : {pss::Activation::linear, pss::Activation::relu, pss::Activation::sigmoid, pss::Activation::tanh,
-                       pss::Activation::softmax}) {
+        for (auto a : {pss::ActivationFunction::linear, pss::ActivationFunction::relu, pss::ActivationFunction::sigmoid, pss::ActivationFunction::tanh,
+                       pss::ActivationFunction::softmax}) {
             CAPTURE(pss::activation_name(a));
             check_dense_gradients(a);
         }
@@ -151,8 +152,8 @@ TEST_SUITE("keras/layers") {
                 CHECK(std::abs(a.data()[i] - e.data()[i]) <= 1e-5 * std::max(1.0, std::abs(e.data()[i])));
             }
         };
-        for (pss::Activation activation : {pss::Activation::linear, pss::Activation::relu, pss::Activation::sigmoid,
-                                           pss::Activation::tanh, pss::Activation::softmax}) {
+        for (pss::ActivationFunction activation : {pss::ActivationFunction::linear, pss::ActivationFunction::relu, pss::ActivationFunction::sigmoid,
+                                           pss::ActivationFunction::tanh, pss::ActivationFunction::softmax}) {
             CAPTURE(pss::activation_name(activation));
             pss::Dense d32(3, activation, true, pss::DType::float32), d64(3, activation, true, pss::DType::float64);
             std::mt19937 rng(0);
@@ -349,6 +350,603 @@ TEST_SUITE("keras/layers") {
                                  R"({"class_name":"Dropout","config":{"name":"d","rate":1.5,"seed":1}})")),
                              R"(pss: Dropout config {"name":"d","rate":1.5,"seed":1}: "rate" is 1.5; it is a number in [0, 1))",
                              pss::InvalidArgumentError);
+    }
+}
+
+namespace {
+
+// Defined with the config tests below; declared here for the layer tests that round-trip their configs.
+std::unique_ptr<pss::Layer> check_rebuilt_layer(pss::Layer& original, const xt::xarray<double>& x,
+                                                const xt::xarray<double>& grad_out);
+void check_bad_layer_config(const std::string& text, const std::string& message);
+
+/// What detail::uniform draws, written out again: lo + (hi - lo) * r / 2^32 for each output r of the
+/// generator (Dense's and Embedding's draws before initializers existed).
+double old_uniform(std::mt19937& rng, double lo, double hi) {
+    return lo + (hi - lo) * (static_cast<double>(rng()) / 4294967296.0);
+}
+
+/// The mean and the (population) standard deviation of `values`.
+std::pair<double, double> mean_stddev(const xt::xarray<double>& values) {
+    double sum = 0;
+    for (const double v : values) sum += v;
+    const double mean = sum / static_cast<double>(values.size());
+    double squares = 0;
+    for (const double v : values) squares += (v - mean) * (v - mean);
+    return {mean, std::sqrt(squares / static_cast<double>(values.size()))};
+}
+
+/// The standard deviation of N(0, 1) truncated at 2 (TensorFlow's truncated_normal): Keras' constant.
+constexpr double truncated_stddev = 0.87962566103423978;
+
+}  // namespace
+
+TEST_SUITE("keras/layers") {
+    TEST_CASE("initializers: Zeros, Ones and Constant(0.5) fill every value in float32 and float64 and draw nothing; "
+              "\"zeros\", \"ones\" and \"constant\" (0) by name; other dtypes and values throw") {
+        namespace init = pss::initializers;
+        std::mt19937 rng(1);
+        const std::mt19937 before = rng;
+        for (const pss::DType dtype : {pss::DType::float32, pss::DType::float64}) {
+            CAPTURE(pss::dtype_name(dtype));
+            const pss::Tensor zeros = init::Zeros()({2, 3}, dtype, rng);
+            CHECK(zeros.dtype() == dtype);
+            CHECK(zeros.shape() == pss::Shape{2, 3});
+            CHECK(D(zeros) == xt::xarray<double>(xt::zeros<double>({2, 3})));
+            CHECK(D(init::Ones()({4}, dtype, rng)) == xt::xarray<double>{1, 1, 1, 1});
+            CHECK(D(init::Constant(0.5)({3, 1}, dtype, rng)) == column({0.5, 0.5, 0.5}));
+            CHECK(D(pss::AnyInitializer("zeros")({2}, dtype, rng)) == xt::xarray<double>{0, 0});
+            CHECK(D(pss::AnyInitializer("ones")({2}, dtype, rng)) == xt::xarray<double>{1, 1});
+            CHECK(D(pss::AnyInitializer("constant")({2}, dtype, rng)) == xt::xarray<double>{0, 0});
+        }
+        CHECK(rng == before);
+        CHECK_THROWS_WITH_AS((void)init::Zeros()({2}, pss::DType::int32, rng),
+                             "pss: Zeros: dtype int32; an initializer fills float32 or float64 weights",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)init::Constant(std::nan("")), "pss: Constant: value is nan; it is a finite number",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)init::RandomUniform(1, 0),
+                             "pss: RandomUniform: minval is 1.0 and maxval 0.0; they are finite numbers with minval <= "
+                             "maxval (and a finite difference)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)init::RandomNormal(0, -1),
+                             "pss: RandomNormal: mean is 0.0 and stddev -1.0; they are finite numbers with stddev >= 0",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS((void)init::VarianceScaling(1, "fan"),
+                             "pss: VarianceScaling: mode is \"fan\"; it is \"fan_in\", \"fan_out\" or \"fan_avg\"",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)init::VarianceScaling(0), pss::InvalidArgumentError);
+        CHECK_THROWS_AS((void)init::VarianceScaling(1, "fan_in", "gamma"), pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("initializers: RandomUniform(-0.05, 0.05) is minval + (maxval - minval) * r / 2^32 of each generator "
+              "output r in row-major order; Embedding's default table has the bits it had before initializers") {
+        std::mt19937 rng(5), copy(5);
+        const xt::xarray<double> got = D(pss::initializers::RandomUniform()({3, 4}, pss::DType::float64, rng));
+        REQUIRE(got.size() == 12);
+        for (std::size_t i = 0; i < got.size(); ++i) CHECK(got.data()[i] == old_uniform(copy, -0.05, 0.05));
+        CHECK(rng == copy);  // one generator output per value
+        // float32: the double, rounded once.
+        std::mt19937 rng32(5), copy32(5);
+        const pss::Tensor f = pss::initializers::RandomUniform(-1, 3)({5}, pss::DType::float32, rng32);
+        for (std::size_t i = 0; i < 5; ++i) CHECK(f.get<float>()(i) == static_cast<float>(old_uniform(copy32, -1, 3)));
+        // Embedding(6, 3): its table drawn in float32 straight from the model's generator, as before.
+        pss::Embedding embedding(6, 3);
+        std::mt19937 model_rng(11), old(11);
+        embedding.build({2}, model_rng);
+        CHECK(embedding.embeddings_initializer()->class_name() == "RandomUniform");
+        const auto table = embedding.embeddings().read<float>();
+        REQUIRE(table.size() == 18);
+        for (std::size_t i = 0; i < table.size(); ++i)
+            CHECK(table.data()[i] == static_cast<float>(old_uniform(old, -0.05, 0.05)));
+        CHECK(model_rng == old);
+    }
+
+    TEST_CASE("initializers: Dense's default GlorotUniform kernel has the bits of its old formula, U(-l, l) with l = "
+              "sqrt(6 / (7 + 5)) row by row; HeUniform's limit is sqrt(6 / fan_in); a (2, 3, 4, 5) kernel has fans 24 and 30") {
+        pss::Dense dense(5);
+        std::mt19937 rng(3), old(3);
+        dense.build({7}, rng);
+        const double limit = std::sqrt(6.0 / static_cast<double>(7 + 5));
+        const auto kernel = dense.kernel().read<float>();
+        REQUIRE(kernel.size() == 35);
+        for (std::size_t i = 0; i < kernel.size(); ++i) {
+            CAPTURE(i);
+            CHECK(kernel.data()[i] == static_cast<float>(old_uniform(old, -limit, limit)));
+        }
+        CHECK(rng == old);  // the zero bias draws nothing
+        CHECK(dense.bias().read<float>() == xt::xarray<float>{0, 0, 0, 0, 0});
+
+        std::mt19937 he(9), he_old(9);
+        const xt::xarray<double> h = D(pss::AnyInitializer("he_uniform")({10, 4}, pss::DType::float64, he));
+        const double he_limit = std::sqrt(6.0 / 10.0);
+        for (std::size_t i = 0; i < h.size(); ++i) CHECK(h.data()[i] == old_uniform(he_old, -he_limit, he_limit));
+
+        CHECK(pss::detail::compute_fans({2, 3, 4, 5}) == std::pair<double, double>{24, 30});
+        CHECK(pss::detail::compute_fans({7}) == std::pair<double, double>{7, 7});
+        CHECK(pss::detail::compute_fans({}) == std::pair<double, double>{1, 1});
+        std::mt19937 conv(2), conv_old(2);
+        const xt::xarray<double> c = D(pss::initializers::GlorotUniform()({2, 3, 4, 5}, pss::DType::float64, conv));
+        const double conv_limit = std::sqrt(6.0 / (24.0 + 30.0));
+        for (std::size_t i = 0; i < c.size(); ++i) CHECK(c.data()[i] == old_uniform(conv_old, -conv_limit, conv_limit));
+    }
+
+    TEST_CASE("initializers: 10,000 draws of RandomNormal(1, 2), TruncatedNormal(0, 0.05), he_normal, glorot_normal and "
+              "an untruncated VarianceScaling have Keras' mean and stddev within 4 standard errors; a truncated normal "
+              "never goes beyond 2 stddev") {
+        namespace init = pss::initializers;
+        std::mt19937 rng(123);
+        // 4 standard errors of 10,000 draws: sigma / 100 for the mean, and sigma / sqrt(2 * 10,000) = sigma / 141
+        // for the standard deviation of a normal (less for a truncated one, whose tails are lighter). A correct
+        // draw fails a check with probability below 1e-4; a wrong stddev (say sqrt(2 / fan_avg) for sqrt(2 /
+        // fan_in), or a missing 0.8796 correction, 12%) fails by far.
+        auto check = [&](const pss::AnyInitializer& initializer, const pss::Shape& shape, double mean, double stddev,
+                         double bound) {
+            CAPTURE(initializer->class_name());
+            const xt::xarray<double> v = D(initializer(shape, pss::DType::float64, rng));
+            REQUIRE(v.size() == 10000);
+            const std::pair<double, double> ms = mean_stddev(v);
+            const double m = ms.first, s = ms.second;
+            CAPTURE(m);
+            CAPTURE(s);
+            CHECK(std::abs(m - mean) < 4 * stddev / 100);
+            CHECK(std::abs(s - stddev) < 4 * stddev / 141);
+            double farthest = 0;
+            for (const double x : v) farthest = std::max(farthest, std::abs(x - mean));
+            CHECK(farthest <= bound);
+            return farthest;
+        };
+        const double inf = std::numeric_limits<double>::infinity();
+        CHECK(check(init::RandomNormal(1.0, 2.0), {100, 100}, 1.0, 2.0, inf) > 3 * 2.0);  // a normal's tails
+        // TruncatedNormal(0, 0.05): its values' stddev is 0.05 * 0.8796, none beyond 0.1, some near it.
+        CHECK(check(init::TruncatedNormal(0.0, 0.05), {10000}, 0.0, 0.05 * truncated_stddev, 2 * 0.05) > 1.9 * 0.05);
+        // he_normal on fan_in 200: stddev sqrt(2 / 200) = 0.1 once the 0.8796 correction is undone by truncation.
+        check("he_normal", {200, 50}, 0.0, 0.1, 2 * 0.1 / truncated_stddev);
+        // glorot_normal on fans 100 and 100: sqrt(2 / 200) = 0.1 likewise.
+        check("glorot_normal", {100, 100}, 0.0, 0.1, 2 * 0.1 / truncated_stddev);
+        check(init::VarianceScaling(2.0, "fan_out", "untruncated_normal"), {50, 200}, 0.0, 0.1, inf);
+        check(init::VarianceScaling(1.0, "fan_in", "normal"), {100, 100}, 0.0, 0.1, 2 * 0.1 / truncated_stddev);
+    }
+
+    TEST_CASE("initializers: a seeded initializer draws from std::mt19937(seed): the same values at every call, others "
+              "for another seed, and the model's generator untouched; an unseeded one draws from the model's") {
+        namespace init = pss::initializers;
+        auto seeded = [](std::uint32_t seed) {
+            return std::vector<pss::AnyInitializer>{init::RandomUniform(-1, 1, seed), init::RandomNormal(0, 1, seed),
+                                                    init::TruncatedNormal(0, 1, seed),  init::GlorotUniform(seed),
+                                                    init::GlorotNormal(seed),           init::HeNormal(seed),
+                                                    init::HeUniform(seed),
+                                                    init::VarianceScaling(1, "fan_avg", "untruncated_normal", seed)};
+        };
+        auto unseeded = std::vector<pss::AnyInitializer>{
+            init::RandomUniform(-1, 1), init::RandomNormal(0, 1), init::TruncatedNormal(0, 1), init::GlorotUniform(),
+            init::GlorotNormal(),       init::HeNormal(),         init::HeUniform(),
+            init::VarianceScaling(1, "fan_avg", "untruncated_normal")};
+        const auto a = seeded(42), b = seeded(43);
+        std::mt19937 rng(0);
+        const std::mt19937 before = rng;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            CAPTURE(a[i]->class_name());
+            const xt::xarray<double> first = D(a[i]({4, 3}, pss::DType::float64, rng));
+            CHECK(D(a[i]({4, 3}, pss::DType::float64, rng)) == first);
+            CHECK_FALSE(D(b[i]({4, 3}, pss::DType::float64, rng)) == first);
+            CHECK(rng == before);
+            std::mt19937 model(42);  // the same draws as the unseeded twin's from a model seeded 42
+            CHECK(D(unseeded[i]({4, 3}, pss::DType::float64, model)) == first);
+            CHECK_FALSE(model == std::mt19937(42));
+        }
+    }
+
+    TEST_CASE("initializers::get, serialize and from_config: Keras' names, class names and aliases; Keras' configs; each "
+              "config rebuilds an initializer that draws the same; an unknown name or a bad config throws naming it") {
+        namespace init = pss::initializers;
+        using nlohmann::json;
+        for (const auto& names : std::vector<std::pair<std::string, std::string>>{
+                 {"glorot_uniform", "GlorotUniform"}, {"glorot_normal", "GlorotNormal"}, {"he_normal", "HeNormal"},
+                 {"he_uniform", "HeUniform"}, {"zeros", "Zeros"}, {"ones", "Ones"}, {"constant", "Constant"},
+                 {"random_normal", "RandomNormal"}, {"random_uniform", "RandomUniform"},
+                 {"truncated_normal", "TruncatedNormal"}, {"variance_scaling", "VarianceScaling"}, {"zero", "Zeros"},
+                 {"one", "Ones"}, {"normal", "RandomNormal"}, {"uniform", "RandomUniform"}}) {
+            CHECK(init::get(names.first)->class_name() == names.second);
+            CHECK(init::get(names.second)->class_name() == names.second);
+        }
+        CHECK(init::serialize(*init::get("glorot_uniform")) ==
+              json::parse(R"({"class_name": "GlorotUniform", "config": {"seed": null}})"));
+        CHECK(init::serialize(init::RandomNormal()) ==
+              json::parse(R"({"class_name": "RandomNormal", "config": {"mean": 0.0, "stddev": 0.05, "seed": null}})"));
+        CHECK(init::serialize(init::TruncatedNormal()) ==
+              json::parse(R"({"class_name": "TruncatedNormal", "config": {"mean": 0.0, "stddev": 0.05, "seed": null}})"));
+        CHECK(init::serialize(init::RandomUniform()) ==
+              json::parse(R"({"class_name": "RandomUniform", "config": {"minval": -0.05, "maxval": 0.05, "seed": null}})"));
+        CHECK(init::serialize(init::Constant()) == json::parse(R"({"class_name": "Constant", "config": {"value": 0.0}})"));
+        CHECK(init::serialize(init::Zeros()) == json::parse(R"({"class_name": "Zeros", "config": {}})"));
+        CHECK(init::serialize(init::HeNormal(5)) == json::parse(R"({"class_name": "HeNormal", "config": {"seed": 5}})"));
+        CHECK(init::serialize(init::VarianceScaling(2.0, "fan_out", "uniform", 7)) ==
+              json::parse(R"({"class_name": "VarianceScaling", "config": {"scale": 2.0, "mode": "fan_out",
+                              "distribution": "uniform", "seed": 7}})"));
+        for (const pss::AnyInitializer& initializer : std::vector<pss::AnyInitializer>{
+                 "glorot_uniform", "glorot_normal", "he_normal", "he_uniform", "zeros", "ones", init::Constant(-2.5),
+                 init::RandomNormal(1, 0.5, 4294967295U), init::RandomUniform(-3, 0.25), init::TruncatedNormal(0.5, 2, 0),
+                 init::VarianceScaling(0.5, "fan_out", "uniform", 9), init::GlorotUniform(1)}) {
+            const json config = json::parse(init::serialize(initializer.get()).dump());  // through text
+            CAPTURE(config.dump());
+            const auto rebuilt = init::from_config(config);
+            CHECK(init::serialize(*rebuilt) == config);
+            std::mt19937 r0(4), r1(4);
+            CHECK(D(initializer({3, 5}, pss::DType::float64, r0)) == D((*rebuilt)({3, 5}, pss::DType::float64, r1)));
+        }
+        CHECK_THROWS_WITH_AS(pss::Dense(2, {.kernel_initializer = "xavier"}),
+                             "pss: initializer \"xavier\" is not known; use \"glorot_uniform\", \"glorot_normal\", "
+                             "\"he_normal\", \"he_uniform\", \"zeros\", \"ones\", \"constant\", \"random_normal\", "
+                             "\"random_uniform\" (or \"uniform\"), \"truncated_normal\" or \"variance_scaling\", or pass a "
+                             "pss::initializers object",
+                             pss::InvalidArgumentError);
+        auto bad = [](const std::string& text, const std::string& message) {
+            CAPTURE(text);
+            CHECK_THROWS_WITH_AS((void)init::from_config(json::parse(text)), message.c_str(), pss::InvalidArgumentError);
+        };
+        bad(R"({"class_name": "Orthogonal", "config": {}})",
+            R"(pss: initializer {"class_name":"Orthogonal","config":{}}: "class_name" is "Orthogonal"; the initializers )"
+            R"(are "GlorotUniform", "GlorotNormal", "HeNormal", "HeUniform", "Zeros", "Ones", "Constant", "RandomNormal", )"
+            R"("RandomUniform", "TruncatedNormal" and "VarianceScaling")");
+        bad(R"({"class_name": "RandomUniform", "config": {"minval": 1, "maxval": 0, "seed": null}})",
+            R"(pss: initializer RandomUniform config {"maxval":0,"minval":1,"seed":null}: minval is 1.0 and maxval 0.0; )"
+            R"(they are finite numbers with minval <= maxval (and a finite difference))");
+        bad(R"({"class_name": "HeNormal", "config": {"seed": -1}})",
+            R"(pss: initializer HeNormal config {"seed":-1}: "seed" is -1; it is null or a whole number in [0, 4294967295])");
+        bad(R"({"class_name": "HeNormal", "config": {"seed": 4294967296}})",
+            R"(pss: initializer HeNormal config {"seed":4294967296}: "seed" is 4294967296; it is null or a whole number in )"
+            R"([0, 4294967295])");
+        bad(R"({"class_name": "HeNormal", "config": {}})",
+            R"(pss: initializer HeNormal config {}: the field "seed" is missing; it has seed)");
+        bad(R"({"class_name": "Zeros", "config": {"seed": null}})",
+            R"(pss: initializer Zeros config {"seed":null}: the field "seed" is not known; it has no fields)");
+        bad(R"({"class_name": "RandomNormal", "config": {"mean": "0", "stddev": 1, "seed": null}})",
+            R"(pss: initializer RandomNormal config {"mean":"0","seed":null,"stddev":1}: "mean" is "0", not a finite number)");
+        bad(R"({"class_name": "VarianceScaling", "config": {"scale": 1, "mode": "fan", "distribution": "uniform", "seed": null}})",
+            R"(pss: initializer VarianceScaling config {"distribution":"uniform","mode":"fan","scale":1,"seed":null}: )"
+            R"(mode is "fan"; it is "fan_in", "fan_out" or "fan_avg")");
+        bad(R"("glorot_uniform")", R"(pss: initializer "glorot_uniform": it is string, not an object with class_name and config)");
+    }
+
+    TEST_CASE("Dense: DenseOptions by name (relu, he_normal kernel, Constant(0.5) bias, L2(1e-4), float64); Keras' config "
+              "with the initializers and the regularizer serialized; a worker's copy computes and regularizes the same") {
+        pss::Dense dense(4, {.activation = "relu",
+                             .kernel_initializer = "he_normal",
+                             .bias_initializer = pss::initializers::Constant(0.5),
+                             .kernel_regularizer = pss::L2(1e-4),
+                             .dtype = pss::DType::float64});
+        CHECK(dense.activation() == pss::ActivationFunction::relu);
+        CHECK(dense.kernel_initializer()->class_name() == "HeNormal");
+        REQUIRE(dense.kernel_regularizer().has_value());
+        CHECK(dense.kernel_regularizer()->l2() == 1e-4);
+        std::mt19937 rng(6), same(6);
+        dense.build({3}, rng);
+        // he_normal draws the (3, 4) kernel from the model's generator; the constant bias draws nothing.
+        CHECK(D(dense.kernel().read_value()) == D(pss::initializers::HeNormal()({3, 4}, pss::DType::float64, same)));
+        CHECK(rng == same);
+        CHECK(D(dense.bias().read_value()) == xt::xarray<double>{0.5, 0.5, 0.5, 0.5});
+        CHECK(dense.get_config() ==
+              nlohmann::json::parse(R"({"name": "dense", "units": 4, "activation": "relu", "use_bias": true,
+                  "kernel_initializer": {"class_name": "HeNormal", "config": {"seed": null}},
+                  "bias_initializer": {"class_name": "Constant", "config": {"value": 0.5}},
+                  "kernel_regularizer": {"class_name": "L2", "config": {"l2": 0.0001}},
+                  "dtype": "float64", "batch_input_shape": [null, 3]})"));
+        CHECK(dense.regularization_loss() == 0);  // no forward yet: no kernel pulled
+        const xt::xarray<double> x = {{1, -2, 0.5}, {0.25, 1, -1}};
+        const auto rebuilt = check_rebuilt_layer(dense, x, xt::ones<double>({2, 4}));
+        const xt::xarray<double> k = D(dense.kernel().read_value());
+        double squares = 0;
+        for (const double v : k) squares += v * v;
+        CHECK(dense.regularization_loss() == 1e-4 * squares);
+        CHECK(rebuilt->regularization_loss() == dense.regularization_loss());
+        // The defaults, as Keras writes them.
+        CHECK(pss::Dense(2).get_config() ==
+              nlohmann::json::parse(R"({"name": "", "units": 2, "activation": "linear", "use_bias": true,
+                  "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": null}},
+                  "bias_initializer": {"class_name": "Zeros", "config": {}}, "kernel_regularizer": null,
+                  "dtype": "float32"})"));
+        CHECK(pss::L2().get_config() == nlohmann::json{{"l2", 0.01}});
+        CHECK_THROWS_WITH_AS((void)pss::L2(-1), "pss: L2: l2 is -1.0; it is a finite number >= 0 (Keras' default 0.01)",
+                             pss::InvalidArgumentError);
+        // A worker rejects a regularizer other than L2, or a bad factor, naming the field.
+        nlohmann::json config = pss::serialize(dense);
+        config["config"]["kernel_regularizer"] = {{"class_name", "L1"}, {"config", {{"l1", 0.01}}}};
+        check_bad_layer_config(config.dump(), R"(pss: Dense "kernel_regularizer" {"class_name":"L1","config":{"l1":0.01}}: )"
+                                              R"("class_name" is "L1"; the regularizer is "L2" (or null for none))");
+        config["config"]["kernel_regularizer"] = {{"class_name", "L2"}, {"config", {{"l2", -1}}}};
+        check_bad_layer_config(config.dump(), R"(pss: Dense "kernel_regularizer" L2 config {"l2":-1}: l2 is -1.0; it is a )"
+                                              R"(finite number >= 0 (Keras' default 0.01))");
+        config["config"]["kernel_regularizer"] = nullptr;
+        config["config"]["kernel_initializer"] = {{"class_name", "Xavier"}, {"config", nlohmann::json::object()}};
+        check_bad_layer_config(config.dump(), R"(pss: Dense "kernel_initializer" {"class_name":"Xavier","config":{}}: )"
+                                              R"("class_name" is "Xavier"; the initializers are "GlorotUniform", )"
+                                              R"("GlorotNormal", "HeNormal", "HeUniform", "Zeros", "Ones", "Constant", )"
+                                              R"("RandomNormal", "RandomUniform", "TruncatedNormal" and "VarianceScaling")");
+    }
+
+    TEST_CASE("L2: Dense's kernel gradient with L2(0.5) is the data gradient plus 2 * 0.5 * kernel: central differences "
+              "of sum(r * outputs) + regularization_loss() (1e-8 relative)") {
+        pss::Dense dense(3, {.activation = "tanh", .kernel_regularizer = pss::L2(0.5), .dtype = pss::DType::float64});
+        std::mt19937 rng(0);
+        dense.build({4}, rng);
+        xt::xarray<double> w = {{0.5, -0.3, 0.2}, {0.1, 0.4, -0.6}, {-0.2, 0.3, 0.7}, {0.6, -0.1, 0.25}};
+        xt::xarray<double> b = {0.1, -0.2, 0.05};
+        xt::xarray<double> x = {{1.0, -0.5, 0.3, 0.8}, {-0.7, 0.2, 0.9, -0.4}};
+        const xt::xarray<double> r = {{0.3, -1.2, 0.7}, {1.1, 0.4, -0.5}};
+        auto f = [&] {
+            dense.set_weights({w, b});
+            const double data = weighted_sum(r, dense.forward(x));
+            return data + dense.regularization_loss();
+        };
+        f();
+        double squares = 0;
+        for (const double v : w) squares += v * v;
+        CHECK(dense.regularization_loss() == 0.5 * squares);
+        const pss::LayerGradients grads = dense.backward(r);
+        for (std::size_t i = 0; i < w.size(); ++i)
+            check_close(D(grads.variables[0].values).data()[i], central_difference(w.data()[i], f), "kernel " + std::to_string(i));
+        for (std::size_t i = 0; i < b.size(); ++i)
+            check_close(D(grads.variables[1].values).data()[i], central_difference(b.data()[i], f), "bias " + std::to_string(i));
+        for (std::size_t i = 0; i < x.size(); ++i)
+            check_close(D(grads.inputs).data()[i], central_difference(x.data()[i], f), "input " + std::to_string(i));
+    }
+
+    TEST_CASE("L2: fit's loss is the data loss + l2 * kernel^2 and one SGD step moves the kernel by lr * (data gradient + "
+              "2 * l2 * kernel), exactly: asynchronous, and on 2 synchronous workers (also with an empty slice); "
+              "evaluate's loss adds the penalty") {
+        using SyncTwoWorkers = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                                            pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
+        // Kernel 2, bias 1, l2 = lr = 0.125 on x = 1..n, y = 2x: every error is 1 and every number below is a
+        // short binary fraction, exact in float32 and double whatever the order of the sums.
+        const double k0 = 2, b0 = 1, l2 = 0.125, lr = 0.125;
+        auto run = [&](auto& strategy, std::size_t n) {
+            CAPTURE(n);
+            xt::xarray<float> x = xt::xarray<float>::from_shape({n, std::size_t{1}});
+            xt::xarray<float> y = xt::xarray<float>::from_shape({n, std::size_t{1}});
+            double loss = 0, gk = 0, gb = 0;  // the data's mse and its gradient, by hand
+            for (std::size_t i = 0; i < n; ++i) {
+                const double xi = static_cast<double>(i + 1);
+                x(i, 0) = static_cast<float>(xi);
+                y(i, 0) = static_cast<float>(2 * xi);
+                const double e = k0 * xi + b0 - 2 * xi;
+                loss += e * e / static_cast<double>(n);
+                gk += 2 * e * xi / static_cast<double>(n);
+                gb += 2 * e / static_cast<double>(n);
+            }
+            pss::Sequential model(strategy, {pss::Dense(1, {.kernel_regularizer = pss::L2(l2)})});
+            model.build({1});
+            model.set_weights({column_f({static_cast<float>(k0)}), xt::xarray<float>{static_cast<float>(b0)}});
+            model.compile("mse");
+            const auto history = model.fit(x, y, {.batch_size = n, .epochs = 1, .verbose = 0, .shuffle = false});
+            CHECK(history.loss == std::vector<double>{loss + l2 * k0 * k0});
+            const auto w = model.get_weights();
+            const double k = w[0].template get<float>()(0, 0);
+            CHECK(k == k0 - lr * (gk + 2 * l2 * k0));
+            CHECK(w[1].template get<float>()(0) == b0 - lr * gb);  // the bias is not regularized
+            // evaluate in batches of 1: the mean of each batch's loss + penalty, so predict's mse + l2 k^2.
+            const xt::xarray<float> p = model.predict(x);
+            double data = 0;
+            for (std::size_t i = 0; i < n; ++i)
+                data += (p(i, 0) - y(i, 0)) * (p(i, 0) - y(i, 0)) / static_cast<double>(n);
+            CHECK(model.evaluate(x, y, pss::EvaluateOptions{.batch_size = 1}).at("loss") == data + l2 * k * k);
+            CHECK(data + l2 * k * k != data);
+        };
+        SUBCASE("asynchronous: one closure of 4 examples") {
+            pss::ParameterServerStrategy<> strategy(pss::LocalClusterResolver<2, 2>{}, pss::NoPartitioner{}, pss::SGD(lr));
+            run(strategy, 4);  // loss 1.5, kernel 2 - 0.125 * (5 + 0.5) = 1.3125
+        }
+        SUBCASE("synchronous: each worker pushes its slice's gradient and the whole penalty's; the ps averages") {
+            SyncTwoWorkers strategy(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(1), pss::SGD(lr));
+            run(strategy, 4);  // slices of 2 and 2
+            run(strategy, 1);  // slices of 1 and 0: the empty slice pushes the penalty's gradient too
+        }
+    }
+
+    TEST_CASE("Embedding: embeddings_initializer by name (zeros) or as an object (a seeded RandomNormal); its config "
+              "carries it; Embedding(5, 4, float64) still takes a dtype") {
+        std::mt19937 rng(0);
+        pss::Embedding zeros(5, 4, {.embeddings_initializer = "zeros"});
+        zeros.build({3}, rng);
+        CHECK(zeros.embeddings().read<float>() == xt::xarray<float>(xt::zeros<float>({5, 4})));
+        pss::Embedding seeded(5, 4, {.embeddings_initializer = pss::initializers::RandomNormal(0, 1, 3),
+                                     .dtype = pss::DType::float64});
+        seeded.build({3}, rng);
+        std::mt19937 other(99);
+        CHECK(D(seeded.embeddings().read_value()) ==
+              D(pss::initializers::RandomNormal(0, 1, 3)({5, 4}, pss::DType::float64, other)));
+        CHECK(pss::serialize(seeded)["config"]["embeddings_initializer"] ==
+              nlohmann::json::parse(R"({"class_name": "RandomNormal", "config": {"mean": 0.0, "stddev": 1.0, "seed": 3}})"));
+        const xt::xarray<double> ids = {{0, 4, 2}, {1, 1, 3}};
+        (void)check_rebuilt_layer(seeded, ids, xt::ones<double>({2, 3, 4}));
+        CHECK(pss::Embedding(5, 4, pss::DType::float64).dtype() == pss::DType::float64);
+    }
+
+    TEST_CASE("Activation: each function's outputs and input gradients are Dense's with an identity kernel and a zero "
+              "bias, bit for bit; softmax over the last axis of (2, 2, 3); Keras' config; in a model, Dense(3) then "
+              "Activation(\"softmax\") predicts as Dense(3, \"softmax\")") {
+        const xt::xarray<double> z = {{0.5, -1.5, 2.0}, {-0.25, 0.75, 1.0}};
+        const xt::xarray<double> g = {{1.0, -2.0, 0.5}, {0.25, 3.0, -1.0}};
+        for (const auto& entry : pss::detail::activation_names) {
+            const pss::ActivationFunction function = entry.first;
+            const std::string_view name = entry.second;
+            CAPTURE(name);
+            std::mt19937 rng(0);
+            pss::Activation layer(name);
+            CHECK(layer.activation() == function);
+            CHECK(layer.build({3}, rng) == pss::Shape{3});
+            CHECK(layer.name() == "activation");
+            CHECK(layer.weights().empty());
+            pss::Dense dense(3, function, true, pss::DType::float64);
+            dense.build({3}, rng);
+            dense.set_weights({xt::xarray<double>(xt::eye<double>(3)), xt::xarray<double>(xt::zeros<double>({3}))});
+            CHECK(D(layer.forward(z)) == D(dense.forward(z)));
+            CHECK(D(layer.backward(g).inputs) == D(dense.backward(g).inputs));
+            CHECK(layer.forward(xt::xarray<float>(xt::cast<float>(z))).dtype() == pss::DType::float32);
+        }
+        pss::Activation softmax("softmax");
+        std::mt19937 rng(0);
+        softmax.build({2, 3}, rng);
+        const xt::xarray<double> x = {{{1, 2, 3}, {-1, 0, 4}}, {{0.5, 0.5, 0.5}, {10, -10, 0}}};
+        const xt::xarray<double> y = D(softmax.forward(x));
+        for (std::size_t i = 0; i < 2; ++i)
+            for (std::size_t j = 0; j < 2; ++j) {
+                double top = x(i, j, 0), sum = 0;
+                for (std::size_t k = 1; k < 3; ++k) top = std::max(top, x(i, j, k));
+                for (std::size_t k = 0; k < 3; ++k) sum += std::exp(x(i, j, k) - top);
+                for (std::size_t k = 0; k < 3; ++k) CHECK(y(i, j, k) == doctest::Approx(std::exp(x(i, j, k) - top) / sum).epsilon(1e-15));
+            }
+        CHECK(pss::serialize(softmax) ==
+              nlohmann::json::parse(R"({"class_name": "Activation", "config": {"name": "activation", "activation": "softmax",
+                                        "batch_input_shape": [null, 2, 3]}})"));
+        const xt::xarray<double> r = {{{1, -2, 0.5}, {0.25, 3, -1}}, {{2, 0, -1}, {1, 1, 1}}};
+        (void)check_rebuilt_layer(softmax, x, r);
+        (void)softmax.forward(x);
+        const xt::xarray<double> gradient = D(softmax.backward(r).inputs);
+        xt::xarray<double> xs = x;
+        for (std::size_t i = 0; i < x.size(); ++i)
+            check_close(gradient.data()[i],
+                        central_difference(xs.data()[i], [&] { return weighted_sum(r, softmax.forward(xs)); }),
+                        "input " + std::to_string(i));
+        CHECK_THROWS_WITH_AS(pss::Activation("gelu"),
+                             "pss: activation \"gelu\" is not known; use \"linear\", \"relu\", \"sigmoid\", \"tanh\" or "
+                             "\"softmax\"",
+                             pss::InvalidArgumentError);
+
+        pss::ParameterServerStrategy<> strategy;
+        pss::Sequential two(strategy, {pss::Dense(3), pss::Activation("softmax")}, 5);
+        pss::Sequential one(strategy, {pss::Dense(3, "softmax")}, 5);
+        two.build({2});
+        one.build({2});
+        const xt::xarray<float> inputs = {{1, 2}, {-1, 0.5f}, {0, 0}};
+        CHECK(two.predict(inputs) == one.predict(inputs));
+    }
+
+    TEST_CASE("LayerNormalization: the row [1, 2, 3, 6] (mean 3, biased variance 3.5) with gamma [1, 2, 0.5, -1] and "
+              "beta [0.1, 0, 0, 0.2] gives gamma * (x - 3) / sqrt(3.5 + 0.001) + beta; Keras' example [[0, 10], "
+              "[20, 30], [40, 50]] gives -+5 / sqrt(25.001); gamma ones, beta zeros") {
+        std::mt19937 rng(0);
+        const std::mt19937 before = rng;
+        pss::LayerNormalization norm({.dtype = pss::DType::float64});
+        CHECK(norm.build({4}, rng) == pss::Shape{4});
+        CHECK(rng == before);  // ones and zeros draw nothing
+        CHECK(norm.name() == "layer_normalization");
+        REQUIRE(norm.weights().size() == 2);
+        CHECK(norm.gamma().name() == "layer_normalization/gamma:0");
+        CHECK(norm.beta().name() == "layer_normalization/beta:0");
+        CHECK(D(norm.gamma().read_value()) == xt::xarray<double>{1, 1, 1, 1});
+        CHECK(D(norm.beta().read_value()) == xt::xarray<double>{0, 0, 0, 0});
+        norm.set_weights({xt::xarray<double>{1, 2, 0.5, -1}, xt::xarray<double>{0.1, 0, 0, 0.2}});
+        const xt::xarray<double> y = D(norm.forward(xt::xarray<double>{{1, 2, 3, 6}}));
+        const double inverse = 1 / std::sqrt(3.5 + 0.001);
+        const std::vector<double> expected = {1 * -2 * inverse + 0.1, 2 * -1 * inverse, 0.5 * 0 * inverse,
+                                              -1 * 3 * inverse + 0.2};
+        for (std::size_t j = 0; j < 4; ++j) CHECK(y(0, j) == doctest::Approx(expected[j]).epsilon(1e-15));
+
+        pss::LayerNormalization keras({.axis = 1});  // Keras' docstring: axis 1 of (batch, 2) is the last
+        keras.build({2}, rng);
+        const pss::Tensor k = keras.forward(xt::xarray<float>{{0, 10}, {20, 30}, {40, 50}});
+        CHECK(k.dtype() == pss::DType::float32);
+        for (std::size_t r = 0; r < 3; ++r) {
+            CHECK(D(k)(r, 0) == doctest::Approx(-5 / std::sqrt(25.001)).epsilon(1e-6));
+            CHECK(D(k)(r, 1) == doctest::Approx(5 / std::sqrt(25.001)).epsilon(1e-6));
+        }
+
+        pss::LayerNormalization plain({.center = false, .scale = false, .dtype = pss::DType::float64});
+        plain.build({3}, rng);
+        CHECK(plain.weights().empty());
+        const xt::xarray<double> p = D(plain.forward(xt::xarray<double>{{1, 2, 3}}));
+        CHECK(p(0, 0) == doctest::Approx(-1 / std::sqrt(2.0 / 3 + 0.001)).epsilon(1e-15));
+        CHECK(p(0, 1) == 0);
+        CHECK(plain.backward(xt::xarray<double>{{1, 0, 0}}).variables.empty());
+        pss::LayerNormalization scale_only({.center = false});
+        scale_only.build({3}, rng);
+        REQUIRE(scale_only.weights().size() == 1);
+        CHECK(scale_only.weights()[0].name() == "layer_normalization/gamma:0");
+
+        pss::LayerNormalization wrong({.axis = 1});
+        CHECK_THROWS_WITH_AS(wrong.build({3, 4}, rng),
+                             "pss: LayerNormalization 'layer_normalization': axis is 1 for input shape (3, 4) (batch axis "
+                             "excluded); only the last axis is supported: -1 or 2 (counting the batch axis)",
+                             pss::InvalidArgumentError);
+        CHECK_FALSE(wrong.built());
+        CHECK_THROWS_WITH_AS(pss::LayerNormalization({.epsilon = 0}),
+                             "pss: LayerNormalization: epsilon is 0.0; it is a finite number > 0 (Keras' default 0.001)",
+                             pss::InvalidArgumentError);
+    }
+
+    TEST_CASE("LayerNormalization: input, gamma and beta gradients match central differences (float64, 1e-8 relative) "
+              "for inputs (2, 4) and (2, 2, 3); float32 agrees with float64 to 1e-5 relative") {
+        auto check = [](const pss::Shape& input_shape, xt::xarray<double> x, xt::xarray<double> gamma,
+                        xt::xarray<double> beta, const xt::xarray<double>& r) {
+            pss::LayerNormalization norm({.epsilon = 0.01, .dtype = pss::DType::float64});
+            std::mt19937 rng(0);
+            norm.build(input_shape, rng);
+            auto f = [&] {
+                norm.set_weights({gamma, beta});
+                return weighted_sum(r, norm.forward(x));
+            };
+            f();
+            const pss::LayerGradients grads = norm.backward(r);
+            REQUIRE(grads.variables.size() == 2);
+            CHECK(grads.variables[0].variable.name() == norm.gamma().name());
+            for (std::size_t i = 0; i < gamma.size(); ++i)
+                check_close(D(grads.variables[0].values).data()[i], central_difference(gamma.data()[i], f), "gamma " + std::to_string(i));
+            for (std::size_t i = 0; i < beta.size(); ++i)
+                check_close(D(grads.variables[1].values).data()[i], central_difference(beta.data()[i], f), "beta " + std::to_string(i));
+            for (std::size_t i = 0; i < x.size(); ++i)
+                check_close(D(grads.inputs).data()[i], central_difference(x.data()[i], f), "input " + std::to_string(i));
+            // A float32 twin computes in float32, within 1e-5 of float64.
+            pss::LayerNormalization n32({.epsilon = 0.01});
+            n32.build(input_shape, rng);
+            n32.set_weights({gamma, beta});
+            const pss::Tensor y32 = n32.forward(xt::xarray<float>(xt::cast<float>(x)));
+            CHECK(y32.dtype() == pss::DType::float32);
+            const pss::LayerGradients g32 = n32.backward(xt::xarray<float>(xt::cast<float>(r)));
+            const xt::xarray<double> y64 = D(norm.forward(x));
+            const pss::LayerGradients g64 = norm.backward(r);
+            for (std::size_t i = 0; i < y64.size(); ++i) {
+                CHECK(std::abs(D(y32).data()[i] - y64.data()[i]) <= 1e-5 * std::max(1.0, std::abs(y64.data()[i])));
+                CHECK(std::abs(D(g32.inputs).data()[i] - D(g64.inputs).data()[i]) <=
+                      1e-5 * std::max(1.0, std::abs(D(g64.inputs).data()[i])));
+            }
+        };
+        SUBCASE("(2, 4)") {
+            check({4}, {{1.0, -0.5, 0.3, 0.8}, {-0.7, 0.2, 0.9, -0.4}}, {1.5, -0.5, 2, 0.25}, {0.1, -0.2, 0.3, 0},
+                  {{0.3, -1.2, 0.7, 0.2}, {1.1, 0.4, -0.5, -0.9}});
+        }
+        SUBCASE("(2, 2, 3)") {
+            check({2, 3}, {{{1, 2, 4}, {-1, 0.5, 0}}, {{0.2, 0.1, -0.3}, {3, -2, 1}}}, {0.5, 1.5, -1}, {0, 0.25, -0.5},
+                  {{{1, -2, 0.5}, {0.25, 3, -1}}, {{2, 0, -1}, {1, 1, 1}}});
+        }
+    }
+
+    TEST_CASE("serialize: LayerNormalization(epsilon 1e-5, center false) for (2, 3) is {\"class_name\": "
+              "\"LayerNormalization\", \"config\": {\"axis\": -1, ...}}; rebuilt, bound, it computes the same; bad "
+              "fields throw naming them") {
+        pss::LayerNormalization norm({.epsilon = 1e-5, .center = false});
+        std::mt19937 rng(0);
+        norm.build({2, 3}, rng);
+        norm.set_weights({xt::xarray<float>{0.5f, 2, -1}});
+        CHECK(pss::serialize(norm) ==
+              nlohmann::json::parse(R"({"class_name": "LayerNormalization", "config": {"name": "layer_normalization",
+                  "axis": -1, "epsilon": 1e-05, "center": false, "scale": true, "dtype": "float32",
+                  "batch_input_shape": [null, 2, 3]}})"));
+        const xt::xarray<double> x = {{{1, 2, 4}, {-1, 0.5, 0}}, {{0.2, 0.1, -0.3}, {3, -2, 1}}};
+        (void)check_rebuilt_layer(norm, x, xt::ones<double>({2, 2, 3}));
+        const std::string fields = R"("batch_input_shape":[null,3],"center":true,"dtype":"float32",)";
+        check_bad_layer_config(
+            R"({"class_name":"LayerNormalization","config":{"axis":"x",)" + fields + R"("epsilon":0.001,"name":"n","scale":true}})",
+            R"(pss: LayerNormalization config {"axis":"x",)" + fields + R"("epsilon":0.001,"name":"n","scale":true}: )"
+            R"("axis" is "x"; it is -1 or the index of the last axis (counting the batch axis), a whole number up to 32)");
+        check_bad_layer_config(
+            R"({"class_name":"LayerNormalization","config":{"axis":-1,)" + fields + R"("epsilon":0,"name":"n","scale":true}})",
+            R"(pss: LayerNormalization config {"axis":-1,)" + fields + R"("epsilon":0,"name":"n","scale":true}: )"
+            R"(epsilon is 0.0; it is a finite number > 0 (Keras' default 0.001))");
+        // An axis other than the last parses, and bind rejects it for the input shape.
+        auto parsed = pss::detail::parse_layer_config(nlohmann::json::parse(
+            R"({"class_name":"LayerNormalization","config":{"axis":1,)" + fields + R"("epsilon":0.001,"name":"n","scale":true}})"));
+        CHECK_THROWS_AS((void)parsed.layer->bind({3, 2}, {}), pss::InvalidArgumentError);
     }
 }
 
@@ -1340,7 +1938,8 @@ TEST_SUITE("keras/config") {
             dense.build({3}, rng);
         }
         CHECK(pss::serialize(dense).dump() ==
-              R"({"class_name":"Dense","config":{"activation":"relu","batch_input_shape":[null,3],"dtype":"float64","name":"dense_1","units":4,"use_bias":false}})");
+              R"({"class_name":"Dense","config":{"activation":"relu","batch_input_shape":[null,3],"bias_initializer":{"class_name":"Zeros","config":{}},"dtype":"float64",)"
+              R"("kernel_initializer":{"class_name":"GlorotUniform","config":{"seed":null}},"kernel_regularizer":null,"name":"dense_1","units":4,"use_bias":false}})");
         dense.set_weights({xt::xarray<double>{{1, -2, 0.5, 0}, {0.25, 1, -1, 2}, {-0.5, 0.5, 3, 1}}});
         const xt::xarray<double> x = {{1, 2, -1}, {0.5, -1, 2}};
         const auto rebuilt = check_rebuilt_layer(dense, x, xt::xarray<double>{{1, 2, 3, 4}, {-1, 0.5, 2, 1}});
@@ -1357,6 +1956,9 @@ TEST_SUITE("keras/config") {
             dense.build({2, 2}, rng);
         }
         CHECK(dense.get_config() == json{{"name", "dense"}, {"units", 3}, {"activation", "sigmoid"}, {"use_bias", true},
+                                         {"kernel_initializer", {{"class_name", "GlorotUniform"}, {"config", {{"seed", nullptr}}}}},
+                                         {"bias_initializer", {{"class_name", "Zeros"}, {"config", json::object()}}},
+                                         {"kernel_regularizer", nullptr},
                                          {"dtype", "float32"}, {"batch_input_shape", {nullptr, 2, 2}}});
         CHECK(dense.kernel().num_shards() == 2);
         const xt::xarray<double> x = {{{1, 2}, {-1, 0.5}}, {{0, 1}, {2, -2}}};
@@ -1376,7 +1978,9 @@ TEST_SUITE("keras/config") {
         }
         CHECK(embedding.embeddings().num_shards() == 2);
         CHECK(pss::serialize(embedding).dump() ==
-              R"({"class_name":"Embedding","config":{"batch_input_shape":[null,3],"dtype":"float32","input_dim":5,"name":"embedding","output_dim":4}})");
+              R"({"class_name":"Embedding","config":{"batch_input_shape":[null,3],"dtype":"float32",)"
+              R"("embeddings_initializer":{"class_name":"RandomUniform","config":{"maxval":0.05,"minval":-0.05,"seed":null}},)"
+              R"("input_dim":5,"name":"embedding","output_dim":4}})");
         const xt::xarray<double> ids = {{0, 4, 2}, {1, 1, 3}};
         xt::xarray<double> grad_out = xt::xarray<double>::from_shape({2, 3, 4});
         for (std::size_t i = 0; i < grad_out.size(); ++i) grad_out.data()[i] = static_cast<double>(i) - 7.5;
@@ -1450,11 +2054,11 @@ TEST_SUITE("keras/config") {
     }
 
     TEST_CASE("activation_name and activation_from_name read one table: each name round-trips; \"\" is linear") {
-        for (pss::Activation a : {pss::Activation::linear, pss::Activation::relu, pss::Activation::sigmoid,
-                                  pss::Activation::tanh, pss::Activation::softmax})
+        for (pss::ActivationFunction a : {pss::ActivationFunction::linear, pss::ActivationFunction::relu, pss::ActivationFunction::sigmoid,
+                                  pss::ActivationFunction::tanh, pss::ActivationFunction::softmax})
             CHECK(pss::activation_from_name(pss::activation_name(a)) == a);
-        CHECK(pss::activation_from_name("") == pss::Activation::linear);
-        CHECK(pss::activation_name(pss::Activation::tanh) == "tanh");
+        CHECK(pss::activation_from_name("") == pss::ActivationFunction::linear);
+        CHECK(pss::activation_name(pss::ActivationFunction::tanh) == "tanh");
     }
 
     TEST_CASE("Layer::bind: Dense(4) for (3) rejects 1 variable, a (2, 4) kernel, a float64 bias, an empty handle and input shape (0); naming each") {
@@ -1522,8 +2126,8 @@ TEST_SUITE("keras/config") {
                                R"(pss: layer {"config":{}}: the field "class_name" is missing; it has class_name and config)");
         check_bad_layer_config(R"({"class_name": "Conv2D", "config": {}})",
                                R"(pss: layer {"class_name":"Conv2D","config":{}}: "class_name" is "Conv2D"; the layers a )"
-                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", "Concatenate" )"
-                               R"(and "Add")");
+                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", )"
+                               R"("Activation", "LayerNormalization", "Concatenate" and "Add")");
         check_bad_layer_config(R"({"class_name": 7, "config": {}})",
                                R"(pss: layer {"class_name":7,"config":{}}: "class_name" is 7, not a string)");
         check_bad_layer_config(R"({"class_name": "Flatten", "config": {}, "x": 1})",
@@ -1531,7 +2135,8 @@ TEST_SUITE("keras/config") {
                                R"(has class_name and config)");
         check_bad_layer_config(R"({"class_name": "Dense", "config": [1]})",
                                R"(pss: Dense config [1]: it is array, not an object with name, units, activation, )"
-                               R"(use_bias, dtype and batch_input_shape)");
+                               R"(use_bias, kernel_initializer, bias_initializer, kernel_regularizer, dtype and )"
+                               R"(batch_input_shape)");
         // Keys print sorted: "activation", "batch_input_shape", "dtype", "name", "units", "use_bias".
         const std::string before = R"({"activation":"relu","batch_input_shape":[null,3],"dtype":"float32","name":"d")";
         auto dense = [&](const std::string& units, const std::string& more = "") {
@@ -1540,17 +2145,26 @@ TEST_SUITE("keras/config") {
         auto message = [&](const std::string& units, const std::string& problem, const std::string& more = "") {
             return "pss: Dense config " + before + units + R"(,"use_bias":true)" + more + "}: " + problem;
         };
+        // "units" is read first: these configs need not have the fields read after it.
         check_bad_layer_config(dense(""), message("", "the field \"units\" is missing; it has name, units, activation, "
-                                                      "use_bias, dtype and batch_input_shape"));
+                                                      "use_bias, kernel_initializer, bias_initializer, kernel_regularizer, "
+                                                      "dtype and batch_input_shape"));
         check_bad_layer_config(dense(R"(,"units":"four")"), message(R"(,"units":"four")", R"("units" is "four", not a whole number)"));
         check_bad_layer_config(dense(R"(,"units":0)"), message(R"(,"units":0)", R"("units" is 0; it is at least 1)"));
         check_bad_layer_config(dense(R"(,"units":-3)"), message(R"(,"units":-3)", R"("units" is -3; it is at least 1)"));
         check_bad_layer_config(dense(R"(,"units":1.5)"), message(R"(,"units":1.5)", R"("units" is 1.5, not a whole number)"));
         check_bad_layer_config(dense(R"(,"units":281474976710657)"),
                                message(R"(,"units":281474976710657)", R"("units" is 281474976710657, more than 2^48)"));
-        check_bad_layer_config(dense(R"(,"seed":4,"units":1)"),
-                               message(R"(,"seed":4,"units":1)", R"(the field "seed" is not known; it has name, units, )"
-                                                                 R"(activation, use_bias, dtype and batch_input_shape)"));
+        // A complete config with one field too many (longer than the 200 bytes a message shows).
+        const std::string complete =
+            R"({"activation":"relu","batch_input_shape":[null,3],"bias_initializer":{"class_name":"Zeros","config":{}},)"
+            R"("dtype":"float32","kernel_initializer":{"class_name":"GlorotUniform","config":{"seed":null}},)"
+            R"("kernel_regularizer":null,"name":"d","seed":4,"units":1,"use_bias":true})";
+        check_bad_layer_config(R"({"class_name":"Dense","config":)" + complete + "}",
+                               "pss: Dense config " + pss::detail::json_text(json::parse(complete)) +
+                                   R"(: the field "seed" is not known; it has name, units, activation, use_bias, )"
+                                   R"(kernel_initializer, bias_initializer, kernel_regularizer, dtype and batch_input_shape)");
+        CHECK(pss::detail::json_text(json::parse(complete)).find("the first 200 shown") != std::string::npos);
         check_bad_layer_config(R"({"class_name":"Dense","config":{"activation":"gelu","batch_input_shape":[null,3],"dtype":"float32","name":"d","units":1,"use_bias":true}})",
                                R"(pss: Dense config {"activation":"gelu","batch_input_shape":[null,3],"dtype":"float32","name":"d","units":1,"use_bias":true}: )"
                                R"("activation" is "gelu"; it is "linear", "relu", "sigmoid", "tanh" or "softmax")");
@@ -1567,20 +2181,30 @@ TEST_SUITE("keras/config") {
                                R"(pss: Flatten config {"name":")" + std::string(191, 'A') +
                                    R"(... (1011 bytes, the first 200 shown): the field "batch_input_shape" is missing; it has name and batch_input_shape)");
         // Each of these is rejected too (the cases above pin the wording).
-        const std::string tail = R"("name":"d","activation":"relu","use_bias":true,"dtype":"float32","batch_input_shape":[null,3]})";
+        const std::string inits = R"("kernel_initializer":{"class_name":"GlorotUniform","config":{"seed":null}},)"
+                                  R"("bias_initializer":{"class_name":"Zeros","config":{}},"kernel_regularizer":null,)";
+        const std::string tail = R"("name":"d","activation":"relu","use_bias":true,)" + inits +
+                                 R"("dtype":"float32","batch_input_shape":[null,3]})";
+        const std::string table = R"("embeddings_initializer":{"class_name":"RandomUniform","config":{"maxval":0.05,"minval":-0.05,"seed":null}},)";
         for (const std::string& text : std::vector<std::string>{
                  R"(null)", R"(3)", R"("Dense")", R"({})", R"({"class_name":"Dense"})",
                  R"({"class_name":"Dense","config":{"units":true,)" + tail + "}",
                  R"({"class_name":"Dense","config":{"units":1e300,)" + tail + "}",
                  R"({"class_name":"Dense","config":{"units":18446744073709551615,)" + tail + "}",
-                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":1,"dtype":"float32","batch_input_shape":[null,3]}})",
-                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,"dtype":"int32","batch_input_shape":[null,3]}})",
-                 R"j({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,"dtype":"float32","batch_input_shape":"(3)"}})j",
-                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,"dtype":"float32","batch_input_shape":[]}})",
+                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":1,)" + inits + R"("dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,)" + inits + R"("dtype":"int32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,)" + inits + R"j("dtype":"float32","batch_input_shape":"(3)"}})j",
+                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,)" + inits + R"("dtype":"float32","batch_input_shape":[]}})",
                  R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":null,"use_bias":true,"dtype":"float32","batch_input_shape":[null,3]}})",
-                 R"({"class_name":"Dense","config":{"units":1,"name":5,"activation":"relu","use_bias":true,"dtype":"float32","batch_input_shape":[null,3]}})",
-                 R"({"class_name":"Embedding","config":{"name":"e","input_dim":0,"output_dim":4,"dtype":"float32","batch_input_shape":[null,3]}})",
-                 R"({"class_name":"Embedding","config":{"name":"e","input_dim":5,"dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Dense","config":{"units":1,"name":5,"activation":"relu","use_bias":true,)" + inits + R"("dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,"kernel_initializer":"glorot_uniform","bias_initializer":{"class_name":"Zeros","config":{}},"kernel_regularizer":null,"dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Dense","config":{"units":1,"name":"d","activation":"relu","use_bias":true,"kernel_initializer":{"class_name":"GlorotUniform","config":{"seed":null}},"bias_initializer":{"class_name":"Zeros","config":{}},"kernel_regularizer":{"class_name":"L2","config":{"l2":"0.01"}},"dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Embedding","config":{"name":"e","input_dim":0,"output_dim":4,)" + table + R"("dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Embedding","config":{"name":"e","input_dim":5,)" + table + R"("dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Embedding","config":{"name":"e","input_dim":5,"output_dim":4,"dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"Activation","config":{"name":"a","activation":"gelu","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"LayerNormalization","config":{"name":"n","axis":-2,"epsilon":0.001,"center":true,"scale":true,"dtype":"float32","batch_input_shape":[null,3]}})",
+                 R"({"class_name":"LayerNormalization","config":{"name":"n","axis":-1,"epsilon":0.001,"center":1,"scale":true,"dtype":"float32","batch_input_shape":[null,3]}})",
                  R"({"class_name":"Flatten","config":{"name":"f","batch_input_shape":[null,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}})",
                  R"({"class_name":"Flatten","config":{"name":"f","units":3,"batch_input_shape":[null,2]}})",
                  R"({"class_name":"Flatten","config":{"name":"f","batch_input_shape":[null,-2]}})"}) {
@@ -1591,8 +2215,11 @@ TEST_SUITE("keras/config") {
 
     TEST_CASE("detail::layer_from_config: 20000 mutated JSON texts give a layer (not built) or InvalidArgumentError, nothing else") {
         const std::vector<std::string> valid = {
-            R"({"class_name":"Dense","config":{"activation":"relu","batch_input_shape":[null,3],"dtype":"float32","name":"dense_1","units":4,"use_bias":true}})",
-            R"({"class_name":"Embedding","config":{"batch_input_shape":[null,3,2],"dtype":"float64","input_dim":5,"name":"embedding","output_dim":4}})",
+            R"({"class_name":"Dense","config":{"activation":"relu","batch_input_shape":[null,3],"bias_initializer":{"class_name":"Zeros","config":{}},"dtype":"float32","kernel_initializer":{"class_name":"GlorotUniform","config":{"seed":null}},"kernel_regularizer":{"class_name":"L2","config":{"l2":0.01}},"name":"dense_1","units":4,"use_bias":true}})",
+            R"({"class_name":"Dense","config":{"activation":"linear","batch_input_shape":[null,2],"bias_initializer":{"class_name":"Constant","config":{"value":0.5}},"dtype":"float64","kernel_initializer":{"class_name":"VarianceScaling","config":{"distribution":"uniform","mode":"fan_avg","scale":2.0,"seed":7}},"kernel_regularizer":null,"name":"d","units":2,"use_bias":false}})",
+            R"({"class_name":"Embedding","config":{"batch_input_shape":[null,3,2],"dtype":"float64","embeddings_initializer":{"class_name":"RandomNormal","config":{"mean":0.0,"seed":null,"stddev":0.05}},"input_dim":5,"name":"embedding","output_dim":4}})",
+            R"({"class_name":"Activation","config":{"activation":"tanh","batch_input_shape":[null,3],"name":"activation"}})",
+            R"({"class_name":"LayerNormalization","config":{"axis":-1,"batch_input_shape":[null,3],"center":true,"dtype":"float32","epsilon":0.001,"name":"layer_normalization","scale":false}})",
             R"({"class_name":"GlobalAveragePooling1D","config":{"batch_input_shape":[null,3,2],"name":"global_average_pooling1d"}})",
             R"({"class_name":"Flatten","config":{"batch_input_shape":[null],"name":"f x"}})",
             R"({"class_name":"Dropout","config":{"batch_input_shape":[null,3],"name":"dropout","rate":0.5,"seed":7}})"};
@@ -2020,20 +2647,23 @@ TEST_SUITE("keras/functional") {
         (void)rng;
     }
 
-    TEST_CASE("Model: one SGD step moves every weight by the central difference of evaluate's loss, through fan-out, Add and Concatenate (1e-7)") {
+    TEST_CASE("Model: one SGD step moves every weight by the central difference of evaluate's loss, through fan-out, Add, Concatenate, LayerNormalization, Activation and an L2 penalty (1e-7)") {
         ConfigStrategy strategy(pss::LocalClusterResolver<2, 1>{}, pss::FixedShardsPartitioner(1), pss::SGD(0.5));
         const auto f64 = pss::DType::float64;
         const pss::KerasTensor a = pss::Input({2}), b = pss::Input({2});
-        const pss::KerasTensor h = pss::Dense(3, "tanh", true, f64)(a);  // read by the two below
-        const pss::KerasTensor s = pss::Add()({pss::Dense(2, "linear", true, f64)(h), pss::Dense(2, "sigmoid", true, f64)(h)});
-        const pss::KerasTensor out = pss::Dense(1, "linear", true, f64)(pss::Concatenate()({s, b}));
+        // h is read by the two layers below it: its gradient is the sum of theirs.
+        const pss::KerasTensor h = pss::LayerNormalization({.dtype = f64})(pss::Dense(3, "tanh", true, f64)(a));
+        const pss::KerasTensor s = pss::Add()(
+            {pss::Dense(2, "linear", true, f64)(h), pss::Activation("sigmoid")(pss::Dense(2, "linear", true, f64)(h))});
+        const pss::KerasTensor out =
+            pss::Dense(1, {.kernel_regularizer = pss::L2(0.05), .dtype = f64})(pss::Concatenate()({s, b}));
         pss::Model model(strategy, {a, b}, out, 3);
         model.compile("mse");
         const xt::xarray<float> x_a = rows_f(3, 2, {0.5f, -1, 1.5f, 0.25f, -0.75f, 2});
         const xt::xarray<float> x_b = rows_f(3, 2, {1, 0, -0.5f, 2, 0.25f, -1});
         const xt::xarray<float> y = column_f({1, -2, 0.5f});
         std::vector<pss::Tensor> weights = model.get_weights();
-        REQUIRE(weights.size() == 8);
+        REQUIRE(weights.size() == 10);
         std::vector<std::vector<double>> numeric;
         for (std::size_t v = 0; v < weights.size(); ++v) {
             numeric.emplace_back();

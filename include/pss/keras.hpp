@@ -1,5 +1,5 @@
 // pss/keras.hpp: the whole library with its Keras-style layer (Model, Sequential, Dense, Embedding, the losses,
-// metrics and callbacks)
+// metrics, callbacks and initializers)
 // and the datasets read from files (pss/data.hpp);
 // the root of the second generated single header. Kept apart from pss/pss.hpp because it costs a third
 // of a translation unit's compile time, which a program using only strategies and variables need not pay.
@@ -10,6 +10,7 @@
 #include <pss/data.hpp>
 
 #include <pss/keras/callbacks.hpp>
+#include <pss/keras/initializers.hpp>
 #include <pss/keras/layers.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/keras/metrics.hpp>

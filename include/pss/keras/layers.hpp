@@ -1,4 +1,4 @@
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout, Concatenate, Add) whose weights are pss Variables, the functional API's symbolic tensors (Input), and the layers' Keras configs (JSON).
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout, Activation, LayerNormalization, Concatenate, Add) whose weights are pss Variables, the functional API's symbolic tensors (Input), and the layers' Keras configs (JSON).
 #pragma once
 
 #include <algorithm>
@@ -31,14 +31,16 @@
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
 #include <pss/keras/config.hpp>
+#include <pss/keras/initializers.hpp>
 #include <pss/keras/losses.hpp>
 #include <pss/tensor.hpp>
 #include <pss/variable.hpp>
 
 PSS_NAMESPACE_BEGIN
 
-/// @brief The activation a Dense layer applies to `inputs · kernel + bias` (Keras' `activation=`).
-enum class Activation {
+/// @brief The activation a Dense layer applies to `inputs · kernel + bias` (Keras' `activation=`), and
+/// an Activation layer to its inputs. (Not `Activation`: that is the layer, as Keras' `layers.Activation`.)
+enum class ActivationFunction {
     linear,   ///< y = z (Keras' default, `None`)
     relu,     ///< y = max(z, 0); its derivative at 0 is taken as 0, as TensorFlow does
     sigmoid,  ///< y = 1 / (1 + exp(-z))
@@ -48,16 +50,16 @@ enum class Activation {
 
 namespace detail {
 /// Every activation with Keras' name for it: the one list that both directions read.
-inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activation_names{{
-    {Activation::linear, "linear"},
-    {Activation::relu, "relu"},
-    {Activation::sigmoid, "sigmoid"},
-    {Activation::tanh, "tanh"},
-    {Activation::softmax, "softmax"},
+inline constexpr std::array<std::pair<ActivationFunction, std::string_view>, 5> activation_names{{
+    {ActivationFunction::linear, "linear"},
+    {ActivationFunction::relu, "relu"},
+    {ActivationFunction::sigmoid, "sigmoid"},
+    {ActivationFunction::tanh, "tanh"},
+    {ActivationFunction::softmax, "softmax"},
 }};
 
 /// The activation named `name`, if one is.
-[[nodiscard]] constexpr std::optional<Activation> find_activation(std::string_view name) noexcept {
+[[nodiscard]] constexpr std::optional<ActivationFunction> find_activation(std::string_view name) noexcept {
     for (const auto& [activation, known] : activation_names)
         if (name == known) return activation;
     return std::nullopt;
@@ -74,7 +76,7 @@ inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activati
 }  // namespace detail
 
 /// @brief Keras' name of an activation: "linear", "relu", "sigmoid", "tanh", "softmax".
-[[nodiscard]] constexpr std::string_view activation_name(Activation activation) noexcept {
+[[nodiscard]] constexpr std::string_view activation_name(ActivationFunction activation) noexcept {
     for (const auto& [a, name] : detail::activation_names)
         if (a == activation) return name;
     return "linear";
@@ -83,20 +85,14 @@ inline constexpr std::array<std::pair<Activation, std::string_view>, 5> activati
 /// @brief The activation named `name` (Keras' names; "" means linear, as Keras' `None`).
 /// @throws InvalidArgumentError `pss: activation "gelu" is not known; use "linear", "relu", "sigmoid",
 /// "tanh" or "softmax"`
-[[nodiscard]] inline Activation activation_from_name(std::string_view name) {
-    if (name.empty()) return Activation::linear;
+[[nodiscard]] inline ActivationFunction activation_from_name(std::string_view name) {
+    if (name.empty()) return ActivationFunction::linear;
     if (const auto a = detail::find_activation(name)) return *a;
     throw InvalidArgumentError("pss: activation \"" + std::string(name) + "\" is not known; use " +
                                detail::activation_list());
 }
 
 namespace detail {
-
-/// A uniform double in [lo, hi) from one draw of a std::mt19937, whose output sequence the standard
-/// fixes; std::uniform_real_distribution is not portable across standard libraries, this mapping is.
-inline double uniform(std::mt19937& rng, double lo, double hi) {
-    return lo + (hi - lo) * (static_cast<double>(rng()) / 4294967296.0);
-}
 
 /// A tensor of dtype float32 or float64 holding `values`.
 inline Tensor from_double(const xt::xarray<double>& values, DType dtype) {
@@ -401,6 +397,10 @@ public:
     /// @brief The layer's variables (Keras' `layer.weights`): Dense gives {kernel, bias}.
     [[nodiscard]] virtual std::vector<Variable> weights() const { return {}; }
 
+    /// @brief The penalty of the layer's regularizers on the weights the last forward pulled (Keras'
+    /// `layer.losses`): the model adds it to the loss. backward adds its gradient to the weights'.
+    [[nodiscard]] virtual double regularization_loss() const { return 0; }
+
     /// @brief The weights' current values (Keras' `get_weights()`), in the order of weights().
     [[nodiscard]] std::vector<Tensor> get_weights() const { return detail::read_weights(weights()); }
 
@@ -516,13 +516,13 @@ namespace detail {
 
 /// Applies `activation` in place to `z`, rows of `units` values (softmax works per row).
 template <class T>
-void activate(Activation activation, xt::xarray<T>& z, std::size_t units) {
+void activate(ActivationFunction activation, xt::xarray<T>& z, std::size_t units) {
     switch (activation) {
-        case Activation::linear: return;
-        case Activation::relu: xt::noalias(z) = xt::maximum(z, T{0}); return;
-        case Activation::sigmoid: xt::noalias(z) = T{1} / (T{1} + xt::exp(-z)); return;
-        case Activation::tanh: xt::noalias(z) = xt::tanh(z); return;
-        case Activation::softmax: {
+        case ActivationFunction::linear: return;
+        case ActivationFunction::relu: xt::noalias(z) = xt::maximum(z, T{0}); return;
+        case ActivationFunction::sigmoid: xt::noalias(z) = T{1} / (T{1} + xt::exp(-z)); return;
+        case ActivationFunction::tanh: xt::noalias(z) = xt::tanh(z); return;
+        case ActivationFunction::softmax: {
             T* p = z.data();
             for (std::size_t r = 0; r < z.size(); r += units) {
                 T top = p[r];
@@ -539,14 +539,14 @@ void activate(Activation activation, xt::xarray<T>& z, std::size_t units) {
 /// The gradient with respect to the pre-activation z, from the activation's output `y` and the gradient
 /// `g` of y (same shape, rows of `units`).
 template <class T>
-xt::xarray<T> activation_gradient(Activation activation, const xt::xarray<T>& y, const xt::xarray<T>& g,
+xt::xarray<T> activation_gradient(ActivationFunction activation, const xt::xarray<T>& y, const xt::xarray<T>& g,
                                   std::size_t units) {
     switch (activation) {
-        case Activation::linear: return g;
-        case Activation::relu: return xt::where(y > T{0}, g, T{0});
-        case Activation::sigmoid: return g * y * (T{1} - y);
-        case Activation::tanh: return g * (T{1} - y * y);
-        case Activation::softmax: break;
+        case ActivationFunction::linear: return g;
+        case ActivationFunction::relu: return xt::where(y > T{0}, g, T{0});
+        case ActivationFunction::sigmoid: return g * y * (T{1} - y);
+        case ActivationFunction::tanh: return g * (T{1} - y * y);
+        case ActivationFunction::softmax: break;
     }
     xt::xarray<T> out = xt::xarray<T>::from_shape(g.shape());
     const T* py = y.data();
@@ -569,16 +569,64 @@ inline void check_grad_shape(const Tensor& grad, const Shape& expected, const st
 
 }  // namespace detail
 
-/// @brief A densely connected layer, Keras' `Dense(units, activation, use_bias)`:
-/// `outputs = activation(inputs · kernel + bias)` over the last axis of the inputs.
+/// @brief Keras' `tf.keras.regularizers.L2(l2=0.01)`: the penalty `l2 * sum(w^2)` of a weight, added to
+/// the loss, and its gradient `2 * l2 * w`, added to the weight's gradient.
 ///
-/// The kernel, shape (input features, units), starts Glorot-uniform: U(-l, l) with l = sqrt(6 / (fan_in
-/// + units)), drawn row by row from the model's generator (see detail::uniform); the bias, shape
-/// (units,), starts at zero. Its variables are `<name>/kernel` and `<name>/bias`.
+/// In synchronous training each worker pushes its slice's share of the loss gradient plus the whole
+/// penalty gradient; the ps averages the workers' pushes, so a step applies the batch's gradient plus the
+/// penalty's once, as Keras does on one device.
+class L2 {
+public:
+    /// @throws InvalidArgumentError `pss: L2: l2 is -1.0; it is a finite number >= 0 (Keras' default 0.01)`
+    explicit L2(double l2 = 0.01) : l2_(l2) {
+        if (auto problem = l2_problem(l2)) throw InvalidArgumentError("pss: L2: " + *problem);
+    }
+    [[nodiscard]] double l2() const noexcept { return l2_; }
+    [[nodiscard]] static constexpr std::string_view class_name() noexcept { return "L2"; }
+    /// @brief `{"l2": 0.01}`
+    [[nodiscard]] nlohmann::json get_config() const { return {{"l2", l2_}}; }
+    /// @brief `l2 * sum(w^2)`, summed in double.
+    template <class T>
+    [[nodiscard]] double operator()(const xt::xarray<T>& w) const {
+        double sum = 0;
+        for (const T v : w) sum += static_cast<double>(v) * static_cast<double>(v);
+        return l2_ * sum;
+    }
+    /// What is wrong with a factor, if anything (for the constructor and the config parser).
+    [[nodiscard]] static std::optional<std::string> l2_problem(double l2) {
+        if (std::isfinite(l2) && l2 >= 0) return std::nullopt;
+        return "l2 is " + detail::number_text(l2) + "; it is a finite number >= 0 (Keras' default 0.01)";
+    }
+
+private:
+    double l2_;
+};
+
+/// @brief Dense's arguments by name, in Keras' order: `pss::Dense(16, {.activation = "relu",
+/// .kernel_initializer = "he_normal", .kernel_regularizer = pss::L2(1e-4)})`.
+struct DenseOptions {
+    std::string activation = "linear";  ///< Keras' name: "linear", "relu", "sigmoid", "tanh" or "softmax"
+    bool use_bias = true;
+    AnyInitializer kernel_initializer = "glorot_uniform";
+    AnyInitializer bias_initializer = "zeros";
+    std::optional<L2> kernel_regularizer{};  ///< none by default, as Keras
+    DType dtype = DType::float32;           ///< float32 (Keras') or float64
+};
+
+/// @brief A densely connected layer, Keras' `Dense(units, activation, use_bias, kernel_initializer,
+/// bias_initializer, kernel_regularizer)`: `outputs = activation(inputs · kernel + bias)` over the last
+/// axis of the inputs.
+///
+/// The kernel, shape (input features, units), starts as its initializer draws it, Glorot-uniform by
+/// default: U(-l, l) with l = sqrt(6 / (fan_in + units)), drawn row by row from the model's generator (see
+/// detail::uniform); the bias, shape (units,), starts at zero by default. Its variables are
+/// `<name>/kernel` and `<name>/bias`. An L2 kernel regularizer adds `l2 * sum(kernel^2)` to the loss (see
+/// regularization_loss) and `2 * l2 * kernel` to the kernel's gradient.
 ///
 /// @par Example
 /// @code
 /// pss::Sequential model(strategy, {pss::Dense(16, "relu"), pss::Dense(1)});
+/// pss::Dense hidden(16, {.activation = "relu", .kernel_initializer = "he_normal", .kernel_regularizer = pss::L2(1e-4)});
 /// @endcode
 class Dense final : public Layer {
 public:
@@ -590,19 +638,24 @@ public:
     explicit Dense(std::size_t units, std::string_view activation = "linear", bool use_bias = true,
                    DType dtype = DType::float32)
         : Dense(units, activation_from_name(activation), use_bias, dtype) {}
-    Dense(std::size_t units, Activation activation, bool use_bias = true, DType dtype = DType::float32)
-        : units_(units), activation_(activation), use_bias_(use_bias), dtype_(dtype) {
-        if (units == 0) throw InvalidArgumentError("pss: Dense: units is 0; a Dense layer needs at least 1 output unit");
-        detail::check_float_dtype(dtype, "Dense");
-    }
+    Dense(std::size_t units, ActivationFunction activation, bool use_bias = true, DType dtype = DType::float32)
+        : Dense(units, activation, use_bias, "glorot_uniform", "zeros", std::nullopt, dtype) {}
+    /// @brief Keras' arguments by name (see DenseOptions).
+    /// @throws InvalidArgumentError as the other constructors.
+    Dense(std::size_t units, DenseOptions options)
+        : Dense(units, activation_from_name(options.activation), options.use_bias, std::move(options.kernel_initializer),
+                std::move(options.bias_initializer), options.kernel_regularizer, options.dtype) {}
 
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Dense>(*this); }
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
 
     [[nodiscard]] std::size_t units() const noexcept { return units_; }
-    [[nodiscard]] Activation activation() const noexcept { return activation_; }
+    [[nodiscard]] ActivationFunction activation() const noexcept { return activation_; }
     [[nodiscard]] bool use_bias() const noexcept { return use_bias_; }
     [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+    [[nodiscard]] const AnyInitializer& kernel_initializer() const noexcept { return kernel_initializer_; }
+    [[nodiscard]] const AnyInitializer& bias_initializer() const noexcept { return bias_initializer_; }
+    [[nodiscard]] const std::optional<L2>& kernel_regularizer() const noexcept { return kernel_regularizer_; }
     /// @pre built()
     [[nodiscard]] const Variable& kernel() const {
         require_built("kernel");
@@ -628,13 +681,28 @@ public:
 
     PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
-    /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "dtype": "float32", "name": "dense",
-    /// "units": 4, "use_bias": true}`
+    /// @brief The kernel regularizer's penalty on the kernel the last forward pulled; 0 without one.
+    [[nodiscard]] double regularization_loss() const override {
+        if (!kernel_regularizer_) return 0;
+        if (dtype_ == DType::float64) return (*kernel_regularizer_)(f64_.w);
+        return (*kernel_regularizer_)(f32_.w);
+    }
+
+    /// @brief `{"activation": "relu", "batch_input_shape": [null, 3], "bias_initializer": {"class_name":
+    /// "Zeros", "config": {}}, "dtype": "float32", "kernel_initializer": {"class_name": "GlorotUniform",
+    /// "config": {"seed": null}}, "kernel_regularizer": null, "name": "dense", "units": 4, "use_bias": true}`
+    /// (a regularizer is `{"class_name": "L2", "config": {"l2": 0.01}}`, as Keras serializes it)
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Layer::get_config();
         config["units"] = units_;
         config["activation"] = std::string(activation_name(activation_));
         config["use_bias"] = use_bias_;
+        config["kernel_initializer"] = initializers::serialize(kernel_initializer_.get());
+        config["bias_initializer"] = initializers::serialize(bias_initializer_.get());
+        config["kernel_regularizer"] =
+            kernel_regularizer_ ? nlohmann::json{{"class_name", std::string(L2::class_name())},
+                                                 {"config", kernel_regularizer_->get_config()}}
+                                : nlohmann::json(nullptr);
         config["dtype"] = std::string(dtype_name(dtype_));
         return config;
     }
@@ -642,12 +710,8 @@ public:
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
         Shape out = output_shape_for(input_shape);
-        const std::size_t in = input_shape.back();
-        const double limit = std::sqrt(6.0 / static_cast<double>(in + units_));
-        xt::xarray<double> kernel = xt::xarray<double>::from_shape({in, units_});
-        for (double& v : kernel) v = detail::uniform(rng, -limit, limit);
-        kernel_ = Variable(detail::from_double(kernel, dtype_), name() + "/kernel");
-        if (use_bias_) bias_ = Variable(detail::from_double(xt::zeros<double>({units_}), dtype_), name() + "/bias");
+        kernel_ = Variable(kernel_initializer_(Shape{input_shape.back(), units_}, dtype_, rng), name() + "/kernel");
+        if (use_bias_) bias_ = Variable(bias_initializer_(Shape{units_}, dtype_, rng), name() + "/bias");
         return out;
     }
 
@@ -662,6 +726,15 @@ protected:
     }
 
 private:
+    Dense(std::size_t units, ActivationFunction activation, bool use_bias, AnyInitializer kernel_initializer,
+          AnyInitializer bias_initializer, std::optional<L2> kernel_regularizer, DType dtype)
+        : units_(units), activation_(activation), use_bias_(use_bias),
+          kernel_initializer_(std::move(kernel_initializer)), bias_initializer_(std::move(bias_initializer)),
+          kernel_regularizer_(kernel_regularizer), dtype_(dtype) {
+        if (units == 0) throw InvalidArgumentError("pss: Dense: units is 0; a Dense layer needs at least 1 output unit");
+        detail::check_float_dtype(dtype, "Dense");
+    }
+
     Shape output_shape_for(const Shape& input_shape) const {
         if (input_shape.empty() || input_shape.back() == 0)
             throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
@@ -740,6 +813,10 @@ private:
             }
             for (std::size_t j = 0; j < units_; ++j) gb.data()[j] += gr[j];
         }
+        if (kernel_regularizer_) {  // unscaled, also on an empty slice: see L2
+            const T factor = static_cast<T>(2 * kernel_regularizer_->l2());
+            for (std::size_t i = 0; i < gw.size(); ++i) gw.data()[i] += factor * w[i];
+        }
         LayerGradients out;
         out.inputs = Tensor(std::move(gx));
         out.variables.push_back({kernel_, Tensor(std::move(gw)), {}, false});
@@ -748,8 +825,10 @@ private:
     }
 
     std::size_t units_;
-    Activation activation_;
+    ActivationFunction activation_;
     bool use_bias_;
+    AnyInitializer kernel_initializer_, bias_initializer_;
+    std::optional<L2> kernel_regularizer_;
     DType dtype_;
     Variable kernel_, bias_;
     // Per step, in the layer's dtype.
@@ -781,11 +860,18 @@ PSS_INLINE LayerGradients Dense::backward(const Tensor& grad_outputs) {
 }
 #endif
 
+/// @brief Embedding's arguments after input_dim and output_dim, by name.
+struct EmbeddingOptions {
+    AnyInitializer embeddings_initializer = "uniform";  ///< Keras' default: RandomUniform(-0.05, 0.05)
+    DType dtype = DType::float32;                        ///< float32 (Keras') or float64
+};
+
 /// @brief A lookup table of `input_dim` rows of `output_dim` values (Keras' `Embedding(input_dim,
 /// output_dim)`): each input id becomes its row.
 ///
 /// The table, `<name>/embeddings` of shape (input_dim, output_dim), is split into shards as the
-/// strategy's partitioner decides, and starts U(-0.05, 0.05) (Keras' "uniform" initializer). A step
+/// strategy's partitioner decides, and starts as its initializer draws it: U(-0.05, 0.05) by default
+/// (Keras' "uniform", initializers::RandomUniform), drawn in the table's dtype. A step
 /// pulls only the rows of the ids in its batch (Variable::sparse_read, each distinct id once) and pushes
 /// a sparse gradient (Variable::apply_sparse_gradient: one row per input id, repeated ids included; the
 /// parameter server sums them), so a worker never moves the whole table.
@@ -803,13 +889,18 @@ class Embedding final : public Layer {
 public:
     /// @throws InvalidArgumentError when input_dim or output_dim is 0, or dtype is an integer dtype.
     Embedding(std::size_t input_dim, std::size_t output_dim, DType dtype = DType::float32)
-        : input_dim_(input_dim), output_dim_(output_dim), dtype_(dtype) {
+        : Embedding(input_dim, output_dim, EmbeddingOptions{.dtype = dtype}) {}
+    /// @brief Keras' other arguments by name: `pss::Embedding(1000, 8, {.embeddings_initializer = "zeros"})`.
+    /// @throws InvalidArgumentError as the other constructor.
+    Embedding(std::size_t input_dim, std::size_t output_dim, EmbeddingOptions options)
+        : input_dim_(input_dim), output_dim_(output_dim),
+          embeddings_initializer_(std::move(options.embeddings_initializer)), dtype_(options.dtype) {
         if (input_dim == 0 || output_dim == 0)
             throw InvalidArgumentError("pss: Embedding: input_dim is " + std::to_string(input_dim) +
                                        " and output_dim is " + std::to_string(output_dim) +
                                        "; both must be at least 1 (input_dim: the number of ids, output_dim: the "
                                        "length of each row)");
-        detail::check_float_dtype(dtype, "Embedding");
+        detail::check_float_dtype(dtype_, "Embedding");
     }
 
     [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Embedding>(*this); }
@@ -817,6 +908,8 @@ public:
 
     [[nodiscard]] std::size_t input_dim() const noexcept { return input_dim_; }
     [[nodiscard]] std::size_t output_dim() const noexcept { return output_dim_; }
+    [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+    [[nodiscard]] const AnyInitializer& embeddings_initializer() const noexcept { return embeddings_initializer_; }
     /// @pre built()
     [[nodiscard]] const Variable& embeddings() const {
         require_built("embeddings");
@@ -837,24 +930,23 @@ public:
 
     PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
 
-    /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "input_dim": 5, "name": "embedding",
-    /// "output_dim": 4}`
+    /// @brief `{"batch_input_shape": [null, 3], "dtype": "float32", "embeddings_initializer": {"class_name":
+    /// "RandomUniform", "config": {"maxval": 0.05, "minval": -0.05, "seed": null}}, "input_dim": 5, "name":
+    /// "embedding", "output_dim": 4}`
     [[nodiscard]] nlohmann::json get_config() const override {
         nlohmann::json config = Layer::get_config();
         config["input_dim"] = input_dim_;
         config["output_dim"] = output_dim_;
+        config["embeddings_initializer"] = initializers::serialize(embeddings_initializer_.get());
         config["dtype"] = std::string(dtype_name(dtype_));
         return config;
     }
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
-        // Drawn straight in the weights' dtype: the table is the largest thing a coordinator creates.
-        Tensor table = Tensor::uninitialized(dtype_, {input_dim_, output_dim_});
-        table.visit_mut([&]<class T>(xt::xarray<T>& values) {
-            for (T& v : values) v = static_cast<T>(detail::uniform(rng, -0.05, 0.05));
-        });
-        embeddings_ = Variable(std::move(table), name() + "/embeddings");
+        // The initializer draws straight in the weights' dtype: the table is the largest thing a
+        // coordinator creates.
+        embeddings_ = Variable(embeddings_initializer_(Shape{input_dim_, output_dim_}, dtype_, rng), name() + "/embeddings");
         return compute_output_shape(input_shape);
     }
 
@@ -879,6 +971,7 @@ private:
 
     std::size_t input_dim_;
     std::size_t output_dim_;
+    AnyInitializer embeddings_initializer_;
     DType dtype_;
     Variable embeddings_;
     // Per step: the ids of the batch and its input shape.
@@ -1480,6 +1573,301 @@ PSS_INLINE KerasTensor Layer::call(const std::vector<KerasTensor>& inputs) const
 }
 #endif
 
+/// @brief Applies an activation to its inputs (Keras' `tf.keras.layers.Activation("relu")`): the
+/// functions of Dense's `activation`, softmax over the last axis. No weights; it computes in its inputs'
+/// dtype (float64 stays float64, any other becomes float32).
+class Activation final : public Layer {
+public:
+    /// @throws InvalidArgumentError `pss: activation "gelu" is not known; use "linear", ...`
+    explicit Activation(std::string_view activation) : activation_(activation_from_name(activation)) {}
+    explicit Activation(ActivationFunction activation) : activation_(activation) {}
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<Activation>(*this); }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+    [[nodiscard]] ActivationFunction activation() const noexcept { return activation_; }
+    /// @brief The input shape.
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
+
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
+
+    /// @brief `{"name": "activation", "activation": "relu", "batch_input_shape": [null, 3]}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["activation"] = std::string(activation_name(activation_));
+        return config;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& /*rng*/) override { return input_shape; }
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_bind_weights(weights, {});
+        return input_shape;
+    }
+
+private:
+    ActivationFunction activation_;
+    Tensor outputs_;  // the last forward's, which the gradient is computed from
+};
+
+/// @brief LayerNormalization's arguments, by name and in Keras' order: `pss::LayerNormalization({.epsilon =
+/// 1e-5})`.
+struct LayerNormalizationOptions {
+    int axis = -1;          ///< the last axis only: -1, or its index counting the batch axis
+    double epsilon = 1e-3;  ///< added to the variance; a finite number > 0
+    bool center = true;     ///< add the offset beta
+    bool scale = true;      ///< multiply by gamma
+    DType dtype = DType::float32;
+};
+
+/// @brief Keras' `LayerNormalization(axis=-1, epsilon=1e-3, center=True, scale=True)`: normalizes each
+/// example over its last axis, `y = gamma * (x - mean) / sqrt(var + epsilon) + beta`, with the mean and
+/// the biased variance (divided by the number of features, as Keras) of that row.
+///
+/// Its variables are `<name>/gamma` (ones; when `scale`) and `<name>/beta` (zeros; when `center`), of
+/// shape (features,), in that order. Other axes than the last are not supported.
+class LayerNormalization final : public Layer {
+public:
+    /// @throws InvalidArgumentError for an epsilon that is not a finite number > 0 or an integer dtype:
+    /// `pss: LayerNormalization: epsilon is 0.0; it is a finite number > 0 (Keras' default 0.001)`
+    explicit LayerNormalization(LayerNormalizationOptions options = {}) : options_(options) {
+        if (auto problem = epsilon_problem(options.epsilon))
+            throw InvalidArgumentError("pss: LayerNormalization: " + *problem);
+        detail::check_float_dtype(options.dtype, "LayerNormalization");
+    }
+    [[nodiscard]] std::unique_ptr<Layer> clone() const override { return std::make_unique<LayerNormalization>(*this); }
+    [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
+
+    [[nodiscard]] int axis() const noexcept { return options_.axis; }
+    [[nodiscard]] double epsilon() const noexcept { return options_.epsilon; }
+    [[nodiscard]] bool center() const noexcept { return options_.center; }
+    [[nodiscard]] bool scale() const noexcept { return options_.scale; }
+    [[nodiscard]] DType dtype() const noexcept { return options_.dtype; }
+    /// @pre built() and scale()
+    [[nodiscard]] const Variable& gamma() const {
+        require_built("gamma");
+        return gamma_;
+    }
+    /// @pre built() and center()
+    [[nodiscard]] const Variable& beta() const {
+        require_built("beta");
+        return beta_;
+    }
+    [[nodiscard]] std::vector<Variable> weights() const override {
+        std::vector<Variable> out;
+        if (!built()) return out;
+        if (options_.scale) out.push_back(gamma_);
+        if (options_.center) out.push_back(beta_);
+        return out;
+    }
+
+    PSS_INLINE Tensor forward(Tensor inputs, std::uint64_t step = 0) override;
+    PSS_INLINE LayerGradients backward(const Tensor& grad_outputs) override;
+
+    /// @brief `{"name": "layer_normalization", "axis": -1, "epsilon": 0.001, "center": true, "scale": true,
+    /// "dtype": "float32", "batch_input_shape": [null, 3]}`
+    [[nodiscard]] nlohmann::json get_config() const override {
+        nlohmann::json config = Layer::get_config();
+        config["axis"] = options_.axis;
+        config["epsilon"] = options_.epsilon;
+        config["center"] = options_.center;
+        config["scale"] = options_.scale;
+        config["dtype"] = std::string(dtype_name(options_.dtype));
+        return config;
+    }
+
+    /// What is wrong with an epsilon, if anything (for the constructor and the config parser).
+    [[nodiscard]] static std::optional<std::string> epsilon_problem(double epsilon) {
+        if (epsilon > 0 && std::isfinite(epsilon)) return std::nullopt;
+        return "epsilon is " + detail::number_text(epsilon) + "; it is a finite number > 0 (Keras' default 0.001)";
+    }
+
+    /// @brief The input shape (the last axis normalized).
+    [[nodiscard]] Shape compute_output_shape(const Shape& input_shape) const override {
+        check_input_shape(input_shape);
+        return input_shape;
+    }
+
+protected:
+    Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
+        check_input_shape(input_shape);
+        const Shape features{input_shape.back()};
+        if (options_.scale) gamma_ = Variable(initializers::Ones()(features, options_.dtype, rng), name() + "/gamma");
+        if (options_.center) beta_ = Variable(initializers::Zeros()(features, options_.dtype, rng), name() + "/beta");
+        return input_shape;
+    }
+    Shape do_bind(const Shape& input_shape, std::vector<Variable> weights) override {
+        check_input_shape(input_shape);
+        const Shape features{input_shape.back()};
+        std::vector<WeightSpec> specs;
+        if (options_.scale) specs.push_back({"gamma", features, options_.dtype});
+        if (options_.center) specs.push_back({"beta", features, options_.dtype});
+        check_bind_weights(weights, specs);
+        std::size_t i = 0;
+        if (options_.scale) gamma_ = std::move(weights[i++]);
+        if (options_.center) beta_ = std::move(weights[i]);
+        return input_shape;
+    }
+
+private:
+    void check_input_shape(const Shape& input_shape) const {
+        if (input_shape.empty() || input_shape.back() == 0)
+            throw InvalidArgumentError("pss: " + describe() + ": input shape " + format_shape(input_shape) +
+                                       "; a LayerNormalization layer needs inputs with a last axis of at least 1 "
+                                       "feature");
+        const int last = static_cast<int>(input_shape.size());  // counting the batch axis
+        if (options_.axis != -1 && options_.axis != last)
+            throw InvalidArgumentError("pss: " + describe() + ": axis is " + std::to_string(options_.axis) +
+                                       " for input shape " + format_shape(input_shape) +
+                                       " (batch axis excluded); only the last axis is supported: -1 or " +
+                                       std::to_string(last) + " (counting the batch axis)");
+    }
+
+    /// One step's state in the layer's dtype: the pulled gamma, the normalized inputs and each row's
+    /// 1 / sqrt(var + epsilon).
+    template <class T>
+    struct State {
+        xt::xarray<T> gamma, beta, normalized, inverse_stddev;
+    };
+    template <class T>
+    State<T>& state() {
+        if constexpr (std::is_same_v<T, float>) return f32_;
+        else return f64_;
+    }
+
+    template <class T>
+    Tensor forward_as(Tensor&& inputs, std::uint64_t step);
+    template <class T>
+    LayerGradients backward_as(const Tensor& grad_outputs);
+
+    LayerNormalizationOptions options_;
+    Variable gamma_, beta_;
+    State<float> f32_;
+    State<double> f64_;
+};
+
+template <class T>
+Tensor LayerNormalization::forward_as(Tensor&& inputs, std::uint64_t step) {
+    State<T>& s = state<T>();
+    s.normalized = detail::take_as<T>(std::move(inputs));  // normalized in place below
+    if (options_.scale) gamma_.read_into(s.gamma, step);
+    if (options_.center) beta_.read_into(s.beta, step);
+    const std::size_t features = input_shape().back();
+    const std::size_t rows = s.normalized.size() / features;
+    s.inverse_stddev = xt::xarray<T>::from_shape({rows});
+    xt::xarray<T> out = xt::xarray<T>::from_shape(s.normalized.shape());
+    const T epsilon = static_cast<T>(options_.epsilon);
+    const T n = static_cast<T>(features);
+    for (std::size_t r = 0; r < rows; ++r) {
+        T* x = s.normalized.data() + r * features;
+        T* y = out.data() + r * features;
+        T mean = 0;
+        for (std::size_t j = 0; j < features; ++j) mean += x[j];
+        mean /= n;
+        T variance = 0;
+        for (std::size_t j = 0; j < features; ++j) variance += (x[j] - mean) * (x[j] - mean);
+        variance /= n;
+        const T inverse = T{1} / std::sqrt(variance + epsilon);
+        s.inverse_stddev.data()[r] = inverse;
+        for (std::size_t j = 0; j < features; ++j) {
+            x[j] = (x[j] - mean) * inverse;
+            y[j] = (options_.scale ? s.gamma.data()[j] * x[j] : x[j]) + (options_.center ? s.beta.data()[j] : T{0});
+        }
+    }
+    return Tensor(std::move(out));
+}
+
+template <class T>
+LayerGradients LayerNormalization::backward_as(const Tensor& grad_outputs) {
+    // With xhat = (x - mean) * inverse and d = dy * gamma, the gradient of x is
+    // inverse * (d - mean(d) - xhat * mean(d * xhat)) per row: mean and variance depend on every x of it.
+    State<T>& s = state<T>();
+    const xt::xarray<T> g = detail::take_as<T>(Tensor(grad_outputs));
+    const std::size_t features = input_shape().back();
+    const std::size_t rows = s.normalized.size() / features;
+    const T n = static_cast<T>(features);
+    xt::xarray<T> gx = xt::xarray<T>::from_shape(s.normalized.shape());
+    xt::xarray<T> ggamma = xt::zeros<T>({features});
+    xt::xarray<T> gbeta = xt::zeros<T>({features});
+    std::vector<T> d(features);
+    for (std::size_t r = 0; r < rows; ++r) {
+        const T* xhat = s.normalized.data() + r * features;
+        const T* gr = g.data() + r * features;
+        T mean_d = 0, mean_dx = 0;
+        for (std::size_t j = 0; j < features; ++j) {
+            ggamma.data()[j] += gr[j] * xhat[j];
+            gbeta.data()[j] += gr[j];
+            d[j] = options_.scale ? gr[j] * s.gamma.data()[j] : gr[j];
+            mean_d += d[j];
+            mean_dx += d[j] * xhat[j];
+        }
+        mean_d /= n;
+        mean_dx /= n;
+        const T inverse = s.inverse_stddev.data()[r];
+        for (std::size_t j = 0; j < features; ++j)
+            gx.data()[r * features + j] = inverse * (d[j] - mean_d - xhat[j] * mean_dx);
+    }
+    LayerGradients out;
+    out.inputs = Tensor(std::move(gx));
+    if (options_.scale) out.variables.push_back({gamma_, Tensor(std::move(ggamma)), {}, false});
+    if (options_.center) out.variables.push_back({beta_, Tensor(std::move(gbeta)), {}, false});
+    return out;
+}
+
+#if PSS_DEFINITIONS
+PSS_INLINE std::string_view Activation::class_name() const noexcept { return "Activation"; }
+
+PSS_INLINE Tensor Activation::forward(Tensor inputs, std::uint64_t /*step*/) {
+    require_built("forward");
+    if (inputs.rank() == 0) throw InvalidArgumentError("pss: " + describe() + ": a scalar input; it takes (batch, ...)");
+    const std::size_t units = inputs.shape().back();
+    return detail::with_float_type(inputs.dtype() == DType::float64 ? DType::float64 : DType::float32,
+                                   [&]<class T>(std::type_identity<T>) {
+        xt::xarray<T> y = detail::take_as<T>(std::move(inputs));
+        detail::activate(activation_, y, units);
+        outputs_ = Tensor(y);
+        return Tensor(std::move(y));
+    });
+}
+
+PSS_INLINE LayerGradients Activation::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    if (!outputs_.has_value())
+        throw FailedPreconditionError("pss: " + describe() + ": backward before forward; it needs the outputs of a forward");
+    detail::check_grad_shape(grad_outputs, outputs_.shape(), describe());
+    LayerGradients out;
+    out.inputs = outputs_.visit(
+        [&](const auto& y) {
+            using T = typename std::decay_t<decltype(y)>::value_type;
+            const std::size_t units = y.dimension() == 0 ? 1 : y.shape().back();
+            return Tensor(detail::activation_gradient(activation_, y, detail::take_as<T>(Tensor(grad_outputs)), units));
+        },
+        Tensor());
+    return out;
+}
+
+PSS_INLINE std::string_view LayerNormalization::class_name() const noexcept { return "LayerNormalization"; }
+
+PSS_INLINE Tensor LayerNormalization::forward(Tensor inputs, std::uint64_t step) {
+    require_built("forward");
+    const std::size_t features = input_shape().back();
+    if (inputs.rank() < 2 || inputs.shape().back() != features)
+        throw InvalidArgumentError("pss: " + describe() + ": inputs of shape " + format_shape(inputs.shape()) +
+                                   ", but the layer takes (batch, ..., " + std::to_string(features) + ")");
+    return detail::with_float_type(options_.dtype, [&]<class T>(std::type_identity<T>) {
+        return forward_as<T>(std::move(inputs), step);
+    });
+}
+
+PSS_INLINE LayerGradients LayerNormalization::backward(const Tensor& grad_outputs) {
+    require_built("backward");
+    return detail::with_float_type(options_.dtype, [&]<class T>(std::type_identity<T>) {
+        const auto& shape = state<T>().normalized.shape();
+        detail::check_grad_shape(grad_outputs, Shape(shape.begin(), shape.end()), describe());
+        return backward_as<T>(grad_outputs);
+    });
+}
+#endif
+
 /// @brief Keras' `tf.keras.layers.serialize(layer)`: `{"class_name": "Dense", "config":
 /// layer.get_config()}`.
 [[nodiscard]] inline nlohmann::json serialize(const Layer& layer) {
@@ -1498,8 +1886,8 @@ struct LayerConfig {
 /// class, name and parameters, and the input shape it was built for (`batch_input_shape` without its
 /// batch axis).
 /// @throws InvalidArgumentError naming the field and its value: not an object, an unknown class, a
-/// missing, unknown or wrongly typed field, a number out of range, an unknown activation, a dtype that
-/// is not float32 or float64. The config may come from the network: any JSON value gives a layer or
+/// missing, unknown or wrongly typed field, a number out of range, an unknown activation or initializer,
+/// a dtype that is not float32 or float64. The config may come from the network: any JSON value gives a layer or
 /// this error.
 [[nodiscard]] inline LayerConfig parse_layer_config(const nlohmann::json& serialized) {
     ConfigFields outer("layer", serialized, "class_name and config");
@@ -1513,21 +1901,72 @@ struct LayerConfig {
         out.input_shape = fields.take_batch_input_shape("batch_input_shape");
         fields.finish();
     };
-    if (cls == "Dense") {
-        ConfigFields fields = fields_of("name, units, activation, use_bias, dtype and batch_input_shape");
-        const std::uint64_t units = fields.take_count("units", 1);
+    auto take_activation = [](ConfigFields& fields) {
         const std::string activation = fields.take_string("activation");
         const auto a = find_activation(activation);
         if (!a) fields.fail("\"activation\" is " + json_text(activation) + "; it is " + activation_list());
-        const bool use_bias = fields.take_bool("use_bias");
-        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), *a, use_bias, fields.take_float_dtype("dtype"));
+        return *a;
+    };
+    auto take_initializer = [&](ConfigFields& fields, const std::string& key) {
+        return AnyInitializer(parse_initializer_config(fields.take(key), cls + " \"" + key + "\""));
+    };
+    if (cls == "Dense") {
+        ConfigFields fields = fields_of("name, units, activation, use_bias, kernel_initializer, bias_initializer, "
+                                        "kernel_regularizer, dtype and batch_input_shape");
+        const std::uint64_t units = fields.take_count("units", 1);
+        DenseOptions options;
+        const ActivationFunction activation = take_activation(fields);
+        options.use_bias = fields.take_bool("use_bias");
+        options.kernel_initializer = take_initializer(fields, "kernel_initializer");
+        options.bias_initializer = take_initializer(fields, "bias_initializer");
+        if (const nlohmann::json& regularizer = fields.take("kernel_regularizer"); !regularizer.is_null()) {
+            ConfigFields outer_l2("Dense \"kernel_regularizer\"", regularizer, "class_name and config");
+            const std::string l2_class = outer_l2.take_string("class_name");
+            if (l2_class != L2::class_name())
+                outer_l2.fail("\"class_name\" is " + json_text(l2_class) + "; the regularizer is \"L2\" (or null for none)");
+            ConfigFields l2_fields("Dense \"kernel_regularizer\" L2 config", outer_l2.take("config"), "l2");
+            outer_l2.finish();
+            const nlohmann::json& l2 = l2_fields.take("l2");
+            l2_fields.finish();
+            if (!l2.is_number()) l2_fields.fail("\"l2\" is " + json_text(l2) + ", not a number");
+            if (auto problem = L2::l2_problem(l2.get<double>())) l2_fields.fail(*problem);
+            options.kernel_regularizer = L2(l2.get<double>());
+        }
+        options.dtype = fields.take_float_dtype("dtype");
+        options.activation = std::string(activation_name(activation));
+        out.layer = std::make_unique<Dense>(static_cast<std::size_t>(units), std::move(options));
         finish(fields);
     } else if (cls == "Embedding") {
-        ConfigFields fields = fields_of("name, input_dim, output_dim, dtype and batch_input_shape");
+        ConfigFields fields =
+            fields_of("name, input_dim, output_dim, embeddings_initializer, dtype and batch_input_shape");
         const std::uint64_t input_dim = fields.take_count("input_dim", 1);
         const std::uint64_t output_dim = fields.take_count("output_dim", 1);
+        EmbeddingOptions options{.embeddings_initializer = take_initializer(fields, "embeddings_initializer"),
+                                 .dtype = fields.take_float_dtype("dtype")};
         out.layer = std::make_unique<Embedding>(static_cast<std::size_t>(input_dim), static_cast<std::size_t>(output_dim),
-                                                fields.take_float_dtype("dtype"));
+                                                std::move(options));
+        finish(fields);
+    } else if (cls == "Activation") {
+        ConfigFields fields = fields_of("name, activation and batch_input_shape");
+        out.layer = std::make_unique<Activation>(take_activation(fields));
+        finish(fields);
+    } else if (cls == "LayerNormalization") {
+        ConfigFields fields = fields_of("name, axis, epsilon, center, scale, dtype and batch_input_shape");
+        LayerNormalizationOptions options;
+        const nlohmann::json& axis = fields.take("axis");
+        if (!(axis.is_number_unsigned() ? axis.get<std::uint64_t>() <= config_rank_limit
+                                        : axis.is_number_integer() && axis.get<std::int64_t>() == -1))
+            fields.fail("\"axis\" is " + json_text(axis) + "; it is -1 or the index of the last axis (counting the "
+                        "batch axis), a whole number up to " + std::to_string(config_rank_limit));
+        options.axis = static_cast<int>(axis.get<std::int64_t>());
+        const nlohmann::json& epsilon = fields.take("epsilon");
+        if (!epsilon.is_number()) fields.fail("\"epsilon\" is " + json_text(epsilon) + ", not a number");
+        if (auto problem = LayerNormalization::epsilon_problem(epsilon.get<double>())) fields.fail(*problem);
+        options.epsilon = epsilon.get<double>();
+        options.center = fields.take_bool("center");
+        options.scale = fields.take_bool("scale");
+        options.dtype = fields.take_float_dtype("dtype");
+        out.layer = std::make_unique<LayerNormalization>(options);
         finish(fields);
     } else if (cls == "Dropout") {
         ConfigFields fields = fields_of("name, rate, seed and batch_input_shape");
@@ -1560,7 +1999,8 @@ struct LayerConfig {
     } else {
         outer.fail("\"class_name\" is " + json_text(cls) +
                    "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\", "
-                   "\"Flatten\", \"Dropout\", \"Concatenate\" and \"Add\"");
+                   "\"Flatten\", \"Dropout\", \"Activation\", \"LayerNormalization\", \"Concatenate\" and "
+                   "\"Add\"");
     }
     return out;
 }

@@ -532,6 +532,13 @@ struct LayerGraph {
         return out;
     }
 
+    /// The layers' regularization penalties (Keras' `model.losses`), of the weights the last forward pulled.
+    [[nodiscard]] double regularization_loss() const {
+        double sum = 0;
+        for (const auto& layer : layers) sum += layer->regularization_loss();
+        return sum;
+    }
+
     /// Runs the layers forward on one batch of each input; returns the last layer's output. A layer's
     /// output is moved to its last reader (a chain copies nothing) and copied to the others.
     Tensor forward(std::vector<Tensor> inputs, std::uint64_t step) {
@@ -622,6 +629,7 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
         grad = Tensor::zeros(predictions.dtype(), predictions.shape());
     } else {
         out[0] = weighted_loss(loss, y, predictions, w, &grad);
+        out[0] += graph.regularization_loss();  // Keras' model.losses
         accumulate_metrics(metrics, std::span<double>(out).subspan(1), y, predictions, w);
     }
     if (scale != 1.0)
@@ -2083,7 +2091,9 @@ Logs Model<StrategyType>::evaluate_rows(const ModelInputs& x, const xt::xarray<f
         const Tensor targets(detail::take_rows(y, order, at, count));
         const Tensor w = detail::take_weights(weights, order, at, count);
         const std::span<const double> ws = detail::step_weights(w, count);
-        total += detail::weighted_loss(*loss_, targets, predictions, ws, nullptr) * static_cast<double>(count);
+        // The regularizers' penalty of the weights just pulled: Keras' evaluate adds it to each batch's loss.
+        total += (detail::weighted_loss(*loss_, targets, predictions, ws, nullptr) + graph_.regularization_loss()) *
+                 static_cast<double>(count);
         detail::accumulate_metrics(metric_list, state, targets, predictions, ws);
     }
     Logs logs{{std::string(prefix) + "loss", total / static_cast<double>(order.size())}};
