@@ -1787,14 +1787,19 @@ PSS_INLINE std::shared_ptr<const initializers::Initializer> parse_initializer_co
 
 PSS_NAMESPACE_END
 
-// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout, Activation, LayerNormalization, Concatenate, Add) whose weights are pss Variables, the functional API's symbolic tensors (Input), and the layers' Keras configs (JSON).
+// pss/keras/layers.hpp: Keras-style layers (Dense, Embedding, GlobalAveragePooling1D, Flatten, Dropout, Activation, LayerNormalization, Concatenate, Add) whose weights are pss Variables, the functional API's symbolic tensors (Input), the layers' Keras configs (JSON), and register_layer for a user's layer classes.
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -2538,8 +2543,13 @@ private:
 ///
 /// To write a layer: derive, implement `clone`, `class_name`, `do_build`, `forward` and `backward`
 /// (both on float32 and float64 tensors), and `weights` when it has any; override `check_input_values`
-/// to reject inputs before training starts. For worker processes, also override `get_config` and
-/// `do_bind`, and teach detail::parse_layer_config the class.
+/// to reject inputs before training starts. For worker processes (a Sequential or Model whose workers
+/// are separate processes, as under pss-launch), also override `get_config` (Layer::get_config plus
+/// the class's own parameters) and `do_bind`, give the class Keras' `from_config`
+/// (`static MyLayer from_config(const nlohmann::json& config)`, taking those parameters), and register
+/// it in every process of the program with a namespace-scope variable:
+/// `inline const auto my_layer_registration = pss::register_layer<MyLayer>("MyLayer");` (see
+/// register_layer; examples/custom_layer.cpp is a complete one).
 class Layer {
 public:
     PSS_INLINE virtual ~Layer();  // the key function (see PSS_INLINE)
@@ -2587,7 +2597,7 @@ public:
     /// true, "dtype": "float32", "batch_input_shape": [null, 3]}`. From serialize(layer), which wraps it
     /// with the class name, detail::layer_from_config rebuilds the layer in a worker process that has no
     /// model object. This gives `name` and `batch_input_shape` (when built); a layer class adds its own
-    /// parameters, and detail::layer_from_config must know the class to rebuild it.
+    /// parameters; a user's class registers with register_layer so that detail::layer_from_config knows it.
     [[nodiscard]] virtual nlohmann::json get_config() const {
         nlohmann::json config = {{"name", name_}};
         if (built_) {
@@ -4148,6 +4158,147 @@ PSS_INLINE LayerGradients LayerNormalization::backward(const Tensor& grad_output
     return {{"class_name", std::string(layer.class_name())}, {"config", layer.get_config()}};
 }
 
+/// @brief What register_layer gives: the class name under which worker processes rebuild the layer
+/// class. Keep it in a namespace-scope variable, so that every process of the program registers it.
+class RegisteredLayer {
+public:
+    /// @brief Made by register_layer.
+    explicit RegisteredLayer(std::string class_name) : class_name_(std::move(class_name)) {}
+    /// @brief The name serialize(layer) gives as "class_name": "Scale".
+    [[nodiscard]] const std::string& class_name() const noexcept { return class_name_; }
+
+private:
+    std::string class_name_;
+};
+
+namespace detail {
+
+/// The layer classes parse_layer_config knows without registration, in the order its message lists them.
+inline constexpr std::array<std::string_view, 9> builtin_layer_classes{
+    "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", "Activation", "LayerNormalization",
+    "Concatenate", "Add"};
+
+/// `"A", "B" and "C"`, for messages.
+template <class Names>
+[[nodiscard]] std::string quoted_list(const Names& names) {
+    std::string out;
+    std::size_t i = 0;
+    const std::size_t n = std::size(names);
+    for (const auto& name : names) {
+        out += std::string(i == 0 ? "" : i + 1 == n ? " and " : ", ") + "\"" + std::string(name) + "\"";
+        ++i;
+    }
+    return out;
+}
+
+/// Makes a registered class's layer from its own parameters (L::from_config, its result made a unique_ptr).
+using LayerFactory = std::unique_ptr<Layer> (*)(const nlohmann::json& config);
+
+/// The layer classes register_layer registered in this process, by class name.
+struct LayerRegistry {
+    std::mutex mutex;
+    std::map<std::string, LayerFactory, std::less<>> factories;
+    /// A function-local static: registering from another translation unit's static initialization is safe.
+    static LayerRegistry& instance() {
+        static LayerRegistry registry;
+        return registry;
+    }
+};
+
+/// The factory registered under `class_name`, if any.
+[[nodiscard]] inline LayerFactory find_registered_layer(std::string_view class_name) {
+    auto& registry = LayerRegistry::instance();
+    std::lock_guard lock(registry.mutex);
+    const auto it = registry.factories.find(class_name);
+    return it == registry.factories.end() ? nullptr : it->second;
+}
+
+/// The registered class names, sorted.
+[[nodiscard]] inline std::vector<std::string> registered_layer_classes() {
+    auto& registry = LayerRegistry::instance();
+    std::lock_guard lock(registry.mutex);
+    std::vector<std::string> out;
+    for (const auto& [name, factory] : registry.factories) out.push_back(name);
+    return out;
+}
+
+/// L has Keras' from_config: a static member function taking the config's JSON object.
+template <class L>
+concept HasFromConfig = requires(const nlohmann::json& config) { L::from_config(config); };
+
+/// L::from_config gives a layer: an object of a (move-constructible) Layer class, or a std::unique_ptr
+/// to a Layer.
+template <class L>
+concept FromConfigGivesLayer =
+    HasFromConfig<L> &&
+    (std::convertible_to<decltype(L::from_config(std::declval<const nlohmann::json&>())), std::unique_ptr<Layer>> ||
+     (std::derived_from<std::remove_cvref_t<decltype(L::from_config(std::declval<const nlohmann::json&>()))>, Layer> &&
+      std::move_constructible<std::remove_cvref_t<decltype(L::from_config(std::declval<const nlohmann::json&>()))>>));
+
+template <class L>
+std::unique_ptr<Layer> make_layer_from_config(const nlohmann::json& config) {
+    using Result = decltype(L::from_config(config));
+    if constexpr (std::convertible_to<Result, std::unique_ptr<Layer>>) return L::from_config(config);
+    else return std::make_unique<std::remove_cvref_t<Result>>(L::from_config(config));
+}
+
+}  // namespace detail
+
+/// @brief Registers the layer class L under `class_name` (Keras' `register_keras_serializable`), so that
+/// worker processes rebuild its layers: a Sequential or Model sends each layer's serialize(layer), and
+/// a worker process that meets a class name which is not built in calls the registered
+/// `L::from_config`. Register once per process, in every process of the cluster (the same program),
+/// from a namespace-scope variable's initializer:
+/// @code
+/// class Scale : public pss::Layer {
+///     ...  // clone, class_name() returning "Scale", do_build, do_bind, forward, backward, weights, get_config
+///     static Scale from_config(const nlohmann::json& config);  // the parameters get_config adds
+/// };
+/// inline const auto scale_registration = pss::register_layer<Scale>("Scale");
+/// @endcode
+/// `from_config` gets the layer's config without "name" and "batch_input_shape" (Layer::get_config's
+/// fields, which the rebuild reads and applies itself); it returns a layer that is not built, either an
+/// object of a Layer class or a std::unique_ptr to one. Whatever it throws reaches the caller of the
+/// rebuild as an InvalidArgumentError naming the class and the config (configs come from the network).
+/// `class_name` must be what L's class_name() returns (the name serialize gives).
+/// @throws AlreadyExistsError when `class_name` is a built-in class or registered already:
+/// `pss: register_layer: a layer class named "Scale" is registered already; names must be unique in a
+/// process`; InvalidArgumentError for an empty name. (Thrown from a namespace-scope initializer, either
+/// ends the program before main, as for register_function.)
+template <class L>
+RegisteredLayer register_layer(std::string class_name) {
+    static_assert(std::derived_from<L, Layer>, "pss: register_layer<L>: L must be a class derived from pss::Layer");
+    static_assert(detail::HasFromConfig<L>,
+                  "pss: register_layer<L>: L needs Keras' from_config, a static member function "
+                  "`static L from_config(const nlohmann::json& config)` that makes the layer from the parameters "
+                  "its get_config() adds");
+    static_assert(detail::FromConfigGivesLayer<L>,
+                  "pss: register_layer<L>: L::from_config must return a pss::Layer object (move-constructible) or "
+                  "a std::unique_ptr to one");
+    if (class_name.empty())
+        throw InvalidArgumentError("pss: register_layer: the class name is empty; give the name L's class_name() "
+                                   "returns");
+    if (std::find(detail::builtin_layer_classes.begin(), detail::builtin_layer_classes.end(), class_name) !=
+        detail::builtin_layer_classes.end())
+        throw AlreadyExistsError("pss: register_layer: \"" + class_name +
+                                 "\" is a built-in layer class; a registered class needs a name of its own");
+    auto& registry = detail::LayerRegistry::instance();
+    std::lock_guard lock(registry.mutex);
+    if (!registry.factories.emplace(class_name, &detail::make_layer_from_config<L>).second)
+        throw AlreadyExistsError("pss: register_layer: a layer class named \"" + class_name +
+                                 "\" is registered already; names must be unique in a process");
+    return RegisteredLayer(std::move(class_name));
+}
+
+/// @brief register_layer under the name L's class_name() returns, read from a default-constructed L.
+template <class L>
+RegisteredLayer register_layer() {
+    static_assert(std::default_initializable<L>,
+                  "pss: register_layer<L>(): without a class name L must be default-constructible (a default L's "
+                  "class_name() names it); else give the name: register_layer<L>(\"L\")");
+    return register_layer<L>(std::string(L().class_name()));
+}
+
 namespace detail {
 
 /// What a layer's config gives: the layer, not built, and the input shape it was built for.
@@ -4161,8 +4312,8 @@ struct LayerConfig {
 /// batch axis).
 /// @throws InvalidArgumentError naming the field and its value: not an object, an unknown class, a
 /// missing, unknown or wrongly typed field, a number out of range, an unknown activation or initializer,
-/// a dtype that is not float32 or float64. The config may come from the network: any JSON value gives a layer or
-/// this error.
+/// a dtype that is not float32 or float64; for a class registered with register_layer, whatever its
+/// from_config throws. The config may come from the network: any JSON value gives a layer or this error.
 [[nodiscard]] inline LayerConfig parse_layer_config(const nlohmann::json& serialized) {
     ConfigFields outer("layer", serialized, "class_name and config");
     const std::string cls = outer.take_string("class_name");
@@ -4270,11 +4421,34 @@ struct LayerConfig {
         }
         out.layer->set_name(fields.take_string("name"));
         fields.finish();
+    } else if (const LayerFactory factory = find_registered_layer(cls)) {
+        ConfigFields fields = fields_of("name, batch_input_shape and the parameters of its from_config");
+        const std::string name = fields.take_string("name");
+        out.input_shape = fields.take_batch_input_shape("batch_input_shape");
+        nlohmann::json parameters = config;
+        parameters.erase("name");
+        parameters.erase("batch_input_shape");
+        try {
+            out.layer = factory(parameters);
+        } catch (const std::exception& e) {
+            fields.fail("the registered class's from_config threw: " + std::string(e.what()));
+        } catch (...) {
+            fields.fail("the registered class's from_config threw something that is not a std::exception");
+        }
+        if (!out.layer) fields.fail("the registered class's from_config gave a null layer");
+        if (out.layer->class_name() != cls)
+            fields.fail("the registered class's from_config gave a layer whose class_name() is " +
+                        json_text(std::string(out.layer->class_name())) +
+                        "; register a class under the name its class_name() returns");
+        if (out.layer->built())
+            fields.fail("the registered class's from_config gave a built layer; it gives one that is not built "
+                        "(the worker binds it to the model's variables)");
+        out.layer->set_name(name);
     } else {
-        outer.fail("\"class_name\" is " + json_text(cls) +
-                   "; the layers a worker rebuilds are \"Dense\", \"Embedding\", \"GlobalAveragePooling1D\", "
-                   "\"Flatten\", \"Dropout\", \"Activation\", \"LayerNormalization\", \"Concatenate\" and "
-                   "\"Add\"");
+        const std::vector<std::string> registered = registered_layer_classes();
+        outer.fail("\"class_name\" is " + json_text(cls) + "; the layers a worker rebuilds are " +
+                   quoted_list(builtin_layer_classes) +
+                   (registered.empty() ? std::string() : "; registered: " + quoted_list(registered)));
     }
     return out;
 }
