@@ -19,7 +19,9 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -2127,7 +2129,8 @@ TEST_SUITE("keras/config") {
         check_bad_layer_config(R"({"class_name": "Conv2D", "config": {}})",
                                R"(pss: layer {"class_name":"Conv2D","config":{}}: "class_name" is "Conv2D"; the layers a )"
                                R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", )"
-                               R"("Activation", "LayerNormalization", "Concatenate" and "Add")");
+                               R"("Activation", "LayerNormalization", "Concatenate" and "Add"; registered: "TestScale" )"
+                               R"(and "Throwing")");  // registered by keras/registry's layers
         check_bad_layer_config(R"({"class_name": 7, "config": {}})",
                                R"(pss: layer {"class_name":7,"config":{}}: "class_name" is 7, not a string)");
         check_bad_layer_config(R"({"class_name": "Flatten", "config": {}, "x": 1})",
@@ -2845,6 +2848,249 @@ TEST_SUITE("keras/remote") {
         MESSAGE(accepted << " texts gave a model, " << rejected << " were rejected");
         CHECK(accepted + rejected == 20000);
         CHECK(rejected > 10000);
+        pss::detail::testing_forget_remote_models();
+    }
+}
+
+namespace {
+
+/// A user's layer, as examples/custom_layer.cpp writes one: y = x * scale + offset per feature, scale
+/// from ones and offset from zeros, in float32 or float64.
+class TestScale final : public pss::Layer {
+public:
+    explicit TestScale(pss::DType dtype = pss::DType::float32) : dtype_(dtype) {}
+    [[nodiscard]] std::unique_ptr<pss::Layer> clone() const override { return std::make_unique<TestScale>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "TestScale"; }
+    [[nodiscard]] std::vector<pss::Variable> weights() const override {
+        if (!built()) return {};
+        return {scale_, offset_};
+    }
+    [[nodiscard]] pss::Shape compute_output_shape(const pss::Shape& input_shape) const override { return input_shape; }
+    pss::Tensor forward(pss::Tensor inputs, std::uint64_t step) override {
+        require_built("forward");
+        return pss::detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            xt::xarray<T> x = pss::detail::take_as<T>(std::move(inputs));
+            xt::xarray<T> scale, offset;
+            scale_.read_into(scale, step);
+            offset_.read_into(offset, step);
+            xt::xarray<T> y = x * scale + offset;  // broadcast over the last axis
+            inputs_ = pss::Tensor(std::move(x));
+            scale_values_ = pss::Tensor(std::move(scale));
+            return pss::Tensor(std::move(y));
+        });
+    }
+    pss::LayerGradients backward(const pss::Tensor& grad_outputs) override {
+        require_built("backward");
+        return pss::detail::with_float_type(dtype_, [&]<class T>(std::type_identity<T>) {
+            const xt::xarray<T>& x = inputs_.get<T>();
+            const xt::xarray<T>& scale = scale_values_.get<T>();
+            const xt::xarray<T> g = pss::detail::take_as<T>(pss::Tensor(grad_outputs));
+            const std::size_t features = scale.size();
+            const std::size_t rows = x.size() / features;
+            xt::xarray<T> gx = g * scale;
+            xt::xarray<T> gscale = xt::zeros<T>({features});
+            xt::xarray<T> goffset = xt::zeros<T>({features});
+            for (std::size_t r = 0; r < rows; ++r)
+                for (std::size_t j = 0; j < features; ++j) {
+                    gscale(j) += g.data()[r * features + j] * x.data()[r * features + j];
+                    goffset(j) += g.data()[r * features + j];
+                }
+            pss::LayerGradients out;
+            out.inputs = pss::Tensor(std::move(gx));
+            out.variables.push_back({scale_, pss::Tensor(std::move(gscale)), {}, false});
+            out.variables.push_back({offset_, pss::Tensor(std::move(goffset)), {}, false});
+            return out;
+        });
+    }
+    [[nodiscard]] json get_config() const override {
+        json config = pss::Layer::get_config();
+        config["dtype"] = std::string(pss::dtype_name(dtype_));
+        return config;
+    }
+    static TestScale from_config(const json& config) {
+        if (config.size() != 1) throw std::invalid_argument("TestScale's config has one field, dtype");
+        return TestScale(config.at("dtype") == "float64" ? pss::DType::float64 : pss::DType::float32);
+    }
+
+protected:
+    pss::Shape do_build(const pss::Shape& input_shape, std::mt19937& rng) override {
+        const pss::Shape features{input_shape.back()};
+        scale_ = pss::Variable(pss::initializers::Ones()(features, dtype_, rng), name() + "/scale");
+        offset_ = pss::Variable(pss::initializers::Zeros()(features, dtype_, rng), name() + "/offset");
+        return input_shape;
+    }
+    pss::Shape do_bind(const pss::Shape& input_shape, std::vector<pss::Variable> weights) override {
+        const pss::Shape features{input_shape.back()};
+        check_bind_weights(weights, {{"scale", features, dtype_}, {"offset", features, dtype_}});
+        scale_ = std::move(weights[0]);
+        offset_ = std::move(weights[1]);
+        return input_shape;
+    }
+
+private:
+    pss::DType dtype_;
+    pss::Variable scale_, offset_;
+    pss::Tensor inputs_, scale_values_;
+};
+
+/// A layer whose from_config throws what its config's "throw" asks for: "runtime" a std::runtime_error,
+/// "pss" a pss::FailedPreconditionError, "int" an int; "null" gives a null pointer, "other" a layer of
+/// another class; anything else a layer.
+class Throwing final : public pss::Layer {
+public:
+    [[nodiscard]] std::unique_ptr<pss::Layer> clone() const override { return std::make_unique<Throwing>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "Throwing"; }
+    pss::Tensor forward(pss::Tensor inputs, std::uint64_t /*step*/) override { return inputs; }
+    pss::LayerGradients backward(const pss::Tensor& grad_outputs) override { return {grad_outputs, {}}; }
+    static std::unique_ptr<pss::Layer> from_config(const json& config) {
+        const std::string what = config.at("throw").get<std::string>();
+        if (what == "runtime") throw std::runtime_error("no luck");
+        if (what == "pss") throw pss::FailedPreconditionError("pss: not now");
+        if (what == "int") throw 7;
+        if (what == "null") return nullptr;
+        if (what == "other") return std::make_unique<pss::Flatten>();
+        return std::make_unique<Throwing>();
+    }
+
+protected:
+    pss::Shape do_build(const pss::Shape& input_shape, std::mt19937& /*rng*/) override { return input_shape; }
+    pss::Shape do_bind(const pss::Shape& input_shape, std::vector<pss::Variable> weights) override {
+        check_bind_weights(weights, {});
+        return input_shape;
+    }
+};
+
+// Registered in this whole test program, as a user's program registers its classes: the unknown-class
+// message of keras/config lists them.
+const auto test_scale_registration = pss::register_layer<TestScale>("TestScale");
+const auto throwing_registration = pss::register_layer<Throwing>();  // the name from Throwing().class_name()
+
+/// A synchronous fit of 3 epochs of {TestScale, Dense(1)}; its losses, then every weight.
+template <class StrategyType, class BeforeFit = std::nullptr_t>
+std::vector<double> train_scale_sync(StrategyType& strategy, BeforeFit before_fit = nullptr) {
+    xt::xarray<float> x = xt::xarray<float>::from_shape({12, 3});
+    xt::xarray<float> y = xt::xarray<float>::from_shape({12, 1});
+    for (std::size_t i = 0; i < 12; ++i) {
+        for (std::size_t j = 0; j < 3; ++j) x(i, j) = static_cast<float>((i * (j + 2)) % 5) * 0.5f - 1.0f;
+        y(i, 0) = 2 * x(i, 0) - x(i, 1) + 0.5f * x(i, 2) + 1;
+    }
+    pss::Sequential model(strategy, {TestScale(), pss::Dense(1)}, 7);
+    model.compile(pss::SGD(0.1), "mse");
+    model.build({3});
+    if constexpr (!std::is_null_pointer_v<BeforeFit>) before_fit(model);
+    const auto history = model.fit(x, y, 3, 3, true, false);
+    std::vector<double> out(history.loss.begin(), history.loss.end());
+    for (const auto& w : model.get_weights()) out.insert(out.end(), w.template get<float>().begin(), w.template get<float>().end());
+    return out;
+}
+
+}  // namespace
+
+TEST_SUITE("keras/registry") {
+    TEST_CASE("register_layer: TestScale (float32 and float64) rebuilt from serialize(layer) through the registry computes the same values and gradients") {
+        for (const pss::DType dtype : {pss::DType::float32, pss::DType::float64}) {
+            CAPTURE(pss::dtype_name(dtype));
+            ConfigStrategy strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+            TestScale scale(dtype);
+            scale.set_name("scale_1");
+            std::mt19937 rng(0);
+            {
+                auto scope = strategy.scope();
+                (void)scale.build({2}, rng);
+            }
+            CHECK(pss::serialize(scale) ==
+                  json{{"class_name", "TestScale"},
+                       {"config", {{"name", "scale_1"}, {"batch_input_shape", {nullptr, 2}}, {"dtype", std::string(pss::dtype_name(dtype))}}}});
+            scale.set_weights({xt::xarray<double>{2, -1}, xt::xarray<double>{0.5, 1}});
+            const xt::xarray<double> x = {{1, 2}, {-1, 0.5}};
+            const auto rebuilt = check_rebuilt_layer(scale, x, xt::xarray<double>{{1, -1}, {2, 0.5}});
+            CHECK(rebuilt->weights().front().name() == "scale_1/scale:0");
+            CHECK(D(rebuilt->forward(x)) == xt::xarray<double>{{2.5, -1}, {-1.5, 0.5}});
+        }
+        CHECK(test_scale_registration.class_name() == "TestScale");
+        CHECK(throwing_registration.class_name() == "Throwing");
+    }
+
+    TEST_CASE("register_layer: a name registered already or a built-in class name throws AlreadyExistsError naming it") {
+        CHECK_THROWS_WITH_AS((void)pss::register_layer<TestScale>("TestScale"),
+                             "pss: register_layer: a layer class named \"TestScale\" is registered already; names "
+                             "must be unique in a process",
+                             pss::AlreadyExistsError);
+        CHECK_THROWS_WITH_AS((void)pss::register_layer<TestScale>(),  // TestScale().class_name()
+                             "pss: register_layer: a layer class named \"TestScale\" is registered already; names "
+                             "must be unique in a process",
+                             pss::AlreadyExistsError);
+        for (const char* builtin : {"Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", "Activation",
+                                    "LayerNormalization", "Concatenate", "Add"}) {
+            CAPTURE(builtin);
+            CHECK_THROWS_WITH_AS((void)pss::register_layer<TestScale>(builtin),
+                                 ("pss: register_layer: \"" + std::string(builtin) +
+                                  "\" is a built-in layer class; a registered class needs a name of its own").c_str(),
+                                 pss::AlreadyExistsError);
+        }
+        CHECK_THROWS_WITH_AS((void)pss::register_layer<TestScale>(""),
+                             "pss: register_layer: the class name is empty; give the name L's class_name() returns",
+                             pss::InvalidArgumentError);
+        CHECK(pss::detail::registered_layer_classes() == std::vector<std::string>{"TestScale", "Throwing"});
+    }
+
+    TEST_CASE("register_layer: whatever from_config throws (std::runtime_error, a pss error, an int, a wrong field) is an InvalidArgumentError naming the class and the config") {
+        auto config = [](const json& parameters) {
+            json c = {{"name", "t"}, {"batch_input_shape", {nullptr, 2}}};
+            c.update(parameters);
+            return json{{"class_name", "Throwing"}, {"config", c}}.dump();
+        };
+        const std::string prefix = R"(pss: Throwing config {"batch_input_shape":[null,2],"name":"t",)";
+        check_bad_layer_config(config({{"throw", "runtime"}}),
+                               prefix + R"("throw":"runtime"}: the registered class's from_config threw: no luck)");
+        check_bad_layer_config(config({{"throw", "pss"}}),
+                               prefix + R"("throw":"pss"}: the registered class's from_config threw: pss: not now)");
+        check_bad_layer_config(config({{"throw", "int"}}),
+                               prefix + R"("throw":"int"}: the registered class's from_config threw something that )"
+                                        R"(is not a std::exception)");
+        check_bad_layer_config(config({{"throw", 3}}),  // nlohmann's type_error, from the class's own parsing
+                               prefix + R"("throw":3}: the registered class's from_config threw: [json.exception.type_error.302] )"
+                                        R"(type must be string, but is number)");
+        check_bad_layer_config(config({{"throw", "null"}}),
+                               prefix + R"("throw":"null"}: the registered class's from_config gave a null layer)");
+        check_bad_layer_config(config({{"throw", "other"}}),
+                               prefix + R"("throw":"other"}: the registered class's from_config gave a layer whose )"
+                                        R"(class_name() is "Flatten"; register a class under the name its class_name() returns)");
+        // Layer::get_config's fields are read by the rebuild itself, as for the built-in classes.
+        check_bad_layer_config(R"({"class_name": "TestScale", "config": {"dtype": "float32", "batch_input_shape": [null, 2]}})",
+                               R"(pss: TestScale config {"batch_input_shape":[null,2],"dtype":"float32"}: the field )"
+                               R"("name" is missing; it has name, batch_input_shape and the parameters of its from_config)");
+        check_bad_layer_config(R"({"class_name": "TestScale", "config": {"dtype": "float32", "name": "s", "batch_input_shape": [3]}})",
+                               R"(pss: TestScale config {"batch_input_shape":[3],"dtype":"float32","name":"s"}: )"
+                               R"("batch_input_shape" is [3], not a batch input shape: a list whose first item (the )"
+                               R"(batch axis) is null, such as [null, 3])");
+        const auto parsed = pss::detail::parse_layer_config(
+            json::parse(R"({"class_name": "Throwing", "config": {"name": "t", "batch_input_shape": [null, 4], "throw": "no"}})"));
+        CHECK(parsed.layer->class_name() == "Throwing");
+        CHECK(parsed.layer->name() == "t");
+        CHECK(parsed.input_shape == pss::Shape{4});
+    }
+
+    TEST_CASE("parse_layer_config: an unknown class's message lists the built-in classes, then the registered ones") {
+        check_bad_layer_config(R"({"class_name": "Conv2D", "config": {}})",
+                               R"(pss: layer {"class_name":"Conv2D","config":{}}: "class_name" is "Conv2D"; the layers a )"
+                               R"(worker rebuilds are "Dense", "Embedding", "GlobalAveragePooling1D", "Flatten", "Dropout", )"
+                               R"("Activation", "LayerNormalization", "Concatenate" and "Add"; registered: "TestScale" and )"
+                               R"("Throwing")");
+    }
+
+    TEST_CASE("Sequential of a registered TestScale and Dense on worker processes trains to the bits of in-process workers") {
+        pss::detail::testing_forget_remote_models();
+        SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        const auto expected = train_scale_sync(local);
+        const auto got = train_scale_sync(remote, [&](auto& model) {
+            remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
+        });
+        CHECK(got == expected);
+        CHECK(expected.size() == 3 + 3 + 3 + 3 + 1);  // 3 losses; scale, offset, kernel (3, 1), bias
+        CHECK(remote.workers.count("pss.keras.Sequential.build") == 2);
+        CHECK(remote.workers.count("pss.keras.Sequential.step") == 3 * 4 * 2);  // epochs x batches x workers
         pss::detail::testing_forget_remote_models();
     }
 }
