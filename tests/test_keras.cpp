@@ -2412,20 +2412,30 @@ std::vector<double> train_sync(StrategyType& strategy, BeforeFit before_fit = nu
     return out;
 }
 
+/// Trains with `train(strategy, before_fit)` (3 epochs of 4 synchronous batches) on in-process workers,
+/// then on LoopbackWorkers (the worker-process path: the model sent as its description, each step a
+/// registered call); checks the same bits and one build call per worker; returns the in-process result.
+template <class Train>
+std::vector<double> check_worker_processes_train_alike(Train train) {
+    pss::detail::testing_forget_remote_models();
+    SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+    LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+    const auto expected = train(local, nullptr);
+    const auto got = train(remote, [&](auto& model) {
+        remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
+    });
+    CHECK(got == expected);
+    CHECK(remote.workers.count("pss.keras.Sequential.build") == 2);
+    CHECK(remote.workers.count("pss.keras.Sequential.step") == 3 * 4 * 2);  // epochs x batches x workers
+    pss::detail::testing_forget_remote_models();
+    return expected;
+}
+
 }  // namespace
 
 TEST_SUITE("keras/remote") {
     TEST_CASE("Sequential on worker processes: the model is sent once per worker (2 build calls for 12 steps) and trains to the bits of in-process workers") {
-        pss::detail::testing_forget_remote_models();
-        SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
-        LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
-        const auto expected = train_sync(local);
-        const auto got = train_sync(remote, [&](auto& model) {
-            remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
-        });
-        CHECK(got == expected);
-        CHECK(remote.workers.count("pss.keras.Sequential.build") == 2);
-        CHECK(remote.workers.count("pss.keras.Sequential.step") == 3 * 4 * 2);  // epochs x batches x workers
+        (void)check_worker_processes_train_alike([](auto& strategy, auto before_fit) { return train_sync(strategy, before_fit); });
     }
 
     TEST_CASE("Sequential on worker processes: a worker that loses the model mid-fit (a restart) gets it again, and the fit gives the same bits") {
@@ -2783,17 +2793,8 @@ TEST_SUITE("keras/functional") {
 
 TEST_SUITE("keras/remote") {
     TEST_CASE("Model on worker processes: workers rebuild a functional model from Keras' Functional config and train it to the bits of in-process workers") {
-        pss::detail::testing_forget_remote_models();
-        SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
-        LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
-        const auto expected = train_functional(local);
-        const auto got = train_functional(remote, [&](auto& model) {
-            remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
-        });
-        CHECK(got == expected);
-        CHECK(remote.workers.count("pss.keras.Sequential.build") == 2);
-        CHECK(remote.workers.count("pss.keras.Sequential.step") == 3 * 4 * 2);
-        pss::detail::testing_forget_remote_models();
+        (void)check_worker_processes_train_alike(
+            [](auto& strategy, auto before_fit) { return train_functional(strategy, before_fit); });
     }
 
     TEST_CASE("pss.keras.Sequential.build: a Functional description with a bad reference, order, shape or count throws naming it; 20000 mutated texts give a model or InvalidArgumentError") {
@@ -3080,17 +3081,8 @@ TEST_SUITE("keras/registry") {
     }
 
     TEST_CASE("Sequential of a registered TestScale and Dense on worker processes trains to the bits of in-process workers") {
-        pss::detail::testing_forget_remote_models();
-        SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
-        LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
-        const auto expected = train_scale_sync(local);
-        const auto got = train_scale_sync(remote, [&](auto& model) {
-            remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
-        });
-        CHECK(got == expected);
+        const auto expected = check_worker_processes_train_alike(
+            [](auto& strategy, auto before_fit) { return train_scale_sync(strategy, before_fit); });
         CHECK(expected.size() == 3 + 3 + 3 + 3 + 1);  // 3 losses; scale, offset, kernel (3, 1), bias
-        CHECK(remote.workers.count("pss.keras.Sequential.build") == 2);
-        CHECK(remote.workers.count("pss.keras.Sequential.step") == 3 * 4 * 2);  // epochs x batches x workers
-        pss::detail::testing_forget_remote_models();
     }
 }
