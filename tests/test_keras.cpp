@@ -2343,6 +2343,34 @@ private:
     std::vector<std::string> names_;
 };
 
+/// An identity layer that counts where its forward runs: in a closure on a worker, or on the chief
+/// (get_current_worker_index throws outside a closure).
+class WorkerProbe final : public pss::Layer {
+public:
+    [[nodiscard]] std::unique_ptr<pss::Layer> clone() const override { return std::make_unique<WorkerProbe>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "WorkerProbe"; }
+    [[nodiscard]] pss::Shape compute_output_shape(const pss::Shape& input_shape) const override { return input_shape; }
+    pss::Tensor forward(pss::Tensor inputs, std::uint64_t) override {
+        try {
+            const int worker = pss::get_current_worker_index();
+            if (worker == 0 || worker == 1) ++workers_;
+        } catch (const pss::Error&) {
+            ++chief_;
+        }
+        return inputs;
+    }
+    pss::LayerGradients backward(const pss::Tensor& grad_outputs) override { return {grad_outputs, {}}; }
+    static void reset() { workers_ = chief_ = 0; }
+    static int on_workers() { return workers_; }
+    static int on_chief() { return chief_; }
+
+protected:
+    pss::Shape do_build(const pss::Shape& input_shape, std::mt19937&) override { return input_shape; }
+
+private:
+    static inline std::atomic<int> workers_{0}, chief_{0};
+};
+
 /// A ParameterServerStrategy whose workers are LoopbackWorkers.
 template <class Inner>
 class LoopbackStrategy final : public pss::Strategy {
@@ -2446,6 +2474,57 @@ TEST_SUITE("keras/remote") {
             CHECK((builds == 4 || builds == 6));
         }
         pss::detail::testing_forget_remote_models();
+    }
+
+    TEST_CASE("evaluate on worker processes: one registered test step per batch (4 for 10 examples in batches of 3) gives the bits of in-process workers; a worker that lost the model gets it again") {
+        const auto [x, y] = sync_data();
+        auto evaluate = [&](auto& strategy, auto before) {
+            pss::Sequential model(strategy,
+                                  {pss::Embedding(5, 4), pss::GlobalAveragePooling1D(), pss::Dense(3, "tanh"), pss::Dense(1)}, 7);
+            model.compile(pss::SGD(0.1), "mse", {"mae"});
+            model.build({3});
+            before(model);
+            const pss::Logs logs = model.evaluate(x, y, pss::EvaluateOptions{.batch_size = 3});
+            return std::vector<double>{logs.at("loss"), logs.at("mean_absolute_error")};
+        };
+        pss::detail::testing_forget_remote_models();
+        SyncTwoWorkers local(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        const auto expected = evaluate(local, [](auto&) {});
+        for (int forget_at : {-1, 3, 4, 6}) {  // calls 1 and 2 are the build calls, 3 to 6 the test steps
+            CAPTURE(forget_at);
+            pss::detail::testing_forget_remote_models();
+            LoopbackStrategy<SyncTwoWorkers> remote(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+            remote.workers.forget_at_call = forget_at;
+            const auto got = evaluate(remote, [&](auto& model) {
+                remote.workers.channel = pss::detail::Codec<pss::Variable>::channel_of(model.weights().front());
+            });
+            CHECK(got == expected);
+            CHECK(remote.workers.count("pss.keras.Sequential.build") == (forget_at == -1 ? 2 : 4));
+            if (forget_at == -1) CHECK(remote.workers.count("pss.keras.Sequential.test_step") == 4);
+            else CHECK(remote.workers.count("pss.keras.Sequential.test_step") >= 5);
+        }
+        pss::detail::testing_forget_remote_models();
+    }
+
+    TEST_CASE("evaluate and fit's validation run their batches on the workers (each batch's forward on worker 0 or 1, none on the chief); predict on the chief") {
+        WorkerProbe::reset();
+        SyncTwoWorkers strategy(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        const auto [x, y] = sync_data();
+        pss::Sequential model(strategy, {pss::Embedding(5, 4), pss::GlobalAveragePooling1D(), WorkerProbe(), pss::Dense(1)}, 7);
+        model.compile(pss::SGD(0.1), "mse");
+        (void)model.evaluate(x, y, pss::EvaluateOptions{.batch_size = 2});  // 5 batches
+        CHECK(WorkerProbe::on_workers() == 5);
+        CHECK(WorkerProbe::on_chief() == 0);
+        WorkerProbe::reset();
+        // 8 training examples in batches of 4, each split between the 2 workers, then 2 validated: per epoch
+        // 4 training forwards and 1 validation forward, all on the workers.
+        (void)model.fit(x, y, {.batch_size = 4, .epochs = 2, .verbose = 0, .validation_split = 0.2, .shuffle = false});
+        CHECK(WorkerProbe::on_workers() == 2 * (4 + 1));
+        CHECK(WorkerProbe::on_chief() == 0);
+        WorkerProbe::reset();
+        (void)model.predict(x, 5);
+        CHECK(WorkerProbe::on_workers() == 0);
+        CHECK(WorkerProbe::on_chief() == 2);
     }
 
     TEST_CASE("pss.keras.Sequential.step for a model the worker does not have answers NotFoundError naming the worker and the model") {

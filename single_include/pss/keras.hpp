@@ -5894,6 +5894,14 @@ private:
     }
 };
 
+/// The examples in a step's batches, after checking that there is one batch per model input.
+inline std::size_t step_examples(const LayerGraph& graph, const std::vector<Tensor>& x, std::string_view what) {
+    if (x.size() != graph.num_inputs)
+        throw InvalidArgumentError("pss: a " + std::string(what) + " step got " + std::to_string(x.size()) +
+                                   " input batches for a model of " + std::to_string(graph.num_inputs) + " inputs");
+    return x.empty() || x.front().rank() == 0 ? 0 : x.front().shape().front();
+}
+
 /// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
 /// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker),
 /// then the metrics' states for the slice (see accumulate_metrics), computed on the step's predictions.
@@ -5902,11 +5910,8 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
                                             std::vector<Tensor> x, Tensor y, const Tensor& weights, std::uint64_t step,
                                             double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    const std::size_t examples = x.empty() || x.front().rank() == 0 ? 0 : x.front().shape().front();
+    const std::size_t examples = step_examples(graph, x, "training");
     const std::span<const double> w = step_weights(weights, examples);
-    if (x.size() != graph.num_inputs)
-        throw InvalidArgumentError("pss: a training step got " + std::to_string(x.size()) +
-                                   " input batches for a model of " + std::to_string(graph.num_inputs) + " inputs");
     Tensor predictions = graph.forward(std::move(x), step);
     std::vector<double> out(1 + metric_state_size(metrics), 0.0);
     Tensor grad;
@@ -5927,6 +5932,20 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
         else
             (void)g.variable.apply_gradient(std::move(values), step);
     });
+    return out;
+}
+
+/// One evaluation batch (Keras' test step, which evaluate schedules on the workers): a pull and a forward
+/// outside training (no step: Dropout passes its inputs), nothing pushed. Returns the batch's loss with
+/// the regularizers' penalty added (Keras' evaluate adds model.losses to each batch's loss), then the
+/// metrics' states for the batch.
+inline std::vector<double> keras_test_step(LayerGraph& graph, const Loss& loss, const MetricList& metrics,
+                                           std::vector<Tensor> x, Tensor y, const Tensor& weights) {
+    const std::span<const double> w = step_weights(weights, step_examples(graph, x, "test"));
+    const Tensor predictions = graph.forward(std::move(x), 0);
+    std::vector<double> out(1 + metric_state_size(metrics), 0.0);
+    out[0] = weighted_loss(loss, y, predictions, w, nullptr) + graph.regularization_loss();
+    accumulate_metrics(metrics, std::span<double>(out).subspan(1), y, predictions, w);
     return out;
 }
 
@@ -6179,31 +6198,42 @@ PSS_INLINE void keras_remote_build(std::string model_id, std::string description
 /// The registered step call: one training step of the model `model_id` (see keras_train_step).
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
+PSS_INLINE std::shared_ptr<RemoteModel> find_remote_model(const std::string& model_id) {
+    auto& store = RemoteModels::instance();
+    std::lock_guard lock(store.mutex);
+    const auto it = store.models.find({worker_index(), model_id});
+    if (it == store.models.end())
+        throw NotFoundError(std::string(remote_model_unknown) + std::to_string(worker_index()) +
+                            std::string(remote_model_unknown_tail) + json_text(model_id) +
+                            " (it restarted, or evicted the model: a worker keeps the " +
+                            std::to_string(remote_models_per_worker) +
+                            " models used last); the chief sends it again with the call "
+                            "\"pss.keras.Sequential.build\"");
+    it->second->last_used = ++store.clock;
+    return it->second;
+}
+
 PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, std::vector<Tensor> x, Tensor y,
                                                 Tensor weights, std::uint64_t step, double scale) {
-    std::shared_ptr<RemoteModel> model;
-    {
-        auto& store = RemoteModels::instance();
-        std::lock_guard lock(store.mutex);
-        const auto it = store.models.find({worker_index(), model_id});
-        if (it == store.models.end())
-            throw NotFoundError(std::string(remote_model_unknown) + std::to_string(worker_index()) +
-                                std::string(remote_model_unknown_tail) + json_text(model_id) +
-                                " (it restarted, or evicted the model: a worker keeps the " +
-                                std::to_string(remote_models_per_worker) +
-                                " models used last); the chief sends it again with the call "
-                                "\"pss.keras.Sequential.build\"");
-        model = it->second;
-        model->last_used = ++store.clock;
-    }
+    const std::shared_ptr<RemoteModel> model = find_remote_model(model_id);
     std::lock_guard lock(model->mutex);
     return keras_train_step(model->graph, *model->loss, model->metrics, std::move(x), std::move(y), weights, step,
                             scale);
+}
+
+/// The registered test call: one evaluation batch of the model `model_id` (see keras_test_step).
+/// @throws NotFoundError as keras_remote_step
+PSS_INLINE std::vector<double> keras_remote_test_step(std::string model_id, std::vector<Tensor> x, Tensor y,
+                                                     Tensor weights) {
+    const std::shared_ptr<RemoteModel> model = find_remote_model(model_id);
+    std::lock_guard lock(model->mutex);
+    return keras_test_step(model->graph, *model->loss, model->metrics, std::move(x), std::move(y), weights);
 }
 #else
 void keras_remote_build(std::string model_id, std::string description, std::vector<Variable> weights);
 std::vector<double> keras_remote_step(std::string model_id, std::vector<Tensor> x, Tensor y, Tensor weights,
                                       std::uint64_t step, double scale);
+std::vector<double> keras_remote_test_step(std::string model_id, std::vector<Tensor> x, Tensor y, Tensor weights);
 #endif
 
 /// Registered in every program that includes this header, so that worker processes know them.
@@ -6213,6 +6243,8 @@ inline const RegisteredFunction<std::vector<double>(std::string, std::vector<Ten
                                                    double)>
     keras_remote_step_function =
     register_function("pss.keras.Sequential.step", &keras_remote_step);
+inline const RegisteredFunction<std::vector<double>(std::string, std::vector<Tensor>, Tensor, Tensor)>
+    keras_remote_test_step_function = register_function("pss.keras.Sequential.test_step", &keras_remote_test_step);
 
 /// FNV-1a of `text`, as 16 hex digits: a model's id, from its description and its variables.
 inline std::string fnv1a_hex(std::string_view text) {
@@ -6268,7 +6300,9 @@ inline std::string fnv1a_hex(std::string_view text) {
 /// `fit` keeps at most 2 * num_workers + 2 batches in flight, each copied from (x, y) when it is
 /// scheduled: an epoch's batches are never all copied at once.
 ///
-/// `evaluate` and `predict` run on the calling thread (the coordinator), reading the current weights.
+/// `evaluate` (and fit's validation) runs its batches on the workers, as Keras' evaluate schedules its
+/// test function on the ParameterServerStrategy's coordinator, and adds them up on the chief in batch
+/// order; `predict` runs on the calling thread (the coordinator). Both read the current weights.
 /// A model is used from one thread at a time, and its strategy outlives it.
 ///
 /// @tparam StrategyType a ParameterServerStrategy (any Strategy with its `optimizer_type`,
@@ -6547,8 +6581,8 @@ public:
     /// Each epoch visits the training examples in batches of `batch_size`, in a new seeded permutation
     /// when `shuffle`. An epoch's `loss` is the mean of its batch losses; each compiled metric is computed
     /// by the workers on every step's predictions (before the step's update, as Keras) and added up over
-    /// the epoch on the chief. With validation, the held-out data is evaluated on the chief at each
-    /// epoch's end (`val_loss`, `val_<metric>`). Callbacks are called on the calling thread: batch hooks
+    /// the epoch on the chief. With validation, the held-out data is evaluated (by the workers, as
+    /// `evaluate`) at each epoch's end (`val_loss`, `val_<metric>`). Callbacks are called on the calling thread: batch hooks
     /// as batches complete, in order (a few batches run ahead on the workers, at most 2 * num_workers + 2,
     /// so a callback that stops training stops it after those).
     /// @param x inputs, shape (examples, input_shape...), or one such array per input of a functional
@@ -6581,12 +6615,12 @@ public:
     }
 
     /// @brief The loss over all of (x, y): the mean over the examples, computed in batches of
-    /// `batch_size` on the calling thread (Keras' `evaluate` without metrics).
+    /// `batch_size` by the workers (Keras' `evaluate` without metrics).
     [[nodiscard]] double evaluate(const ModelInputs& x, const xt::xarray<float>& y, std::size_t batch_size = 32) {
         return evaluate(x, y, EvaluateOptions{.batch_size = batch_size}).at("loss");
     }
-    /// @brief The loss and every compiled metric over all of (x, y), computed in batches on the calling
-    /// thread (Keras' `evaluate(..., return_dict=True)`): `{"loss": ..., "auc": ...}`. With sample
+    /// @brief The loss and every compiled metric over all of (x, y), computed in batches by the workers
+    /// and added up on the chief (Keras' `evaluate(..., return_dict=True)`): `{"loss": ..., "auc": ...}`. With sample
     /// weights, the loss is the sum of the weighted losses over the examples.
     [[nodiscard]] Logs evaluate(const ModelInputs& x, const xt::xarray<float>& y, const EvaluateOptions& options);
 
@@ -6613,7 +6647,7 @@ private:
     History fit_epochs(const ModelInputs& x, const xt::xarray<float>& y, const FitOptions& options,
                        const FitPoint& start, const FitBackup& backup);
 
-    /// Loss and metrics over rows [begin, end) of (x, y), on the calling thread, as `prefix` + name.
+    /// Loss and metrics over rows [begin, end) of (x, y), batches run by the workers, as `prefix` + name.
     Logs evaluate_rows(const ModelInputs& x, const xt::xarray<float>& y, const std::vector<double>& weights,
                        std::size_t begin, std::size_t end, std::size_t batch_size, std::string_view prefix = {});
 
@@ -6915,6 +6949,19 @@ private:
             [this, step, scale](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
                 return detail::keras_train_step(replica.graph, *loss_, *metrics_, std::move(x), std::move(y), w, step,
                                                 scale);
+            },
+            *replicas_, std::move(xs), std::move(ys), std::move(ws));
+    }
+
+    /// Schedules one evaluation batch (keras_test_step) on whichever worker is free: as a closure on the
+    /// embedded cluster, as the registered test call when the workers are other processes.
+    RemoteValue<std::vector<double>> schedule_test_step(std::vector<Tensor> xs, Tensor ys, Tensor ws) {
+        if (strategy_->remote_workers() != nullptr)
+            return coordinator_->schedule(detail::keras_remote_test_step_function, remote_->id, std::move(xs),
+                                          std::move(ys), std::move(ws));
+        return coordinator_->schedule(
+            [this](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
+                return detail::keras_test_step(replica.graph, *loss_, *metrics_, std::move(x), std::move(y), w);
             },
             *replicas_, std::move(xs), std::move(ys), std::move(ws));
     }
@@ -7366,20 +7413,71 @@ Logs Model<StrategyType>::evaluate_rows(const ModelInputs& x, const xt::xarray<f
                                              const std::vector<double>& weights, std::size_t begin, std::size_t end,
                                              std::size_t batch_size, std::string_view prefix) {
     const detail::MetricList& metric_list = resolved_metrics();
-    std::vector<double> state(detail::metric_state_size(metric_list), 0.0);
+    const std::size_t state_size = detail::metric_state_size(metric_list);
+    ensure_workers();
+    const bool remote = strategy_->remote_workers() != nullptr;
+    if (remote) ensure_remote_model();
     std::vector<std::size_t> order(end - begin);
     std::iota(order.begin(), order.end(), begin);
+    const std::size_t batches = (order.size() + batch_size - 1) / batch_size;
+    const auto workers = static_cast<std::size_t>(strategy_->num_workers());
+    const std::size_t max_batches_in_flight = 2 * workers + 2;
+    std::size_t rebuilds_left = 2 * workers + 2;
+
+    // The batches run on the workers, a few ahead, and are added up here in their order, so the figures
+    // are the same whichever worker ran which batch.
+    std::deque<RemoteValue<std::vector<double>>> window;  // batches counted, counted + 1, ...
+    std::size_t counted = 0, scheduled = 0;
     double total = 0;
-    for (std::size_t at = 0; at < order.size(); at += batch_size) {
-        const std::size_t count = std::min(batch_size, order.size() - at);
-        const Tensor predictions = graph_.forward(take_input_rows(x, order, at, count), 0);
-        const Tensor targets(detail::take_rows(y, order, at, count));
-        const Tensor w = detail::take_weights(weights, order, at, count);
-        const std::span<const double> ws = detail::step_weights(w, count);
-        // The regularizers' penalty of the weights just pulled: Keras' evaluate adds it to each batch's loss.
-        total += (detail::weighted_loss(*loss_, targets, predictions, ws, nullptr) + graph_.regularization_loss()) *
-                 static_cast<double>(count);
-        detail::accumulate_metrics(metric_list, state, targets, predictions, ws);
+    std::vector<double> state(state_size, 0.0);
+    // A worker process that lost the model (it restarted): once no closure runs and the errors are
+    // cleared, the model goes to every worker again and the batches not counted run again (a test step
+    // changes nothing, so running one twice is harmless).
+    auto rebuild = [&] {
+        --rebuilds_left;
+        for (;;) {
+            try {
+                coordinator_->join();
+                break;
+            } catch (const UnavailableError&) {
+                throw;
+            } catch (const Error&) {  // the lost model's errors, cleared one by one
+            }
+        }
+        send_remote_model();
+        window.clear();
+        scheduled = counted;
+    };
+    try {
+        while (counted < batches) {
+            try {
+                for (; scheduled < batches && scheduled - counted < max_batches_in_flight; ++scheduled) {
+                    const std::size_t at = scheduled * batch_size, count = std::min(batch_size, order.size() - at);
+                    window.push_back(schedule_test_step(take_input_rows(x, order, at, count),
+                                                        detail::take_rows(y, order, at, count),
+                                                        detail::take_weights(weights, order, at, count)));
+                }
+                const std::vector<double>& result = window.front().fetch();
+                if (result.size() != 1 + state_size)
+                    throw InternalError(who("evaluate") + ": a test step returned " + std::to_string(result.size()) +
+                                        " numbers; the loss and " + std::to_string(state_size) +
+                                        " of metric state were expected");
+                const std::size_t count = std::min(batch_size, order.size() - counted * batch_size);
+                total += result[0] * static_cast<double>(count);
+                for (std::size_t i = 0; i < state_size; ++i) state[i] += result[1 + i];
+                window.pop_front();
+                ++counted;
+            } catch (const NotFoundError& e) {
+                if (!remote || !detail::is_remote_model_unknown(e) || rebuilds_left == 0) throw;
+                rebuild();
+            } catch (const CancelledError&) {  // cancelled by another closure's failure: maybe a lost model
+                if (!remote || rebuilds_left == 0) throw;
+                rebuild();
+            }
+        }
+    } catch (...) {
+        coordinator_->join();  // raises the first error (and clears it); else rethrow what fetch raised
+        throw;
     }
     Logs logs{{std::string(prefix) + "loss", total / static_cast<double>(order.size())}};
     detail::metric_results(metric_list, state, logs, prefix);
