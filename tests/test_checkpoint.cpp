@@ -284,6 +284,97 @@ TEST_SUITE("checkpoint.hpp") {
         const auto a = values(ms), b = values(m2);
         for (std::size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i], b[i]));
     }
+
+    TEST_CASE("Checkpoint: a synchronous ParameterServer restored from a checkpoint of step 5 takes step 6 next, from "
+              "behind (count 0) and from ahead (count 6); a held pull of a step now applied is answered") {
+        TempDir dir;
+        {  // the checkpoint: "w" = {2, 4} at step 5
+            Strat<pss::SGD, 1> s({}, pss::FixedShardsPartitioner(1), pss::SGD(0.5));
+            const pss::Variable w = [&] {
+                auto scope = s.scope();
+                return pss::Variable(xt::xarray<float>{2, 4}, "w");
+            }();
+            pss::Checkpoint c(s);
+            c.set_step(5);
+            c.write(dir / "at5");
+        }
+        pss::ParameterServer<pss::SGD> ps(pss::SGD(0.5), {.synchronous = true, .workers = 2});
+        auto request = [](pss::Op op, std::uint64_t step, pss::Tensor payload = {}) {
+            pss::Request r;
+            r.op = op;
+            r.key = {1, 0};
+            r.step = step;
+            r.payload = std::move(payload);
+            return r;
+        };
+        auto push = [&](std::uint64_t step, float g) {
+            return ps.handle(request(pss::Op::apply_dense, step, xt::xarray<float>{g, g}));
+        };
+        auto read = [&](std::uint64_t step) { return ps.handle(request(pss::Op::read, step)); };
+        auto value = [&] { return read(0).payload.get<float>(); };
+        std::vector<std::pair<std::uint64_t, pss::Reply>> answered;  // held pulls, by step, as answered
+        auto hold = [&](std::uint64_t step) {
+            ps.handle(request(pss::Op::read, step),
+                      pss::Responder([&answered, step](pss::Reply&& r) { answered.emplace_back(step, std::move(r)); }));
+        };
+        auto restore = [&] {
+            pss::Request stage = request(pss::Op::restore_shard, 0);
+            stage.name = dir / "at5" + "\nw";
+            stage.ids = {0, 2};
+            REQUIRE(ps.handle(std::move(stage)).ok());
+            REQUIRE(ps.handle(request(pss::Op::commit_restore, 5)).ok());
+        };
+        pss::Request create = request(pss::Op::create, 0, xt::xarray<float>{0, 0});
+        create.name = "w";
+        REQUIRE(ps.handle(std::move(create)).ok());
+
+        // Behind: nothing applied, a pull of step 5 held, half of step 1 pushed.
+        hold(5);
+        CHECK(push(1, 1).ok());
+        CHECK(answered.empty());
+        restore();
+        REQUIRE(answered.size() == 1);  // step 5 counts as applied: the restore answered it
+        CHECK(answered[0].first == 5);
+        CHECK(answered[0].second.ok());
+        CHECK(answered[0].second.payload.get<float>() == xt::xarray<float>{2, 4});
+        const pss::Reply old = push(3, 1);
+        CHECK(old.code == pss::ErrorCode::invalid_argument);
+        CHECK(old.message == "pss: apply_gradient on variable 'w': step 3 is applied already; a worker pushed twice, or too late");
+        pss::Request again = request(pss::Op::apply_dense, 3, xt::xarray<float>{1, 1});
+        again.sender = pss::TaskId{"worker", 0};
+        CHECK(ps.handle(std::move(again)).ok());  // a proven sender's old step: run again, changes nothing
+        CHECK(value() == xt::xarray<float>{2, 4});
+        const pss::Reply six = read(6);
+        CHECK(six.ok());
+        CHECK(six.payload.get<float>() == xt::xarray<float>{2, 4});
+        const pss::Reply seven = read(7);
+        CHECK(seven.code == pss::ErrorCode::not_ready);
+        CHECK(seven.message == "pss: read on variable 'w' for step 7: step 6 is not applied yet");
+        CHECK(push(6, 1).ok());
+        CHECK(push(6, 3).ok());
+        CHECK(value() == xt::xarray<float>{1, 3});  // 0.5 * the mean gradient 2
+
+        // Ahead: step 6 applied, half of step 7 pushed, a pull of step 8 held; the restore goes back to
+        // step 5 and drops the half step (its gradient was of the values the restore replaced).
+        CHECK(push(7, 5).ok());
+        hold(8);
+        restore();
+        CHECK(value() == xt::xarray<float>{2, 4});
+        CHECK(answered.size() == 1);  // step 7 is not applied: the pull of step 8 still waits
+        CHECK(read(7).code == pss::ErrorCode::not_ready);
+        const pss::Reply ahead = push(8, 1);
+        CHECK(ahead.code == pss::ErrorCode::invalid_argument);
+        CHECK(ahead.message == "pss: apply_gradient on variable 'w': step 8 is too far ahead: step 5 is the last applied, "
+                               "and with staleness 0 no worker can push beyond step 7");
+        CHECK(push(6, 1).ok());
+        CHECK(push(6, 3).ok());
+        CHECK(push(7, 2).ok());
+        CHECK(answered.size() == 1);  // the push of step 7 before the restore does not count
+        CHECK(push(7, 2).ok());
+        REQUIRE(answered.size() == 2);
+        CHECK(answered[1].first == 8);
+        CHECK(answered[1].second.payload.get<float>() == xt::xarray<float>{0, 2});  // {1, 3} - 0.5 * 2
+    }
 }
 
 namespace {
@@ -882,6 +973,41 @@ bool same_weights(const std::vector<pss::Tensor>& a, const std::vector<pss::Tens
     return true;
 }
 
+/// A synchronous fit of 4 epochs (3 steps each) with `optimizer` against one that stops after epoch 2
+/// (its backup kept) and one in a fresh strategy, as a restarted chief's, that resumes from the backup:
+/// the resumed one starts at epoch 3 and step 7 and ends with the losses and bits of the straight one.
+void check_resume_after_two_of_four(const pss::Adam& optimizer) {
+    TempDir dir;
+    const Data d;
+    KerasStrategy2 s1({}, pss::FixedShardsPartitioner(2), optimizer);
+    auto straight = make_model(s1);
+    straight.compile(optimizer, "mse");
+    const auto full = straight.fit(d.x, d.y, 4, 5, true, false);
+
+    {
+        KerasStrategy2 s2({}, pss::FixedShardsPartitioner(2), optimizer);
+        auto first = make_model(s2);
+        first.compile(optimizer, "mse");
+        const auto h = first.fit(d.x, d.y, 2, 5, pss::BackupAndRestore{dir / "backup", false}, true, false);
+        CHECK(h.epoch == std::vector<int>{0, 1});
+    }  // the process "dies" after epoch 2, its backup kept
+    CHECK(fs::exists(dir / "backup/ckpt-2/index.json"));
+    CHECK_FALSE(fs::exists(dir / "backup/ckpt-1"));  // the manager keeps one
+    CHECK(pss::detail::read_index(dir / "backup/ckpt-2").step == 6);
+
+    KerasStrategy2 s3({}, pss::FixedShardsPartitioner(2), optimizer);
+    auto resumed = make_model(s3);
+    resumed.compile(optimizer, "mse");
+    std::ostringstream out;
+    const auto h = resumed.fit(d.x, d.y, 4, 5, pss::BackupAndRestore{dir / "backup"}, true, true, out);
+    CHECK(out.str().rfind("Restored the backup of epoch 2 from " + dir / "backup" + "\nEpoch 3/4\n", 0) == 0);
+    CHECK(h.epoch == std::vector<int>{2, 3});
+    CHECK(h.loss[0] == full.loss[2]);
+    CHECK(h.loss[1] == full.loss[3]);
+    CHECK(same_weights(straight.get_weights(), resumed.get_weights()));
+    CHECK_FALSE(fs::exists(dir / "backup"));  // delete_checkpoint: the fit completed
+}
+
 }  // namespace
 
 TEST_SUITE("coordinator.hpp") {
@@ -1003,6 +1129,7 @@ TEST_SUITE("keras/model.hpp") {
         CHECK(index.variables.size() == 5);
         CHECK(index.variables[0].name == "embedding/embeddings");
         CHECK(index.metadata.at("model").at("name") == "sequential");
+        CHECK(index.step == 6);  // 2 epochs of 3 steps: load_weights goes on from there
 
         KerasStrategy3 three({}, pss::FixedShardsPartitioner(3), pss::Adam(0.05));
         auto b = make_model(three);
@@ -1020,34 +1147,14 @@ TEST_SUITE("keras/model.hpp") {
 
     TEST_CASE("Sequential::fit with BackupAndRestore: 2 epochs, then a fresh process resumes at epoch 3 of 4 and ends with the "
               "bits of 4 epochs straight") {
-        TempDir dir;
-        const Data d;
-        KerasStrategy2 s1({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
-        auto straight = make_model(s1);
-        straight.compile(pss::Adam(0.05), "mse");
-        const auto full = straight.fit(d.x, d.y, 4, 5, true, false);
+        check_resume_after_two_of_four(pss::Adam(0.05));
+    }
 
-        {
-            KerasStrategy2 s2({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
-            auto first = make_model(s2);
-        first.compile(pss::Adam(0.05), "mse");
-            const auto h = first.fit(d.x, d.y, 2, 5, pss::BackupAndRestore{dir / "backup", false}, true, false);
-            CHECK(h.epoch == std::vector<int>{0, 1});
-        }  // the process "dies" after epoch 2, its backup kept
-        CHECK(fs::exists(dir / "backup/ckpt-2/index.json"));
-        CHECK_FALSE(fs::exists(dir / "backup/ckpt-1"));  // the manager keeps one
-
-        KerasStrategy2 s3({}, pss::FixedShardsPartitioner(2), pss::Adam(0.05));
-        auto resumed = make_model(s3);
-        resumed.compile(pss::Adam(0.05), "mse");
-        std::ostringstream out;
-        const auto h = resumed.fit(d.x, d.y, 4, 5, pss::BackupAndRestore{dir / "backup"}, true, true, out);
-        CHECK(out.str().rfind("Restored the backup of epoch 2 from " + dir / "backup" + "\nEpoch 3/4\n", 0) == 0);
-        CHECK(h.epoch == std::vector<int>{2, 3});
-        CHECK(h.loss[0] == full.loss[2]);
-        CHECK(h.loss[1] == full.loss[3]);
-        CHECK(same_weights(straight.get_weights(), resumed.get_weights()));
-        CHECK_FALSE(fs::exists(dir / "backup"));  // delete_checkpoint: the fit completed
+    TEST_CASE("Sequential::fit with BackupAndRestore, synchronous, the rate an ExponentialDecay: the resumed fit goes on "
+              "at step 7, so its schedule too, and ends with the bits of 4 epochs straight") {
+        // A rate halved every 2 steps: a resumed fit that numbered its steps from 1 again would apply the
+        // rates of steps 1 to 6 a second time and end elsewhere.
+        check_resume_after_two_of_four(pss::Adam(pss::ExponentialDecay(0.05, 2, 0.5)));
     }
 
     TEST_CASE("Sequential::fit with BackupAndRestore every 4 batches: a process that dies after the backup at epoch 2 "

@@ -120,8 +120,9 @@ inline std::string temporary_suffix() {
 
 /// Stages and commits one checkpoint's rows into a set of variables: every shard reads its rows first
 /// (restore_shard); only when every shard of every variable has them does any shard take them
-/// (commit_restore); otherwise every staged copy is dropped and the first error is thrown.
-inline void restore_variables(const std::string& dir, const std::vector<Variable>& variables) {
+/// (commit_restore, with the checkpoint's `step`: a synchronous ps counts the shard's steps on from it);
+/// otherwise every staged copy is dropped and the first error is thrown.
+inline void restore_variables(const std::string& dir, const std::vector<Variable>& variables, std::uint64_t step) {
     struct Target {
         const VariableInfo* info;
         int task;
@@ -153,6 +154,7 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
         Request r;
         r.op = finish;
         r.key = t.key;
+        r.step = step;
         finishing.push_back(t.info->channel->send(t.task, std::move(r)));
     }
     std::optional<Reply> commit_failed;
@@ -196,7 +198,10 @@ struct DeferredRestore {
 /// shards and ps tasks, slots included.
 ///
 /// In synchronous training, save between steps: `coordinator.join()` first, so that every step
-/// scheduled is applied on every shard.
+/// scheduled is applied on every shard; and `set_step` the steps applied. A restore sets each restored
+/// shard's count of applied steps to the checkpoint's `step()` (as Keras restores `iterations`), so the
+/// next step pushed is `step() + 1`, whether the ps tasks counted fewer steps (a restarted chief) or more;
+/// a variable that a partial restore leaves as it is keeps its own count.
 ///
 /// @tparam StrategyType a ParameterServerStrategy (its variables(), optimizer(), partitioner)
 /// @par Example
@@ -542,7 +547,7 @@ void Checkpoint<StrategyType>::restore(const std::string& where, RestoreOptions 
         detail::check_compatible(index_path, v, *saved);
         restoring.push_back(v);
     }
-    detail::restore_variables(path, restoring);
+    detail::restore_variables(path, restoring, index.step);
     step_ = index.step;
     metadata_ = index.metadata;
 
@@ -572,7 +577,7 @@ void Checkpoint<StrategyType>::restore(const std::string& where, RestoreOptions 
                                 "to leave such variables as they are");
         }
         detail::check_compatible(index_path, v, *saved);
-        detail::restore_variables(deferred->dir, {v});
+        detail::restore_variables(deferred->dir, {v}, deferred->index.step);
         deferred->pending.erase(name);
         if (deferred->pending.empty()) {
             lock.unlock();

@@ -860,8 +860,8 @@ public:
     /// steps lost are those since the checkpoint. A task that answers again holding its shards (its
     /// link broke for a moment) is not restored: its closures run again. A closure that ran
     /// while a ps was lost runs again, so execution stays at least once. Each loss and recovery prints
-    /// one line on stderr. Asynchronous training only: a synchronous step's count per shard is not in a
-    /// checkpoint.
+    /// one line on stderr. Asynchronous training only: the restore takes a synchronous shard's count of
+    /// applied steps back to the checkpoint's step, while the closures put back push later steps.
     /// @param manager of a Checkpoint of this coordinator's strategy; it must outlive the coordinator
     /// @throws InvalidArgumentError when the manager's strategy is not this coordinator's. Afterwards,
     /// `join`, `schedule` and `done` raise the recovery's error: UnavailableError naming the task when it
@@ -877,8 +877,9 @@ public:
     void recover_ps_from(Manager& manager) {
         using StrategyType = std::remove_reference_t<decltype(manager.checkpoint().strategy())>;
         static_assert(!StrategyType::synchronous,
-                      "pss: recover_ps_from: synchronous training cannot resume on restored shards (a shard's count "
-                      "of applied steps is not in a checkpoint); restart the cluster and restore instead");
+                      "pss: recover_ps_from: synchronous training cannot resume on restored shards (the restore takes "
+                      "a shard's count of applied steps back to the checkpoint's, while the closures put back push "
+                      "later steps); restart the cluster and restore instead");
         if (static_cast<Strategy*>(&manager.checkpoint().strategy()) != pool_->strategy())
             throw InvalidArgumentError("pss: ClusterCoordinator::recover_ps_from: the checkpoint manager's strategy "
                                        "is not this coordinator's");

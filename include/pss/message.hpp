@@ -118,7 +118,8 @@ struct Request {
     Tensor payload;                 ///< value, delta, gradient, rows, or a buffer to read into
     std::vector<std::int64_t> ids;  ///< row ids of the scatter, gather and sparse operations
     /// The training step a synchronous push belongs to, or a synchronous pull is for (1, 2, ...);
-    /// 0 outside synchronous training.
+    /// 0 outside synchronous training. A commit_restore's is the checkpoint's step, from which a
+    /// synchronous ps counts the shard's applied steps on.
     std::uint64_t step = 0;
     Values values;  ///< a call's arguments (kind `call` only)
     /// The task that sent it, when its link proved which (TcpTransport over TLS sets it from the peer's

@@ -144,7 +144,9 @@ struct ServerOptions {
 /// In synchronous training a pull (`read` or `gather` with a `step`) for a step not applied yet is held:
 /// `handle(request, respond)` keeps `respond` and answers once the push that completes the step arrives.
 /// A held pull is answered with an error when its shard is destroyed (`not_found`), or the server is
-/// destroyed or stops serving (`unavailable`, see `release_held`), so that no sender waits forever.
+/// destroyed or stops serving (`unavailable`, see `release_held`), so that no sender waits forever. A
+/// checkpoint restore sets a shard's count of applied steps to the checkpoint's step (`commit_restore`),
+/// and answers the held pulls that count makes ready.
 /// @tparam OptimizerPolicy applies gradients; its slots live beside each float shard.
 template <Optimizer OptimizerPolicy>
 class ParameterServer {
@@ -275,7 +277,7 @@ private:
         Shard& shard = it->second;
         if (request.op == Op::save_shard) return save_shard(shard, request.name);
         if (request.op == Op::restore_shard) return restore_shard(request.key, shard, request);
-        if (request.op == Op::commit_restore) return commit_restore(request.key, shard);
+        if (request.op == Op::commit_restore) return commit_restore(request.key, shard, request.step);
         if (request.op == Op::abort_restore) {
             staged_.erase(request.key);
             return {};
@@ -734,8 +736,14 @@ private:
         return {};
     }
 
-    /// Replaces the shard's value and slots by its staged ones.
-    Reply commit_restore(const ShardKey& key, Shard& shard) {
+    /// Replaces the shard's value and slots by its staged ones. In synchronous training the shard's count
+    /// of applied steps becomes `step`, the checkpoint's, whether the count was behind it (a fresh shard)
+    /// or ahead (a running cluster taken back to an older checkpoint), so that the next step it applies
+    /// is the one after the checkpoint's, as a resumed run numbers it (and a learning-rate schedule is
+    /// evaluated at it). Every push waiting for its step is dropped, whatever its step: its gradient is of
+    /// values the restore replaced. Held pulls whose step now counts as applied are answered with the
+    /// restored values; the others wait for their step as before.
+    Reply commit_restore(const ShardKey& key, Shard& shard, std::uint64_t step) {
         auto it = staged_.find(key);
         if (it == staged_.end())
             throw FailedPreconditionError("pss: commit_restore on variable '" + shard.name +
@@ -747,6 +755,11 @@ private:
                 throw InternalError("pss: commit_restore on variable '" + shard.name + "': the staged dtype differs");
             state.value = std::move(staged->value);
             state.slots = std::move(staged->slots);
+            if (sync_.synchronous) {
+                state.applied = step;
+                state.pending.clear();
+                answer_ready(shard, state);
+            }
         }, shard.state);
         staged_.erase(it);
         return {};

@@ -6498,13 +6498,14 @@ public:
 
     /// @brief Saves every weight, with its optimizer slots, as a checkpoint in the directory `path`
     /// (Keras' `save_weights`; the format of pss::Checkpoint, which numpy reads), atomically. The
-    /// model's config is in the index's metadata.
+    /// model's config is in the index's metadata, its count of training steps in the index's step.
     /// @throws FailedPreconditionError before the model is built; what Checkpoint::write throws.
     void save_weights(const std::string& path) const override {
         require_built("save_weights");
         require_checkpoints("save_weights");
         if constexpr (detail::checkpointable_strategy<StrategyType>) {
             Checkpoint<StrategyType> checkpoint(*strategy_, weights());
+            checkpoint.set_step(step_);
             checkpoint.set_metadata({{"model", get_config()}});
             checkpoint.write(path);
         }
@@ -6530,8 +6531,10 @@ public:
     }
 
     /// @brief Restores every weight, and its optimizer slots, from a checkpoint directory written by
-    /// save_weights or pss::Checkpoint, into any shard layout (Keras' `load_weights`). Nothing changes
-    /// when it throws.
+    /// save_weights or pss::Checkpoint, into any shard layout (Keras' `load_weights`), and the count of
+    /// training steps saved with them (Keras' `optimizer.iterations`: the next fit numbers its steps, and
+    /// evaluates a learning-rate schedule, from there; in synchronous training the restored shards count
+    /// from there too). Nothing changes when it throws.
     /// @throws FailedPreconditionError before the model is built; what Checkpoint::restore throws (a
     /// weight missing from the checkpoint, a shape that differs, a corrupt file, ...).
     void load_weights(const std::string& path, RestoreOptions options = {}) {
@@ -6540,6 +6543,7 @@ public:
         if constexpr (detail::checkpointable_strategy<StrategyType>) {
             Checkpoint<StrategyType> checkpoint(*strategy_, weights());
             checkpoint.restore(path, options);
+            step_ = checkpoint.step();
         }
     }
 
@@ -7095,9 +7099,10 @@ History Model<StrategyType>::fit(const ModelInputs& x, const xt::xarray<float>& 
             throw InvalidArgumentError(who("fit") + ": the backup in " + backup->backup_dir +
                                        " is malformed: " + e.what());
         }
-        // An asynchronous run continues its step count, so a learning-rate schedule goes on where it was. A
-        // synchronous one numbers its steps from where the ps tasks' counts are (a restarted chief: 1 again).
-        if constexpr (!StrategyType::synchronous) step_ = checkpoint.step();
+        // The run continues its step count (Keras restores optimizer.iterations), so a learning-rate
+        // schedule goes on where it was; in synchronous training the restore set every shard's count of
+        // applied steps to the same step, so the next step pushed is the one the ps tasks wait for.
+        step_ = checkpoint.step();
         if (options.verbose != 0) {
             out << "Restored the backup of epoch " << start.epoch + (start.batch > 0 ? 1 : 0);
             if (start.batch > 0) out << ", batch " << start.batch;

@@ -1022,7 +1022,8 @@ struct Request {
     Tensor payload;                 ///< value, delta, gradient, rows, or a buffer to read into
     std::vector<std::int64_t> ids;  ///< row ids of the scatter, gather and sparse operations
     /// The training step a synchronous push belongs to, or a synchronous pull is for (1, 2, ...);
-    /// 0 outside synchronous training.
+    /// 0 outside synchronous training. A commit_restore's is the checkpoint's step, from which a
+    /// synchronous ps counts the shard's applied steps on.
     std::uint64_t step = 0;
     Values values;  ///< a call's arguments (kind `call` only)
     /// The task that sent it, when its link proved which (TcpTransport over TLS sets it from the peer's
@@ -10133,8 +10134,9 @@ inline std::string temporary_suffix() {
 
 /// Stages and commits one checkpoint's rows into a set of variables: every shard reads its rows first
 /// (restore_shard); only when every shard of every variable has them does any shard take them
-/// (commit_restore); otherwise every staged copy is dropped and the first error is thrown.
-inline void restore_variables(const std::string& dir, const std::vector<Variable>& variables) {
+/// (commit_restore, with the checkpoint's `step`: a synchronous ps counts the shard's steps on from it);
+/// otherwise every staged copy is dropped and the first error is thrown.
+inline void restore_variables(const std::string& dir, const std::vector<Variable>& variables, std::uint64_t step) {
     struct Target {
         const VariableInfo* info;
         int task;
@@ -10166,6 +10168,7 @@ inline void restore_variables(const std::string& dir, const std::vector<Variable
         Request r;
         r.op = finish;
         r.key = t.key;
+        r.step = step;
         finishing.push_back(t.info->channel->send(t.task, std::move(r)));
     }
     std::optional<Reply> commit_failed;
@@ -10209,7 +10212,10 @@ struct DeferredRestore {
 /// shards and ps tasks, slots included.
 ///
 /// In synchronous training, save between steps: `coordinator.join()` first, so that every step
-/// scheduled is applied on every shard.
+/// scheduled is applied on every shard; and `set_step` the steps applied. A restore sets each restored
+/// shard's count of applied steps to the checkpoint's `step()` (as Keras restores `iterations`), so the
+/// next step pushed is `step() + 1`, whether the ps tasks counted fewer steps (a restarted chief) or more;
+/// a variable that a partial restore leaves as it is keeps its own count.
 ///
 /// @tparam StrategyType a ParameterServerStrategy (its variables(), optimizer(), partitioner)
 /// @par Example
@@ -10555,7 +10561,7 @@ void Checkpoint<StrategyType>::restore(const std::string& where, RestoreOptions 
         detail::check_compatible(index_path, v, *saved);
         restoring.push_back(v);
     }
-    detail::restore_variables(path, restoring);
+    detail::restore_variables(path, restoring, index.step);
     step_ = index.step;
     metadata_ = index.metadata;
 
@@ -10585,7 +10591,7 @@ void Checkpoint<StrategyType>::restore(const std::string& where, RestoreOptions 
                                 "to leave such variables as they are");
         }
         detail::check_compatible(index_path, v, *saved);
-        detail::restore_variables(deferred->dir, {v});
+        detail::restore_variables(deferred->dir, {v}, deferred->index.step);
         deferred->pending.erase(name);
         if (deferred->pending.empty()) {
             lock.unlock();
@@ -10806,7 +10812,9 @@ struct ServerOptions {
 /// In synchronous training a pull (`read` or `gather` with a `step`) for a step not applied yet is held:
 /// `handle(request, respond)` keeps `respond` and answers once the push that completes the step arrives.
 /// A held pull is answered with an error when its shard is destroyed (`not_found`), or the server is
-/// destroyed or stops serving (`unavailable`, see `release_held`), so that no sender waits forever.
+/// destroyed or stops serving (`unavailable`, see `release_held`), so that no sender waits forever. A
+/// checkpoint restore sets a shard's count of applied steps to the checkpoint's step (`commit_restore`),
+/// and answers the held pulls that count makes ready.
 /// @tparam OptimizerPolicy applies gradients; its slots live beside each float shard.
 template <Optimizer OptimizerPolicy>
 class ParameterServer {
@@ -10937,7 +10945,7 @@ private:
         Shard& shard = it->second;
         if (request.op == Op::save_shard) return save_shard(shard, request.name);
         if (request.op == Op::restore_shard) return restore_shard(request.key, shard, request);
-        if (request.op == Op::commit_restore) return commit_restore(request.key, shard);
+        if (request.op == Op::commit_restore) return commit_restore(request.key, shard, request.step);
         if (request.op == Op::abort_restore) {
             staged_.erase(request.key);
             return {};
@@ -11396,8 +11404,14 @@ private:
         return {};
     }
 
-    /// Replaces the shard's value and slots by its staged ones.
-    Reply commit_restore(const ShardKey& key, Shard& shard) {
+    /// Replaces the shard's value and slots by its staged ones. In synchronous training the shard's count
+    /// of applied steps becomes `step`, the checkpoint's, whether the count was behind it (a fresh shard)
+    /// or ahead (a running cluster taken back to an older checkpoint), so that the next step it applies
+    /// is the one after the checkpoint's, as a resumed run numbers it (and a learning-rate schedule is
+    /// evaluated at it). Every push waiting for its step is dropped, whatever its step: its gradient is of
+    /// values the restore replaced. Held pulls whose step now counts as applied are answered with the
+    /// restored values; the others wait for their step as before.
+    Reply commit_restore(const ShardKey& key, Shard& shard, std::uint64_t step) {
         auto it = staged_.find(key);
         if (it == staged_.end())
             throw FailedPreconditionError("pss: commit_restore on variable '" + shard.name +
@@ -11409,6 +11423,11 @@ private:
                 throw InternalError("pss: commit_restore on variable '" + shard.name + "': the staged dtype differs");
             state.value = std::move(staged->value);
             state.slots = std::move(staged->slots);
+            if (sync_.synchronous) {
+                state.applied = step;
+                state.pending.clear();
+                answer_ready(shard, state);
+            }
         }, shard.state);
         staged_.erase(it);
         return {};
@@ -13866,8 +13885,8 @@ public:
     /// steps lost are those since the checkpoint. A task that answers again holding its shards (its
     /// link broke for a moment) is not restored: its closures run again. A closure that ran
     /// while a ps was lost runs again, so execution stays at least once. Each loss and recovery prints
-    /// one line on stderr. Asynchronous training only: a synchronous step's count per shard is not in a
-    /// checkpoint.
+    /// one line on stderr. Asynchronous training only: the restore takes a synchronous shard's count of
+    /// applied steps back to the checkpoint's step, while the closures put back push later steps.
     /// @param manager of a Checkpoint of this coordinator's strategy; it must outlive the coordinator
     /// @throws InvalidArgumentError when the manager's strategy is not this coordinator's. Afterwards,
     /// `join`, `schedule` and `done` raise the recovery's error: UnavailableError naming the task when it
@@ -13883,8 +13902,9 @@ public:
     void recover_ps_from(Manager& manager) {
         using StrategyType = std::remove_reference_t<decltype(manager.checkpoint().strategy())>;
         static_assert(!StrategyType::synchronous,
-                      "pss: recover_ps_from: synchronous training cannot resume on restored shards (a shard's count "
-                      "of applied steps is not in a checkpoint); restart the cluster and restore instead");
+                      "pss: recover_ps_from: synchronous training cannot resume on restored shards (the restore takes "
+                      "a shard's count of applied steps back to the checkpoint's, while the closures put back push "
+                      "later steps); restart the cluster and restore instead");
         if (static_cast<Strategy*>(&manager.checkpoint().strategy()) != pool_->strategy())
             throw InvalidArgumentError("pss: ClusterCoordinator::recover_ps_from: the checkpoint manager's strategy "
                                        "is not this coordinator's");
