@@ -8,13 +8,18 @@
 // Adagrad's accumulators: 256 MB a save, fsync'd, under PSS_BENCH_DIR or the system's temporary directory),
 // printed beside the fit without saves. And the cost of Keras' extras: the same fit with metrics
 // (accuracy and AUC, computed by the workers) and a validation split of 10% (evaluated on the chief at each
-// epoch's end), in training steps per second beside the fit without them.
+// epoch's end), in training steps per second beside the fit without them. And the cost of reading the data
+// from files: the same fit on 2 workers from a DatasetCreator, each worker reading its own .npy file of the same
+// 40,000 examples (a shuffle buffer, batches of 128 a worker, so 256 a step, repeat, prefetch(2)), beside the fit
+// from memory.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -22,6 +27,7 @@
 
 #include <benchmark/benchmark.h>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xnpy.hpp>
 #include <xtensor/xview.hpp>
 
 #include <pss/keras.hpp>
@@ -78,6 +84,49 @@ const Data& data() {
 constexpr std::size_t steps_per_epoch = (examples + batch - 1) / batch;
 
 // ---------------------------------------------------------------------------------------------------
+// The same examples in files: one .npy file a worker
+// ---------------------------------------------------------------------------------------------------
+
+constexpr int file_workers = 2;
+constexpr std::size_t file_shuffle_buffer = 1024;
+
+/// Where the files are: part-0.npy and part-1.npy, rows (ids..., click) as float32; worker w's holds the
+/// w-th half of each step of the fit from memory (rows 256 k + 128 w ...). Written at the first call.
+const std::string& file_directory() {
+    static const std::string directory = [] {
+        const std::string dir = pss_bench::scratch_directory("pss_bench_ctr_files");
+        std::filesystem::create_directories(dir);
+        const Data& d = data();
+        std::vector<std::vector<float>> parts(file_workers);
+        for (std::size_t i = 0; i < examples; ++i) {
+            auto& part = parts[(i / (batch / file_workers)) % file_workers];
+            for (std::size_t f = 0; f < fields; ++f) part.push_back(d.ids(i, f));
+            part.push_back(d.clicks(i, 0));
+        }
+        for (int w = 0; w < file_workers; ++w) {
+            const auto& part = parts[static_cast<std::size_t>(w)];
+            xt::xarray<float> rows = xt::xarray<float>::from_shape({part.size() / (fields + 1), fields + 1});
+            std::copy(part.begin(), part.end(), rows.begin());
+            xt::dump_npy(dir + "/part-" + std::to_string(w) + ".npy", rows);
+        }
+        return dir;
+    }();
+    return directory;
+}
+
+/// Each worker's dataset: its own file, shuffled in a buffer, batches of 128, repeated, 2 batches made ahead.
+pss::DatasetCreator file_datasets() {
+    return pss::DatasetCreator([dir = file_directory()](const pss::InputContext& context) {
+        return pss::data::Dataset::npy(pss::data::shard_files(pss::data::list_files(dir, ".npy"),
+                                                              context.num_input_pipelines, context.input_pipeline_id))
+            .shuffle(file_shuffle_buffer, 7)
+            .batch(batch / file_workers)
+            .repeat()
+            .prefetch(2);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------------
 // pss: Sequential::fit on the embedded cluster
 // ---------------------------------------------------------------------------------------------------
 
@@ -87,8 +136,10 @@ constexpr int epochs = 5;  // benchmark iterations: one epoch each (the saving f
 /// Sequential::fit of one epoch a benchmark iteration; with `SaveEvery` > 0, one fit of all `epochs` under
 /// BackupAndRestore saving every `SaveEvery` steps (7 saves in 785 steps; the backup is removed at the end).
 /// With `Metrics`: compiled with accuracy and AUC, fit with validation_split 0.1 (141 steps an epoch).
-template <int Workers, std::size_t SaveEvery = 0, bool Metrics = false>
+/// With `Files`: fit from file_datasets() (a fit is 157 steps, the datasets made anew by each).
+template <int Workers, std::size_t SaveEvery = 0, bool Metrics = false, bool Files = false>
 void pss_fit(benchmark::State& state) {
+    static_assert(!Files || Workers == file_workers, "the files are written for file_workers workers");
     using Strategy = pss::ParameterServerStrategy<pss::InProcessTransport, pss::MinSizePartitioner, pss::Adagrad,
                                                   pss::LocalClusterResolver<2, Workers>, pss::Synchronous>;
     Strategy strategy({}, pss::MinSizePartitioner(256 << 10, 4), pss::Adagrad(learning_rate));
@@ -102,7 +153,12 @@ void pss_fit(benchmark::State& state) {
     else
         model.compile(pss::Adagrad(learning_rate), pss::BinaryCrossentropy());
     const Data& d = data();
-    {  // warm-up (untimed): the workers' replicas, the pages of every buffer a step uses
+    const pss::FitOptions from_files{.epochs = 1, .verbose = 0, .steps_per_epoch = steps_per_epoch};
+    std::optional<pss::DatasetCreator> datasets;
+    if constexpr (Files) {  // the same warm-up, from the files
+        datasets.emplace(file_datasets());
+        (void)model.fit(*datasets, from_files);
+    } else {  // warm-up (untimed): the workers' replicas, the pages of every buffer a step uses
         const xt::xarray<float> x = xt::view(d.ids, xt::range(0, warmup_examples), xt::all());
         const xt::xarray<float> y = xt::view(d.clicks, xt::range(0, warmup_examples), xt::all());
         (void)model.fit(x, y, 1, batch, /*shuffle=*/false, /*verbose=*/false);
@@ -117,7 +173,8 @@ void pss_fit(benchmark::State& state) {
         const std::clock_t cpu_start = std::clock();
         const auto start = std::chrono::steady_clock::now();
         const auto history =
-            Metrics          ? model.fit(d.ids, d.clicks, {.batch_size = batch, .epochs = 1, .verbose = 0,
+            Files            ? model.fit(*datasets, from_files)
+            : Metrics        ? model.fit(d.ids, d.clicks, {.batch_size = batch, .epochs = 1, .verbose = 0,
                                                            .validation_split = 0.1, .shuffle = false})
             : SaveEvery == 0 ? model.fit(d.ids, d.clicks, 1, batch, /*shuffle=*/false, /*verbose=*/false)
                              : model.fit(d.ids, d.clicks, epochs, batch,
@@ -308,6 +365,11 @@ BENCHMARK(pss_fit<2, 0, true>)
     ->UseRealTime();
 BENCHMARK(pss_fit<1>)->Name("pss_fit/workers:1")->Iterations(epochs)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(pss_fit<2>)->Name("pss_fit/workers:2")->Iterations(epochs)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(pss_fit<2, 0, false, true>)
+    ->Name("pss_fit_files/workers:2")
+    ->Iterations(epochs)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(pss_fit<2, save_every_steps>)
     ->Name("pss_fit_saving/workers:2")
     ->Iterations(1)
@@ -344,6 +406,12 @@ int main(int argc, char** argv) {
     if (with_metrics > 0 && without > 0)
         std::printf("%-34s %9.1f /s   %9.1f /s   %8.2f   >= 0.9 (beside the same fit without them)\n",
                     "ctr steps, 2 workers, metrics+val", with_metrics, without, with_metrics / without);
+    const double with_files = reporter.value("pss_fit_files/workers:2" + suffix, "steps_per_second");
+    if (with_files > 0 && without > 0)
+        std::printf("%-34s %9.1f /s   %9.1f /s   %8.2f   >= 0.8 (beside the same fit from memory)\n",
+                    "ctr steps, 2 workers, .npy files", with_files, without, with_files / without);
+    std::error_code ignored;  // the files, if a benchmark wrote them
+    std::filesystem::remove_all(pss_bench::scratch_directory("pss_bench_ctr_files"), ignored);
     benchmark::Shutdown();
     return 0;
 }

@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 #include <pss/data.hpp>
+#include <pss/keras.hpp>
 #include <pss/pss.hpp>
 
 namespace {
@@ -1194,6 +1195,52 @@ xt::xarray<float> column(std::initializer_list<float> values) {
     return out;
 }
 
+/// Row r of the fit(DatasetCreator) tests' data: three Embedding ids and a click.
+std::array<int, 4> ctr_row(int r) { return {(r * 3) % 8, (r * 5 + 1) % 8, (r * 7 + 2) % 8, r % 3 == 0 ? 1 : 0}; }
+
+/// Writes part-0.csv and part-1.csv for 2 workers and `steps` synchronous steps of 4 examples each:
+/// step k of the array fit (batch 8, no shuffle) is rows [8k, 8k + 8), its first half worker 0's, so
+/// worker w's file holds rows 8k + 4w .. 8k + 4w + 3 for every k.
+void write_ctr_parts(const DataDir& dir, int steps) {
+    for (int w = 0; w < 2; ++w) {
+        std::string text = "a,b,c,click\n";
+        for (int k = 0; k < steps; ++k)
+            for (int r = 8 * k + 4 * w; r < 8 * k + 4 * w + 4; ++r) {
+                const auto row = ctr_row(r);
+                text += std::to_string(row[0]) + "," + std::to_string(row[1]) + "," + std::to_string(row[2]) + "," +
+                        std::to_string(row[3]) + "\n";
+            }
+        dir.write("part-" + std::to_string(w) + ".csv", text);
+    }
+}
+
+using SyncTwoWorkers = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                                    pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
+
+/// The model of the fit(DatasetCreator) tests, built and compiled.
+template <class StrategyType>
+std::unique_ptr<pss::Sequential<StrategyType>> ctr_model(StrategyType& strategy) {
+    auto model = std::make_unique<pss::Sequential<StrategyType>>(
+        strategy,
+        std::initializer_list<pss::AnyLayer>{pss::Embedding(8, 4), pss::GlobalAveragePooling1D(), pss::Dense(3, "tanh"),
+                                             pss::Dense(1, "sigmoid")},
+        7u);
+    model->build({3});
+    model->compile("binary_crossentropy", {"accuracy"});
+    return model;
+}
+
+/// Each worker's batches of 4 from its own files (repeated when `repeat`), as fit(DatasetCreator) takes them.
+pss::DatasetCreator ctr_creator(const std::string& directory, bool repeat = true) {
+    return pss::DatasetCreator([directory, repeat](const pss::InputContext& context) {
+        auto files = pss::data::shard_files(pss::data::list_files(directory, ".csv"), context.num_input_pipelines,
+                                            context.input_pipeline_id);
+        auto dataset = pss::data::Dataset::csv(files).batch(4).prefetch(2);
+        if (repeat) dataset.repeat();
+        return dataset;
+    });
+}
+
 }  // namespace
 
 TEST_SUITE("data.hpp") {
@@ -1348,5 +1395,112 @@ TEST_SUITE("data.hpp") {
         }
         CHECK_FALSE(datasets.at(0).next().has_value());
         CHECK_FALSE(datasets.at(1).next().has_value());
+    }
+    TEST_CASE("data: fit(DatasetCreator) on 2 synchronous workers, each reading its own CSV files, gives the "
+              "weights, losses, metrics and validation of a fit on the same batches as arrays, bit for bit") {
+        DataDir dir;
+        write_ctr_parts(dir, 3);
+        xt::xarray<float> x = xt::xarray<float>::from_shape({24, 3}), y = xt::xarray<float>::from_shape({24, 1});
+        for (int r = 0; r < 24; ++r) {
+            const auto row = ctr_row(r);
+            for (std::size_t c = 0; c < 3; ++c) x(static_cast<std::size_t>(r), c) = static_cast<float>(row[c]);
+            y(static_cast<std::size_t>(r), 0) = static_cast<float>(row[3]);
+        }
+        const xt::xarray<float> x_val = xt::view(x, xt::range(0, 6), xt::all()), y_val = xt::view(y, xt::range(0, 6), xt::all());
+        auto run = [&](bool from_files) {
+            SyncTwoWorkers strategy(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.5));
+            auto model = ctr_model(strategy);
+            const auto initial = model->get_weights();
+            std::vector<std::pair<int, int>> contexts;
+            const pss::DatasetCreator files([&](const pss::InputContext& context) {
+                contexts.emplace_back(context.num_input_pipelines, context.input_pipeline_id);
+                return ctr_creator(dir.path)(context);
+            });
+            // 2 epochs of 3 steps: the files' second pass (repeat) is the arrays' second epoch.
+            const auto history =
+                from_files ? model->fit(files, {.epochs = 2, .verbose = 0, .validation_data = pss::ValidationData(x_val, y_val),
+                                                .steps_per_epoch = 3})
+                           : model->fit(x, y, {.batch_size = 8, .epochs = 2, .verbose = 0,
+                                               .validation_data = pss::ValidationData(x_val, y_val), .shuffle = false});
+            CHECK(contexts == (from_files ? std::vector<std::pair<int, int>>{{2, 0}, {2, 1}} : std::vector<std::pair<int, int>>{}));
+            CHECK(history.epoch == std::vector<int>{0, 1});
+            CHECK(history.history.at("val_loss").size() == 2);
+            std::vector<float> weights;
+            bool moved = false;
+            const auto final_weights = model->get_weights();
+            for (std::size_t i = 0; i < final_weights.size(); ++i) {
+                const auto& w = final_weights[i].get<float>();
+                moved = moved || w != initial[i].get<float>();
+                weights.insert(weights.end(), w.begin(), w.end());
+            }
+            CHECK(moved);
+            return std::make_pair(history.history, weights);
+        };
+        const auto arrays = run(false);
+        const auto files = run(true);
+        CHECK(files.first == arrays.first);  // loss, accuracy, val_loss, val_accuracy of each epoch
+        CHECK(files.second == arrays.second);
+    }
+    TEST_CASE("data: fit(DatasetCreator) refuses what does not apply to datasets; a dataset that runs out is an "
+              "OutOfRangeError naming the worker and the step; a bad row is its file's error") {
+        DataDir dir;
+        write_ctr_parts(dir, 3);
+        SyncTwoWorkers strategy(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2), pss::SGD(0.5));
+        auto model = ctr_model(strategy);
+        const auto creator = ctr_creator(dir.path);
+        CHECK_THROWS_WITH_AS(model->fit(creator, {.epochs = 2, .verbose = 0}),
+                             "pss: Sequential::fit: steps_per_epoch is 0; fit from a DatasetCreator needs it, as "
+                             "Keras' does: a worker's dataset may repeat for ever, so an epoch is the steps_per_epoch "
+                             "steps it is given",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(model->fit(creator, {.verbose = 0, .validation_split = 0.25, .steps_per_epoch = 3}),
+                             "pss: Sequential::fit: validation_split is 0.250000, but the data of a DatasetCreator "
+                             "cannot be split (Keras refuses it for datasets too); give validation_data",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(model->fit(creator, {.verbose = 0, .class_weight = {{1, 2.0}}, .steps_per_epoch = 3}),
+                             "pss: Sequential::fit: sample_weight and class_weight do not apply to a DatasetCreator, "
+                             "whose batches carry no weights; give the examples as arrays to weigh them",
+                             pss::InvalidArgumentError);
+        const pss::DatasetCreator throwing([&](const pss::InputContext& context) {
+            if (context.input_pipeline_id == 1) throw pss::NotFoundError("pss: test: no files for worker 1");
+            return ctr_creator(dir.path)(context);
+        });
+        CHECK_THROWS_WITH_AS(model->fit(throwing, {.verbose = 0, .steps_per_epoch = 3}),
+                             "pss: ClosureInputError: the per-worker value of worker 1 failed when it was made: pss: "
+                             "test: no files for worker 1",
+                             pss::ClosureInputError);
+        SUBCASE("worker 1's dataset, not repeated, ends after 3 batches: at the second epoch's first step") {
+            const pss::DatasetCreator short_one([&](const pss::InputContext& context) {
+                return ctr_creator(dir.path, /*repeat=*/context.input_pipeline_id == 0)(context);
+            });
+            CHECK_THROWS_WITH_AS(model->fit(short_one, {.epochs = 2, .verbose = 0, .steps_per_epoch = 3}),
+                                 "pss: Sequential::fit: the dataset of worker 1 ended at step 4 of this fit (epoch 2, "
+                                 "batch 1), which takes 6 steps (steps_per_epoch 3 * 2 epochs), each a batch of a "
+                                 "worker's dataset; end the DatasetCreator's dataset with repeat() so that it does "
+                                 "not run out",
+                                 pss::OutOfRangeError);
+            // No synchronous step was left waiting for the worker that ran out: the next fit runs.
+            CHECK(model->fit(creator, {.epochs = 1, .verbose = 0, .steps_per_epoch = 3}).loss.size() == 1);
+        }
+        SUBCASE("a bad row in worker 1's file") {
+            DataDir bad;
+            bad.write("part-0.csv", "a,b,c,click\n1,2,3,1\n");
+            const auto broken = bad.write("part-1.csv", "a,b,c,click\n1,2,3,0\n4,x,6,1\n");
+            CHECK_THROWS_WITH_AS(model->fit(ctr_creator(bad.path), {.verbose = 0, .steps_per_epoch = 2}),
+                                 ("pss: data: " + broken + " line 3: column 1 is \"x\", not a number").c_str(),
+                                 pss::InvalidArgumentError);
+            // No synchronous step was left waiting for the worker that failed: the next fit runs.
+            CHECK(model->fit(creator, {.epochs = 1, .verbose = 0, .steps_per_epoch = 3}).loss.size() == 1);
+        }
+    }
+    TEST_CASE("data: fit(DatasetCreator) on 2 asynchronous workers runs steps_per_epoch steps an epoch") {
+        DataDir dir;
+        write_ctr_parts(dir, 3);
+        pss::ParameterServerStrategy<> strategy;  // 2 workers
+        auto model = ctr_model(strategy);
+        const auto history = model->fit(ctr_creator(dir.path), {.epochs = 3, .verbose = 0, .steps_per_epoch = 5});
+        CHECK(history.epoch == std::vector<int>{0, 1, 2});
+        for (double loss : history.loss) CHECK(std::isfinite(loss));
+        CHECK(history.history.at("accuracy").size() == 3);
     }
 }

@@ -1,5 +1,6 @@
 // pss/data.hpp: datasets read from files by each worker: CSV and .npy files, TensorFlow's FILE
-// auto-sharding, a shuffle buffer, batching, repeat, and prefetch on a background thread.
+// auto-sharding, a shuffle buffer, batching, repeat, and prefetch on a background thread; DatasetCreator,
+// which makes each worker's dataset for Model::fit.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -430,5 +432,41 @@ private:
 };
 
 }  // namespace data
+
+/// @brief What a DatasetCreator's function is told about the input pipeline it makes (TensorFlow's
+/// `tf.distribute.InputContext`): fit makes one pipeline per worker, and this one is worker
+/// `input_pipeline_id`'s, so `data::shard_files(files, num_input_pipelines, input_pipeline_id)` is its
+/// share of the files.
+struct InputContext {
+    int num_input_pipelines = 1;
+    int input_pipeline_id = 0;
+};
+
+/// @brief A function making each worker's dataset, for Model::fit (Keras'
+/// `tf.keras.utils.experimental.DatasetCreator`): fit calls it once per worker and fit call, and each
+/// training step takes the next batch of the dataset of the worker that runs it.
+///
+/// @par Example
+/// @code
+/// pss::DatasetCreator creator([](const pss::InputContext& context) {
+///     auto files = pss::data::shard_files(pss::data::list_files("train", ".npy"), context.num_input_pipelines,
+///                                         context.input_pipeline_id);
+///     return pss::data::Dataset::npy(files).shuffle(1024, 7).batch(128).repeat().prefetch(2);
+/// });
+/// model.fit(creator, {.epochs = 5, .steps_per_epoch = 100});
+/// @endcode
+class DatasetCreator {
+public:
+    using Function = std::function<data::Dataset(const InputContext&)>;
+    /// @throws InvalidArgumentError for an empty function.
+    explicit DatasetCreator(Function dataset_fn) : dataset_fn_(std::move(dataset_fn)) {
+        if (!dataset_fn_) throw InvalidArgumentError("pss: DatasetCreator: the dataset function is empty");
+    }
+    /// @brief The dataset of the input pipeline `context` describes.
+    [[nodiscard]] data::Dataset operator()(const InputContext& context) const { return dataset_fn_(context); }
+
+private:
+    Function dataset_fn_;
+};
 
 PSS_NAMESPACE_END

@@ -16,7 +16,8 @@
 #include "pss.hpp"
 
 // pss/data.hpp: datasets read from files by each worker: CSV and .npy files, TensorFlow's FILE
-// auto-sharding, a shuffle buffer, batching, repeat, and prefetch on a background thread.
+// auto-sharding, a shuffle buffer, batching, repeat, and prefetch on a background thread; DatasetCreator,
+// which makes each worker's dataset for Model::fit.
 
 #include <algorithm>
 #include <charconv>
@@ -28,6 +29,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -441,6 +443,42 @@ private:
 };
 
 }  // namespace data
+
+/// @brief What a DatasetCreator's function is told about the input pipeline it makes (TensorFlow's
+/// `tf.distribute.InputContext`): fit makes one pipeline per worker, and this one is worker
+/// `input_pipeline_id`'s, so `data::shard_files(files, num_input_pipelines, input_pipeline_id)` is its
+/// share of the files.
+struct InputContext {
+    int num_input_pipelines = 1;
+    int input_pipeline_id = 0;
+};
+
+/// @brief A function making each worker's dataset, for Model::fit (Keras'
+/// `tf.keras.utils.experimental.DatasetCreator`): fit calls it once per worker and fit call, and each
+/// training step takes the next batch of the dataset of the worker that runs it.
+///
+/// @par Example
+/// @code
+/// pss::DatasetCreator creator([](const pss::InputContext& context) {
+///     auto files = pss::data::shard_files(pss::data::list_files("train", ".npy"), context.num_input_pipelines,
+///                                         context.input_pipeline_id);
+///     return pss::data::Dataset::npy(files).shuffle(1024, 7).batch(128).repeat().prefetch(2);
+/// });
+/// model.fit(creator, {.epochs = 5, .steps_per_epoch = 100});
+/// @endcode
+class DatasetCreator {
+public:
+    using Function = std::function<data::Dataset(const InputContext&)>;
+    /// @throws InvalidArgumentError for an empty function.
+    explicit DatasetCreator(Function dataset_fn) : dataset_fn_(std::move(dataset_fn)) {
+        if (!dataset_fn_) throw InvalidArgumentError("pss: DatasetCreator: the dataset function is empty");
+    }
+    /// @brief The dataset of the input pipeline `context` describes.
+    [[nodiscard]] data::Dataset operator()(const InputContext& context) const { return dataset_fn_(context); }
+
+private:
+    Function dataset_fn_;
+};
 
 PSS_NAMESPACE_END
 
@@ -6597,6 +6635,28 @@ public:
     /// not fit (checked before any step runs); the first error a step raised; what a callback threw.
     History fit(const ModelInputs& x, const xt::xarray<float>& y, const FitOptions& options);
 
+    /// @brief Trains on datasets each worker reads for itself, as Keras'
+    /// `model.fit(DatasetCreator(dataset_fn), epochs=..., steps_per_epoch=...)` under
+    /// ParameterServerStrategy: `creator` makes each worker's dataset once per call (InputContext: one
+    /// input pipeline per worker), and each step's closure takes the next batch of the dataset of the
+    /// worker that runs it. Synchronous strategies: step k is one batch of every worker's dataset (its
+    /// closure pinned to that worker), each worker pushes its batch's mean gradient and the ps tasks
+    /// average them; the step's loss is the mean of the workers' losses weighted by their batch sizes.
+    /// Asynchronous: each step is one batch of whichever worker is free. An epoch is `steps_per_epoch`
+    /// steps, and the datasets go on from one epoch to the next (give them repeat()). Callbacks,
+    /// progress, metrics, History and `validation_data` as for arrays.
+    ///
+    /// `batch_size` and `shuffle` do not apply (the datasets batch and shuffle; as Keras, shuffle is
+    /// ignored). The model must be built, of one input (a dataset's batch holds one x).
+    /// @throws InvalidArgumentError for `steps_per_epoch` 0 (`pss: Sequential::fit: steps_per_epoch is 0;
+    /// fit from a DatasetCreator needs it...`), a `validation_split`, `sample_weight` or `class_weight`
+    /// (not for datasets), a BackupAndRestore callback, a model of several inputs;
+    /// FailedPreconditionError before build or compile, or on workers that are other processes (the
+    /// dataset function exists in this process only; not supported yet); OutOfRangeError when a
+    /// worker's dataset ends before fit has taken its batches (naming the worker and the step); what
+    /// reading a file threw (a bad row names its file and line), and the other errors of fit.
+    History fit(const DatasetCreator& creator, const FitOptions& options);
+
     /// @brief fit with Keras' first positional arguments: `fit(x, y, epochs, batch_size)`. With `verbose`,
     /// FitOptions' verbose 1.
     History fit(const ModelInputs& x, const xt::xarray<float>& y, int epochs = 1, std::size_t batch_size = 32,
@@ -6648,8 +6708,26 @@ private:
         std::function<void(const FitPoint&)> save;
     };
 
+    /// Each worker's dataset in one fit(DatasetCreator), the steps the fit takes (for messages), and the
+    /// first error a step met reading its batch.
+    struct DatasetFeed {
+        PerWorkerValues<data::Dataset> datasets;
+        int first_epoch = 0, epochs = 0;  // the fit's initial_epoch and epochs
+        std::size_t steps_per_epoch = 0;
+        std::mutex mutex;
+        std::exception_ptr error;  // set once; the steps after it read nothing
+    };
+
+    /// The loop of fit: epochs of batches from (x, y), or with `feed`, from the workers' datasets
+    /// (x and y empty, options checked by fit(DatasetCreator)).
     History fit_epochs(const ModelInputs& x, const xt::xarray<float>& y, const FitOptions& options,
-                       const FitPoint& start, const FitBackup& backup);
+                       const FitPoint& start, const FitBackup& backup, DatasetFeed* feed = nullptr);
+
+    /// One step of fit(DatasetCreator) (the model's `batch` of `epoch`, training step `step`): the worker
+    /// that runs it trains on its dataset's next batch. Its result is keras_train_step's, then the
+    /// batch's example count; or nothing once a step failed to read its batch (feed.error says how).
+    RemoteValue<std::vector<double>> schedule_dataset_step(DatasetFeed& feed, int worker, std::uint64_t step, int epoch,
+                                                           std::size_t batch);
 
     /// Loss and metrics over rows [begin, end) of (x, y), batches run by the workers, as `prefix` + name.
     Logs evaluate_rows(const ModelInputs& x, const xt::xarray<float>& y, const std::vector<double>& weights,
@@ -6906,9 +6984,27 @@ private:
                                            "') has shape " + format_shape(got) + ", but the input takes " +
                                            format_shape(expected) + " (examples first, the same count in every input)");
         }
-        for (std::size_t i = 0; i < graph_.layers.size(); ++i)
-            if (dynamic_cast<const Merge*>(graph_.layers[i].get()) == nullptr && graph_.sources[i].front() < 0)
-                graph_.layers[i]->check_inputs(x[static_cast<std::size_t>(-1 - graph_.sources[i].front())]);
+        check_layer_inputs(graph_, x);
+    }
+
+    /// Checks each input's values against the layers reading it (an Embedding's ids in range).
+    static void check_layer_inputs(const detail::LayerGraph& graph, const ModelInputs& x) {
+        for (std::size_t i = 0; i < graph.layers.size(); ++i)
+            if (dynamic_cast<const Merge*>(graph.layers[i].get()) == nullptr && graph.sources[i].front() < 0)
+                graph.layers[i]->check_inputs(x[static_cast<std::size_t>(-1 - graph.sources[i].front())]);
+    }
+
+    /// Checks a batch of a worker's dataset against the model, as prepare_inputs and prepare_targets check arrays.
+    void check_dataset_batch(const Replica& replica, const data::Batch& batch) const {
+        const Shape got(batch.x.shape().begin(), batch.x.shape().end());
+        Shape expected = input_shapes_->front();
+        expected.insert(expected.begin(), got.empty() ? 0 : got.front());
+        if (got != expected)
+            throw InvalidArgumentError(who("fit") + ": the dataset of worker " + std::to_string(worker_index()) +
+                                       " gave a batch x of shape " + format_shape(got) + ", but the model's input takes " +
+                                       format_shape(expected) + " (examples first)");
+        check_layer_inputs(replica.graph, ModelInputs(batch.x));
+        loss_->check_targets(batch.y, *output_shape_);
     }
 
     /// One batch of each input: rows `order[begin, begin + count)`.
@@ -7130,9 +7226,108 @@ History Model<StrategyType>::fit(const ModelInputs& x, const xt::xarray<float>& 
 }
 
 template <class StrategyType>
+History Model<StrategyType>::fit(const DatasetCreator& creator, const FitOptions& options) {
+    require_compiled("fit");
+    require_built("fit");
+    const auto refuse = [&](const std::string& why) { throw InvalidArgumentError(who("fit") + ": " + why); };
+    if (options.steps_per_epoch == 0)
+        refuse("steps_per_epoch is 0; fit from a DatasetCreator needs it, as Keras' does: a worker's dataset may "
+               "repeat for ever, so an epoch is the steps_per_epoch steps it is given");
+    if (options.validation_split != 0)
+        refuse("validation_split is " + std::to_string(options.validation_split) +
+               ", but the data of a DatasetCreator cannot be split (Keras refuses it for datasets too); give "
+               "validation_data");
+    if (!options.sample_weight.empty() || !options.class_weight.empty())
+        refuse("sample_weight and class_weight do not apply to a DatasetCreator, whose batches carry no weights; "
+               "give the examples as arrays to weigh them");
+    for (const auto& c : options.callbacks)
+        if (dynamic_cast<const BackupAndRestore*>(c.get()) != nullptr)
+            refuse("BackupAndRestore cannot resume a fit from a DatasetCreator (the datasets' positions are not "
+                   "saved); fit arrays to use it");
+    if (options.initial_epoch < 0)
+        refuse("initial_epoch is " + std::to_string(options.initial_epoch) + "; it must be 0 or more");
+    if (input_shapes_->size() != 1)
+        refuse("the model has " + std::to_string(input_shapes_->size()) +
+               " inputs, but a dataset's batch holds one x; give fit the inputs as arrays");
+    if (strategy_->remote_workers() != nullptr)
+        throw FailedPreconditionError(who("fit") +
+                                      ": the workers are other processes, which fit from a DatasetCreator does not "
+                                      "support yet: its dataset function exists in this process only; give fit "
+                                      "arrays, or run the workers in this process (the embedded cluster)");
+    ensure_workers();
+    const int workers = coordinator_->num_workers();
+    DatasetFeed feed{coordinator_->create_per_worker_dataset(
+                         [&](int worker) { return creator(InputContext{workers, worker}); }),
+                     options.initial_epoch, options.epochs, options.steps_per_epoch, {}, {}};
+    for (int w = 0; w < workers; ++w)  // a dataset function that threw: its ClosureInputError now, before any step
+        (void)feed.datasets.at(static_cast<std::size_t>(w));
+    FitOptions fit_options = options;
+    fit_options.shuffle = false;  // the datasets shuffle; Keras ignores shuffle for datasets too
+    return fit_epochs(ModelInputs(std::vector<xt::xarray<float>>{}), xt::xarray<float>(), fit_options,
+                      {options.initial_epoch, 0, 0, shuffle_rng_, {}}, {}, &feed);
+}
+
+template <class StrategyType>
+RemoteValue<std::vector<double>> Model<StrategyType>::schedule_dataset_step(DatasetFeed& feed, int worker,
+                                                                                 std::uint64_t step, int epoch,
+                                                                                 std::size_t batch) {
+    const std::size_t fit_step = static_cast<std::size_t>(epoch - feed.first_epoch) * feed.steps_per_epoch + batch + 1;
+    // Said when a dataset runs out: "step 4 of this fit (epoch 2, batch 1), which takes 6 steps
+    // (steps_per_epoch 3 * 2 epochs)".
+    const std::string where = "step " + std::to_string(fit_step) + " of this fit (epoch " + std::to_string(epoch + 1) +
+                              ", batch " + std::to_string(batch + 1) + "), which takes " +
+                              std::to_string(static_cast<std::size_t>(feed.epochs - feed.first_epoch) *
+                                             feed.steps_per_epoch) +
+                              " steps (steps_per_epoch " + std::to_string(feed.steps_per_epoch) + " * " +
+                              std::to_string(feed.epochs - feed.first_epoch) + " epochs)";
+    // A step that cannot read its batch does not fail its closure: in synchronous training the other
+    // workers' pushes of its step would then never be applied, and every later pull would wait for it
+    // (the next fit's too). It keeps the error for the chief, which raises it when it counts the step,
+    // and pushes an empty batch's zeros, as do the steps after it.
+    auto train = [this, step, where, &feed](Replica& replica, data::Dataset& dataset) {
+        std::optional<data::Batch> next;
+        const bool failed = [&] {
+            const std::lock_guard lock(feed.mutex);
+            return feed.error != nullptr;
+        }();
+        if (!failed) {
+            try {
+                next = dataset.next();
+                if (!next)
+                    throw OutOfRangeError(who("fit") + ": the dataset of worker " + std::to_string(worker_index()) +
+                                          " ended at " + where + ", each a batch of a worker's dataset; end the "
+                                          "DatasetCreator's dataset with repeat() so that it does not run out");
+                check_dataset_batch(replica, *next);
+            } catch (...) {
+                next.reset();
+                const std::lock_guard lock(feed.mutex);
+                if (!feed.error) feed.error = std::current_exception();
+            }
+        }
+        Shape input = input_shapes_->front();
+        input.insert(input.begin(), next ? next->x.shape()[0] : 0);
+        std::vector<Tensor> xs;
+        xs.emplace_back(next ? std::move(next->x) : xt::xarray<float>::from_shape(input));
+        Tensor y(next ? std::move(next->y) : xt::xarray<float>::from_shape({std::size_t{0}, std::size_t{1}}));
+        const Tensor no_weights(xt::xarray<double>::from_shape({std::size_t{0}}));
+        if (!next && !StrategyType::synchronous) return std::vector<double>{};
+        // Scale 1: each worker pushes its batch's mean gradient and the ps tasks average them.
+        std::vector<double> out =
+            detail::keras_train_step(replica.graph, *loss_, *metrics_, std::move(xs), std::move(y), no_weights, step, 1.0);
+        if (!next) return std::vector<double>{};
+        out.push_back(static_cast<double>(input.front()));
+        return out;
+    };
+    if constexpr (StrategyType::synchronous)
+        return coordinator_->schedule_on(worker, std::move(train), *replicas_, feed.datasets);
+    else
+        return coordinator_->schedule(std::move(train), *replicas_, feed.datasets);
+}
+
+template <class StrategyType>
 History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<float>& y,
                                              const FitOptions& options, const FitPoint& start,
-                                             const FitBackup& backup) {
+                                             const FitBackup& backup, DatasetFeed* feed) {
     require_compiled("fit");
     check_batch_size(options.batch_size, "fit");
     const std::size_t batch_size = options.batch_size;
@@ -7148,9 +7343,9 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
         throw InvalidArgumentError(who("fit") + ": validation_split is " +
                                    std::to_string(options.validation_split) + "; it is in [0, 1)");
     std::ostream& out = options.out != nullptr ? *options.out : std::cout;
-    prepare_inputs(x, "fit");
+    if (feed == nullptr) prepare_inputs(x, "fit");  // a feed's x is empty: its batches are the datasets'
     const std::size_t all_examples = x.examples();
-    prepare_targets(y, all_examples, "fit");
+    if (feed == nullptr) prepare_targets(y, all_examples, "fit");
     const std::vector<double> weights =
         example_weights(y, all_examples, options.sample_weight, options.class_weight, "fit");
     // Keras' validation_split: the last rows, before shuffling.
@@ -7179,7 +7374,7 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
     if (remote) ensure_remote_model();
 
     const std::size_t batches = (examples + batch_size - 1) / batch_size;
-    if (options.steps_per_epoch > batches)
+    if (feed == nullptr && options.steps_per_epoch > batches)
         throw InvalidArgumentError(who("fit") + ": steps_per_epoch is " + std::to_string(options.steps_per_epoch) +
                                    ", but " + std::to_string(examples) + " examples make " + std::to_string(batches) +
                                    " batches of " + std::to_string(batch_size));
@@ -7243,6 +7438,7 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
         };
         std::deque<Closure> window;
         auto schedule_rows = [&](const Closure& c) {
+            if (feed != nullptr) return schedule_dataset_step(*feed, c.worker, c.step, epoch, c.batch);
             return schedule_step(c.worker, take_input_rows(x, order, c.begin, c.count),
                                  detail::take_rows(y, order, c.begin, c.count),
                                  detail::take_weights(weights, order, c.begin, c.count), c.step, c.scale);
@@ -7324,14 +7520,25 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
                 try {
                     double batch_loss = 0;
                     std::vector<double> batch_state(state_size, 0.0);
+                    // A dataset step's result ends with its example count, known only once it ran: its
+                    // weight is its share of the batch's examples.
+                    const std::size_t counts = feed != nullptr ? 1 : 0;
+                    double batch_examples = 0;
                     std::size_t n = 0;
                     for (; n < window.size() && window[n].batch == counted; ++n) {
                         const std::vector<double>& result = window[n].value.fetch();
-                        if (result.size() != 1 + state_size)
+                        if (counts != 0 && result.empty()) std::rethrow_exception(feed->error);
+                        if (result.size() != 1 + state_size + counts)
                             throw InternalError(who("fit") + ": a step returned " + std::to_string(result.size()) +
                                                 " numbers; the loss and " + std::to_string(state_size) +
-                                                " of metric state were expected");
-                        batch_loss += window[n].weight * result[0];
+                                                " of metric state were expected" +
+                                                (counts != 0 ? ", then the example count" : ""));
+                        if (counts != 0) batch_examples += result.back();
+                    }
+                    for (std::size_t k = 0; k < n; ++k) {
+                        const std::vector<double>& result = window[k].value.fetch();
+                        const double weight = counts != 0 ? result.back() / batch_examples : window[k].weight;
+                        batch_loss += weight * result[0];
                         for (std::size_t i = 0; i < state_size; ++i) batch_state[i] += result[1 + i];
                     }
                     window.erase(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(n));
@@ -7358,7 +7565,8 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
             for (std::size_t b = counted; b < steps && !stop_training; ++b) {
                 for (Callback* c : callbacks) c->on_train_batch_begin(b, {});
                 const std::size_t begin = b * batch_size;
-                const std::size_t count = std::min(batch_size, examples - begin);
+                // A feed's closures read no rows (one slice a worker: its dataset's batch).
+                const std::size_t count = feed != nullptr ? workers : std::min(batch_size, examples - begin);
                 if constexpr (StrategyType::synchronous) {
                     const std::uint64_t step = ++step_;
                     for (std::size_t w = 0, at = begin; w < workers; ++w) {
