@@ -7,7 +7,7 @@
 // And the cost of checkpoints: the same fit with pss::BackupAndRestore saving every 100 steps (weights and
 // Adagrad's accumulators: 256 MB a save, fsync'd, under PSS_BENCH_DIR or the system's temporary directory),
 // printed beside the fit without saves. And the cost of Keras' extras: the same fit with metrics
-// (accuracy and AUC, computed by the workers) and a validation split of 10% (evaluated on the chief at each
+// (accuracy and AUC, computed by the workers) and a validation split of 10% (evaluated by the workers at each
 // epoch's end), in training steps per second beside the fit without them. And the cost of reading the data
 // from files: the same fit on 2 workers from a DatasetCreator, each worker reading its own .npy file of the same
 // 40,000 examples (a shuffle buffer, batches of 128 a worker, so 256 a step, repeat, prefetch(2)), beside the fit
