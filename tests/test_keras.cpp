@@ -2477,7 +2477,9 @@ TEST_SUITE("keras/remote") {
     }
 
     TEST_CASE("evaluate on worker processes: one registered test step per batch (4 for 10 examples in batches of 3) gives the bits of in-process workers; a worker that lost the model gets it again") {
-        const auto [x, y] = sync_data();
+        const auto data = sync_data();  // not a structured binding: clang before 16 refuses to capture one
+        const xt::xarray<float>& x = data.first;
+        const xt::xarray<float>& y = data.second;
         auto evaluate = [&](auto& strategy, auto before) {
             pss::Sequential model(strategy,
                                   {pss::Embedding(5, 4), pss::GlobalAveragePooling1D(), pss::Dense(3, "tanh"), pss::Dense(1)}, 7);
