@@ -6233,7 +6233,7 @@ PSS_INLINE void keras_remote_build(std::string model_id, std::string description
     if (kept > remote_models_per_worker) store.models.erase(oldest);
 }
 
-/// The registered step call: one training step of the model `model_id` (see keras_train_step).
+/// This worker's model `model_id`, marked as used now.
 /// @throws NotFoundError when this worker does not have the model (the chief builds it again):
 /// `pss: Sequential: worker task 1 does not have the model 5f3a...; ...`
 PSS_INLINE std::shared_ptr<RemoteModel> find_remote_model(const std::string& model_id) {
@@ -6251,6 +6251,8 @@ PSS_INLINE std::shared_ptr<RemoteModel> find_remote_model(const std::string& mod
     return it->second;
 }
 
+/// The registered step call: one training step of the model `model_id` (see keras_train_step).
+/// @throws NotFoundError as find_remote_model
 PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, std::vector<Tensor> x, Tensor y,
                                                 Tensor weights, std::uint64_t step, double scale) {
     const std::shared_ptr<RemoteModel> model = find_remote_model(model_id);
@@ -6260,7 +6262,7 @@ PSS_INLINE std::vector<double> keras_remote_step(std::string model_id, std::vect
 }
 
 /// The registered test call: one evaluation batch of the model `model_id` (see keras_test_step).
-/// @throws NotFoundError as keras_remote_step
+/// @throws NotFoundError as find_remote_model
 PSS_INLINE std::vector<double> keras_remote_test_step(std::string model_id, std::vector<Tensor> x, Tensor y,
                                                      Tensor weights) {
     const std::shared_ptr<RemoteModel> model = find_remote_model(model_id);
@@ -6728,6 +6730,9 @@ private:
     /// batch's example count; or nothing once a step failed to read its batch (feed.error says how).
     RemoteValue<std::vector<double>> schedule_dataset_step(DatasetFeed& feed, int worker, std::uint64_t step, int epoch,
                                                            std::size_t batch);
+    /// Said when a worker's dataset runs out at (epoch, batch): "... ended at step 4 of this fit (epoch 2,
+    /// batch 1), which takes 6 steps (steps_per_epoch 3 * 2 epochs), ...". Built only then, not every step.
+    OutOfRangeError dataset_ended(const DatasetFeed& feed, int epoch, std::size_t batch) const;
 
     /// Loss and metrics over rows [begin, end) of (x, y), batches run by the workers, as `prefix` + name.
     Logs evaluate_rows(const ModelInputs& x, const xt::xarray<float>& y, const std::vector<double>& weights,
@@ -7268,23 +7273,26 @@ History Model<StrategyType>::fit(const DatasetCreator& creator, const FitOptions
 }
 
 template <class StrategyType>
+OutOfRangeError Model<StrategyType>::dataset_ended(const DatasetFeed& feed, int epoch, std::size_t batch) const {
+    const std::size_t epochs = static_cast<std::size_t>(feed.epochs - feed.first_epoch);
+    const std::size_t fit_step = static_cast<std::size_t>(epoch - feed.first_epoch) * feed.steps_per_epoch + batch + 1;
+    return OutOfRangeError(who("fit") + ": the dataset of worker " + std::to_string(worker_index()) + " ended at step " +
+                           std::to_string(fit_step) + " of this fit (epoch " + std::to_string(epoch + 1) + ", batch " +
+                           std::to_string(batch + 1) + "), which takes " + std::to_string(epochs * feed.steps_per_epoch) +
+                           " steps (steps_per_epoch " + std::to_string(feed.steps_per_epoch) + " * " +
+                           std::to_string(epochs) + " epochs), each a batch of a worker's dataset; end the "
+                           "DatasetCreator's dataset with repeat() so that it does not run out");
+}
+
+template <class StrategyType>
 RemoteValue<std::vector<double>> Model<StrategyType>::schedule_dataset_step(DatasetFeed& feed, int worker,
                                                                                  std::uint64_t step, int epoch,
                                                                                  std::size_t batch) {
-    const std::size_t fit_step = static_cast<std::size_t>(epoch - feed.first_epoch) * feed.steps_per_epoch + batch + 1;
-    // Said when a dataset runs out: "step 4 of this fit (epoch 2, batch 1), which takes 6 steps
-    // (steps_per_epoch 3 * 2 epochs)".
-    const std::string where = "step " + std::to_string(fit_step) + " of this fit (epoch " + std::to_string(epoch + 1) +
-                              ", batch " + std::to_string(batch + 1) + "), which takes " +
-                              std::to_string(static_cast<std::size_t>(feed.epochs - feed.first_epoch) *
-                                             feed.steps_per_epoch) +
-                              " steps (steps_per_epoch " + std::to_string(feed.steps_per_epoch) + " * " +
-                              std::to_string(feed.epochs - feed.first_epoch) + " epochs)";
     // A step that cannot read its batch does not fail its closure: in synchronous training the other
     // workers' pushes of its step would then never be applied, and every later pull would wait for it
     // (the next fit's too). It keeps the error for the chief, which raises it when it counts the step,
     // and pushes an empty batch's zeros, as do the steps after it.
-    auto train = [this, step, where, &feed](Replica& replica, data::Dataset& dataset) {
+    auto train = [this, step, epoch, batch, &feed](Replica& replica, data::Dataset& dataset) {
         std::optional<data::Batch> next;
         const bool failed = [&] {
             const std::lock_guard lock(feed.mutex);
@@ -7293,10 +7301,7 @@ RemoteValue<std::vector<double>> Model<StrategyType>::schedule_dataset_step(Data
         if (!failed) {
             try {
                 next = dataset.next();
-                if (!next)
-                    throw OutOfRangeError(who("fit") + ": the dataset of worker " + std::to_string(worker_index()) +
-                                          " ended at " + where + ", each a batch of a worker's dataset; end the "
-                                          "DatasetCreator's dataset with repeat() so that it does not run out");
+                if (!next) throw dataset_ended(feed, epoch, batch);
                 check_dataset_batch(replica, *next);
             } catch (...) {
                 next.reset();
