@@ -6,6 +6,7 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -122,7 +123,44 @@ TEST_SUITE("InProcessTransport") {
         CHECK(reply.ok());
         CHECK(seen.load() == data);
         CHECK(reply.payload.bytes() == data);
+        CHECK(handler_thread == std::this_thread::get_id());  // a variable operation to an idle task: the sender runs it
+        request = {};
+        request.kind = pss::RequestKind::call;  // a call runs on the task's thread
+        CHECK(transport.send({"ps", 0}, std::move(request)).get().ok());
         CHECK(handler_thread != std::this_thread::get_id());
+    }
+    TEST_CASE("InProcessTransport: an operation sent while its task is busy waits its turn on the task's thread, "
+              "in the order sent") {
+        pss::ClusterSpec spec{{"ps", {"inproc:ps:0"}}, {"worker", {"inproc:worker:0"}}};
+        pss::InProcessTransport transport(spec);
+        std::promise<void> release;
+        std::shared_future<void> released = release.get_future().share();
+        std::mutex mutex;
+        std::vector<std::pair<std::uint64_t, bool>> ran;  // (step, on the sender's thread)
+        const auto sender = std::this_thread::get_id();
+        transport.serve({"ps", 0}, pss::answer_at_once([&](pss::Request&& r) {
+            if (r.kind == pss::RequestKind::call) released.wait();
+            std::lock_guard lock(mutex);
+            ran.emplace_back(r.step, std::this_thread::get_id() == sender);
+            return pss::Reply{};
+        }));
+        pss::Request blocking;
+        blocking.kind = pss::RequestKind::call;
+        blocking.step = 1;
+        auto first = transport.send({"ps", 0}, std::move(blocking));
+        std::vector<std::future<pss::Reply>> queued;
+        for (std::uint64_t step = 2; step <= 4; ++step) {
+            pss::Request r;
+            r.op = pss::Op::gather;
+            r.step = step;
+            queued.push_back(transport.send({"ps", 0}, std::move(r)));
+        }
+        CHECK(queued.front().wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+        release.set_value();
+        CHECK(first.get().ok());
+        for (auto& f : queued) CHECK(f.get().ok());
+        std::lock_guard lock(mutex);
+        CHECK(ran == std::vector<std::pair<std::uint64_t, bool>>{{1, false}, {2, false}, {3, false}, {4, false}});
     }
     TEST_CASE("InProcessTransport: a task never served and a task after shutdown answer unavailable") {
         pss::ClusterSpec spec{{"ps", {"a:1", "b:1"}}, {"worker", {"c:1"}}};
@@ -1153,6 +1191,16 @@ TEST_SUITE("Variable") {
         CHECK(xt::view(v, 2) == xt::xarray<float>{1, 2});    // 3, 4 minus 0.5 * (1 + 3)
         CHECK(xt::view(v, 7) == xt::xarray<float>{11, 12});  // 13, 14 minus 0.5 * 4
         CHECK(xt::view(v, 3) == xt::xarray<float>{5, 6});
+        // Many repeats over both shards (rows 0-4 and 5-9), more ids than the table has rows.
+        Ids many;
+        for (int i = 0; i < 40; ++i) many.push_back(std::vector<std::int64_t>{9, 0, 3, 5}[static_cast<std::size_t>(i % 4)]);
+        f.v.apply_sparse_gradient(many, xt::xarray<float>(xt::ones<float>({40, 2}) * 0.25f));
+        v = f.v.read<float>();
+        CHECK(xt::view(v, 9) == xt::xarray<float>{15.75f, 16.75f});  // 17, 18 minus 0.5 * 10 * 0.25
+        CHECK(xt::view(v, 0) == xt::xarray<float>{-2.25f, -1.25f});
+        CHECK(xt::view(v, 3) == xt::xarray<float>{3.75f, 4.75f});
+        CHECK(xt::view(v, 5) == xt::xarray<float>{7.75f, 8.75f});
+        CHECK(xt::view(v, 2) == xt::xarray<float>{1, 2});
     }
     TEST_CASE("Variable: a wrong shape or dtype is refused with the variable's name, the expected and the given") {
         ShardedFixture f;

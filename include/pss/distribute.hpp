@@ -156,6 +156,7 @@ class LocalChannel final : public Channel {
 public:
     PSS_INLINE std::future<Reply> send(int, Request request) override;  // the key function (see PSS_INLINE)
     [[nodiscard]] std::string device(int) const override { return LocalDevice::get(); }
+    [[nodiscard]] bool shares_memory() const noexcept override { return true; }
 
 private:
     std::mutex mutex_;
@@ -197,6 +198,7 @@ public:
         return p.get_future();
     }
     [[nodiscard]] std::string device(int) const override { return device_; }
+    [[nodiscard]] bool shares_memory() const noexcept override { return true; }
 
 private:
     std::mutex mutex_;

@@ -106,6 +106,10 @@ public:
         return TaskId{"ps", task}.to_string() + "/device:CPU:0";
     }
     [[nodiscard]] bool synchronous() const noexcept override { return synchronous_; }
+    [[nodiscard]] bool shares_memory() const noexcept override {
+        if constexpr (requires { TransportPolicy::shares_memory; }) return TransportPolicy::shares_memory;
+        return false;
+    }
     void shutdown() override {
         transport_.shutdown();
         for (auto& server : servers_) server->release_held();  // a pull waiting for a step gets unavailable

@@ -52,6 +52,9 @@ public:
     /// True when the ps tasks apply pushes by step (synchronous training): then a step's push goes to
     /// every shard, empty where no row falls, so that each shard can count the step complete.
     [[nodiscard]] virtual bool synchronous() const noexcept { return false; }
+    /// True when the ps tasks run in this process (the embedded transport, the coordinator's own store):
+    /// a gather then writes its rows straight into the caller's result (Request::into).
+    [[nodiscard]] virtual bool shares_memory() const noexcept { return false; }
 };
 
 /// Where one shard lives and which rows of the whole variable it holds. Its ps task knows it by the
@@ -167,14 +170,9 @@ public:
     /// split the rows by TensorFlow's rule (see shard_rows()), every handle's shards included.
     /// @pre the variable has rank 1 or more and row < shape()[0]
     [[nodiscard]] ShardRow shard_of_row(std::size_t row) const {
-        const detail::VariableInfo& i = info();
-        if (i.split_by_rule) return pss::shard_of_row(shape().empty() ? 0 : shape()[0], num_shards(), row);
-        // Built from parts of any sizes: the last shard that starts at or before the row (one of zero
-        // rows shares its offset with the next, which holds the row).
-        const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
-                                            [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
-        const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
-        return {shard, row - i.shards[shard].row_offset};
+        ShardRow out;
+        for_each_shard_row(std::span<const std::size_t>(&row, 1), [&](std::size_t, ShardRow at) { out = at; });
+        return out;
     }
     /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`); for
     /// a variable built from a list, the parts' own handles (their shards where a part is sharded).
@@ -293,6 +291,37 @@ private:
     }
 
     std::string describe(Op op) const { return std::string(op_name(op)) + " on variable '" + name() + "'"; }
+
+    /// True when this handle's shapes are its ps tasks' and those tasks are in this process: a ps may
+    /// then skip checking the requests against its shard and write into the caller's memory. A handle
+    /// decoded from a message (borrowed) may lie about its shapes, so its requests are checked by the
+    /// ps and its replies by check_reply.
+    [[nodiscard]] bool shapes_trusted() const noexcept {
+        if (!info_) return false;
+        const detail::VariableInfo& i = *info_;
+        return !i.borrowed && (i.owner == nullptr || !i.owner->borrowed) && i.channel != nullptr &&
+               i.channel->shares_memory();
+    }
+
+    /// Calls `f(i, shard_of_row(rows[i]))` for each row, the split's divisions done once.
+    template <class Row, class F>
+    void for_each_shard_row(std::span<const Row> rows, F&& f) const {
+        const detail::VariableInfo& i = info();
+        if (i.split_by_rule) {
+            const RowSplit split(i.shape.empty() ? 0 : i.shape[0], i.shards.size());
+            for (std::size_t k = 0; k < rows.size(); ++k) f(k, split(static_cast<std::size_t>(rows[k])));
+            return;
+        }
+        // Built from parts of any sizes: the last shard that starts at or before the row (one of zero
+        // rows shares its offset with the next, which holds the row).
+        for (std::size_t k = 0; k < rows.size(); ++k) {
+            const auto row = static_cast<std::size_t>(rows[k]);
+            const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
+                                                [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
+            const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
+            f(k, ShardRow{shard, row - i.shards[shard].row_offset});
+        }
+    }
 
     /// A reply's value must be what was asked for before any byte of it is copied by this handle's
     /// shapes: a handle received from a peer may lie about them, and a ps (or a peer posing as one)
@@ -476,11 +505,17 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     std::vector<Request> again(outgoing.size());  // what to send if the reply is "not ready"
     std::vector<Tensor> out(outgoing.size());
     std::vector<std::size_t> waiting;
+    // Every operation sent from here was validated against the whole variable (or needs nothing); a ps
+    // in this process need not do it again, when this handle's shapes are its own.
+    const bool checked = shapes_trusted();
     auto post = [&](std::size_t i, Request r) {
+        r.checked = checked;
         again[i].op = r.op;  // the request without its payload
         again[i].key = r.key;
         again[i].ids = r.ids;
         again[i].step = r.step;
+        again[i].into = r.into;
+        again[i].into_rows = r.into_rows;
         futures[i] = info().channel->send(outgoing[i].first, std::move(r));
     };
     for (std::size_t i = 0; i < outgoing.size(); ++i) {
@@ -570,7 +605,7 @@ void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
 }
 
 inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
-    detail::validate_request(op, describe(op), shape(), dtype(), payload, {});
+    detail::validate_request(op, name(), shape(), dtype(), payload, {});
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
@@ -589,7 +624,7 @@ inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
 }
 
 inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step) {
-    detail::validate_request(op, describe(op), shape(), dtype(), rows, ids);
+    detail::validate_request(op, name(), shape(), dtype(), rows, ids);
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
@@ -601,7 +636,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     // Group the rows by shard, keeping their order within each shard (scatter_update's last row wins).
     std::vector<std::vector<std::size_t>> picked(shards.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
+    for_each_shard_row(ids, [&](std::size_t i, ShardRow at) { picked[at.shard].push_back(i); });
     for (std::size_t s = 0; s < shards.size(); ++s) {
         if (picked[s].empty() && !(step != 0 && info().channel->synchronous())) continue;
         Request r = request(op, shards[s], step);
@@ -650,31 +685,61 @@ inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_
 }
 
 inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {
-    detail::validate_request(Op::gather, describe(Op::gather), shape(), dtype(), {}, ids);
+    detail::validate_request(Op::gather, name(), shape(), dtype(), {}, ids);
     const auto& shards = info().shards;
-    std::vector<std::vector<std::size_t>> picked(shards.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) picked[shard_of_row(static_cast<std::size_t>(ids[i])).shard].push_back(i);
+    if (ids.empty()) return Tensor::uninitialized(dtype(), detail::rows_shape(shape(), 0));  // no shard is asked
+    auto requests = [&](std::size_t s) { return request(Op::gather, shards[s], step); };
+    if (shards.size() == 1) {
+        std::vector<std::pair<int, Request>> outgoing;
+        outgoing.emplace_back(shards.front().task, requests(0));
+        outgoing.front().second.ids.assign(ids.begin(), ids.end());
+        Tensor part = std::move(exchange(std::move(outgoing)).front());
+        check_reply(Op::gather, part, detail::rows_shape(shards.front().shape, ids.size()), shards.front().index);
+        return part;
+    }
+    // Each id's shard, counted first so that each request's lists are allocated once.
+    std::vector<ShardRow> where(ids.size());
+    std::vector<std::size_t> counts(shards.size());
+    for_each_shard_row(ids, [&](std::size_t i, ShardRow at) { ++counts[(where[i] = at).shard]; });
+    // A ps in this process writes its rows straight into the result; one elsewhere answers with them.
+    const bool in_place = shapes_trusted();
+    auto out = std::make_shared<Tensor>(Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size())));
+    std::vector<Request> by_shard(shards.size());
+    std::vector<std::int64_t*> next_id(shards.size());  // each shard's lists filled through pointers:
+    std::vector<std::size_t*> next_row(shards.size());  // push_back's stores of the ends cost more here
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+        if (counts[s] == 0) continue;
+        by_shard[s] = requests(s);
+        by_shard[s].ids.resize(counts[s]);
+        by_shard[s].into_rows.resize(counts[s]);
+        next_id[s] = by_shard[s].ids.data();
+        next_row[s] = by_shard[s].into_rows.data();
+        if (in_place) by_shard[s].into = out;
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::size_t s = where[i].shard;
+        *next_id[s]++ = static_cast<std::int64_t>(where[i].local_row);
+        *next_row[s]++ = i;
+    }
     std::vector<std::pair<int, Request>> outgoing;
+    std::vector<std::vector<std::size_t>> rows_of_part;
     std::vector<std::size_t> asked;
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        if (picked[s].empty()) continue;
-        Request r = request(Op::gather, shards[s], step);
-        for (std::size_t i : picked[s]) r.ids.push_back(ids[i] - static_cast<std::int64_t>(shards[s].row_offset));
-        outgoing.emplace_back(shards[s].task, std::move(r));
+        if (counts[s] == 0) continue;
+        if (!in_place) rows_of_part.push_back(std::move(by_shard[s].into_rows));
+        outgoing.emplace_back(shards[s].task, std::move(by_shard[s]));
         asked.push_back(s);
     }
     auto parts = exchange(std::move(outgoing));
-    for (std::size_t p = 0; p < parts.size(); ++p)
-        check_reply(Op::gather, parts[p], detail::rows_shape(shards[asked[p]].shape, picked[asked[p]].size()),
-                    shards[asked[p]].index);
-    if (shards.size() == 1 && parts.size() == 1) return std::move(parts.front());
-    Tensor out = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size()));
-    for (std::size_t p = 0; p < parts.size(); ++p) {
-        const auto& rows_of_shard = picked[asked[p]];
-        const detail::RowCopy copy(out, parts[p]);
-        for (std::size_t j = 0; j < rows_of_shard.size(); ++j) copy(rows_of_shard[j], j);
+    if (!in_place) {
+        for (std::size_t p = 0; p < parts.size(); ++p) {
+            check_reply(Op::gather, parts[p], detail::rows_shape(shards[asked[p]].shape, counts[asked[p]]),
+                        shards[asked[p]].index);
+            const detail::RowCopy copy(*out, parts[p]);
+            for (std::size_t j = 0; j < rows_of_part[p].size(); ++j) copy(rows_of_part[p][j], j);
+        }
     }
-    return out;
+    return std::move(*out);
 }
 
 PSS_NAMESPACE_END

@@ -63,37 +63,39 @@ template <Op K, class T>
     }
 }
 
-/// Checks an operation's payload and ids against a shard (or variable) of `shape` and `dtype` before
-/// anything changes. `what` names the variable in the message: "scatter_add on variable 'emb'".
-inline void validate_request(Op op, const std::string& what, const Shape& shape, DType dtype, const Tensor& payload,
+/// Checks an operation's payload and ids against a shard (or variable) named `variable`, of `shape`
+/// and `dtype`, before anything changes. The messages name the operation and the variable:
+/// "scatter_add on variable 'emb'" (built only when one is raised: this runs for every request).
+inline void validate_request(Op op, std::string_view variable, const Shape& shape, DType dtype, const Tensor& payload,
                              std::span<const std::int64_t> ids) {
+    const auto what = [&] { return std::string(op_name(op)) + " on variable '" + std::string(variable) + "'"; };
     auto mismatch = [&](const Shape& expected_shape) {
         if (!payload.has_value())
-            throw InvalidArgumentError("pss: " + what + ": expected a value of shape " + format_shape(expected_shape) +
+            throw InvalidArgumentError("pss: " + what() + ": expected a value of shape " + format_shape(expected_shape) +
                                        " dtype " + std::string(dtype_name(dtype)) + ", got none");
         if (payload.dtype() != dtype || payload.shape() != expected_shape)
-            throw InvalidArgumentError("pss: " + what + ": expected shape " + format_shape(expected_shape) + " dtype " +
+            throw InvalidArgumentError("pss: " + what() + ": expected shape " + format_shape(expected_shape) + " dtype " +
                                        std::string(dtype_name(dtype)) + ", got shape " +
                                        format_shape(payload.shape()) + " dtype " +
                                        std::string(dtype_name(payload.dtype())));
     };
     const bool sparse = is_scatter(op) || op == Op::gather || op == Op::apply_sparse;
     if (dtype == DType::string && !(op == Op::read || op == Op::gather || op == Op::assign || op == Op::scatter_update))
-        throw InvalidArgumentError("pss: " + what + ": a string variable is read, assigned, gathered (sparse_read) and "
+        throw InvalidArgumentError("pss: " + what() + ": a string variable is read, assigned, gathered (sparse_read) and "
                                    "scatter_updated; " + std::string(op_name(op)) + " computes with numbers");
     if ((op == Op::apply_dense || op == Op::apply_sparse) && !is_floating(dtype))
-        throw FailedPreconditionError("pss: " + what + ": a gradient cannot be applied to a variable of dtype " +
+        throw FailedPreconditionError("pss: " + what() + ": a gradient cannot be applied to a variable of dtype " +
                                       std::string(dtype_name(dtype)) + "; only float32 and float64 variables train");
     if (sparse) {
         if (shape.empty())
-            throw InvalidArgumentError("pss: " + what + ": row operations need a variable of rank 1 or more, got a scalar");
+            throw InvalidArgumentError("pss: " + what() + ": row operations need a variable of rank 1 or more, got a scalar");
         for (std::int64_t id : ids)
             if (id < 0 || static_cast<std::uint64_t>(id) >= shape[0])
-                throw InvalidArgumentError("pss: " + what + ": id " + std::to_string(id) + " is out of range for shape " +
+                throw InvalidArgumentError("pss: " + what() + ": id " + std::to_string(id) + " is out of range for shape " +
                                            format_shape(shape) + "; ids must be in [0, " + std::to_string(shape[0]) +
                                            ")");  // TensorFlow's type for an index out of range
         if (op != Op::gather) mismatch(rows_shape(shape, ids.size()));
-        if (op == Op::scatter_div && !is_floating(dtype)) check_no_zero_divisor(what, payload);
+        if (op == Op::scatter_div && !is_floating(dtype)) check_no_zero_divisor(what(), payload);
     } else if (op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense) {
         mismatch(shape);
     }

@@ -45,16 +45,36 @@ struct ShardRow {
     return counts;
 }
 
+/// @brief shard_of_row() for the rows of one split, its divisions of `dim0` done once: an embedding
+/// lookup places every id of a batch.
+class RowSplit {
+public:
+    /// @pre 1 <= num_shards <= max(dim0, 1) (a split of 0 shards places every row in shard 0)
+    constexpr RowSplit(std::size_t dim0, std::size_t num_shards) noexcept
+        : num_shards_(num_shards),
+          base_(num_shards == 0 ? 0 : dim0 / num_shards),
+          extra_(num_shards == 0 ? 0 : dim0 % num_shards),
+          boundary_(extra_ * (base_ + 1)) {}
+
+    /// @pre row < dim0
+    [[nodiscard]] constexpr ShardRow operator()(std::size_t row) const noexcept {
+        if (num_shards_ == 0) return {};
+        if (row < boundary_) return {row / (base_ + 1), row % (base_ + 1)};
+        if (base_ == 0) return {num_shards_, 0};  // row >= dim0: outside every shard
+        return {extra_ + (row - boundary_) / base_, (row - boundary_) % base_};
+    }
+
+private:
+    std::size_t num_shards_;
+    std::size_t base_;      // rows of the shards without one more
+    std::size_t extra_;     // shards with one row more, the first ones
+    std::size_t boundary_;  // rows held by the shards with one row more
+};
+
 /// @brief The shard holding row `row` of the whole variable, and the row's index inside it.
 /// @pre 1 <= num_shards <= max(dim0, 1) and row < dim0
 [[nodiscard]] constexpr ShardRow shard_of_row(std::size_t dim0, std::size_t num_shards, std::size_t row) noexcept {
-    if (num_shards == 0) return {};
-    const std::size_t base = dim0 / num_shards;
-    const std::size_t extra = dim0 % num_shards;
-    const std::size_t boundary = extra * (base + 1);  // rows held by the shards with one row more
-    if (row < boundary) return {row / (base + 1), row % (base + 1)};
-    if (base == 0) return {num_shards, 0};  // row >= dim0: outside every shard
-    return {extra + (row - boundary) / base, (row - boundary) % base};
+    return RowSplit(dim0, num_shards)(row);
 }
 
 PSS_NAMESPACE_END

@@ -22,10 +22,16 @@ PSS_NAMESPACE_BEGIN
 /// @brief The embedded transport: each served task is its own thread, owning its state, with a mailbox.
 ///
 /// `send` moves the Request (and so its tensor buffer) into the task's mailbox; the task's thread runs
-/// the handler, whose Responder moves the Reply into the future, then or later (from any thread). No
-/// element is copied and no task reads another task's memory. Models the Transport concept.
+/// the handler, whose Responder moves the Reply into the future, then or later (from any thread). A
+/// variable operation sent to an idle task runs on the sending thread, still one request of the task at
+/// a time and in order (see Mailbox). No element is copied; a task's state is touched only by the one
+/// request running on it, and a gather may write into its caller's result (Request::into). Models the
+/// Transport concept.
 class InProcessTransport {
 public:
+    /// Its tasks are threads of this process: a gather may write into the caller's result (Request::into).
+    static constexpr bool shares_memory = true;
+
     explicit InProcessTransport(const ClusterSpec& spec) : spec_(spec) {}
     InProcessTransport(const InProcessTransport&) = delete;
     InProcessTransport& operator=(const InProcessTransport&) = delete;
@@ -67,6 +73,10 @@ public:
     }
 
 private:
+    /// A task's queue and thread. A variable operation sent while the task is idle (nothing queued,
+    /// nothing running) runs at once on the sending thread instead: the requests of one task still run
+    /// one at a time and in the order sent, and an embedding lookup or a small push costs no wake-up of
+    /// another thread (on this 2-core machine a wake-up cost more than the lookup itself).
     class Mailbox {
     public:
         explicit Mailbox(RequestHandler handler) : handler_(std::move(handler)), thread_([this] { run(); }) {}
@@ -77,12 +87,18 @@ private:
             std::promise<Reply> promise;
             auto future = promise.get_future();
             {
-                std::lock_guard lock(mutex_);
+                std::unique_lock lock(mutex_);
                 if (closed_) return std::nullopt;
-                queue_.emplace_back(std::move(request), std::move(promise));
-                pending_.store(true, std::memory_order_release);
+                if (!queue_.empty() || busy_ || !runs_on_sender(request)) {
+                    queue_.emplace_back(std::move(request), std::move(promise));
+                    pending_.store(true, std::memory_order_release);
+                    lock.unlock();
+                    ready_.notify_one();
+                    return future;
+                }
+                busy_ = true;
             }
-            ready_.notify_one();
+            handle(std::move(request), std::move(promise));
             return future;
         }
 
@@ -94,9 +110,46 @@ private:
             ready_.notify_all();
             std::lock_guard join_lock(join_mutex_);
             if (thread_.joinable()) thread_.join();
+            std::unique_lock lock(mutex_);  // a request running on its sender's thread ends first
+            ready_.wait(lock, [&] { return !busy_; });
         }
 
     private:
+        /// What a sender may run itself: variable operations that touch memory only. Checkpoint files,
+        /// creation and calls stay on the task's thread (the ps tasks save their shards in parallel).
+        static bool runs_on_sender(const Request& request) noexcept {
+            if (request.kind != RequestKind::operation) return false;
+            switch (request.op) {
+                case Op::read:
+                case Op::gather:
+                case Op::assign:
+                case Op::assign_add:
+                case Op::assign_sub:
+                case Op::apply_dense:
+                case Op::apply_sparse: return true;
+                default: return is_scatter(request.op);
+            }
+        }
+
+        /// Runs one request (busy_ is set), then lets the next one run.
+        void handle(Request&& request, std::promise<Reply>&& promise) {
+            struct Done {  // also when the handler throws
+                Mailbox& box;
+                ~Done() {
+                    bool wake = false;
+                    {
+                        std::lock_guard lock(box.mutex_);
+                        box.busy_ = false;
+                        wake = !box.queue_.empty() || box.closed_;
+                    }
+                    if (wake) box.ready_.notify_all();
+                }
+            } done{*this};
+            handler_(std::move(request), Responder([promise = std::move(promise)](Reply&& reply) mutable {
+                         promise.set_value(std::move(reply));
+                     }));
+        }
+
         void run() {
             for (;;) {
                 // A short spin before sleeping: a training loop sends its next request within microseconds,
@@ -106,15 +159,14 @@ private:
                 for (int spin = 0; spin < 200 && !pending_.load(std::memory_order_acquire); ++spin)
                     std::this_thread::yield();
                 std::unique_lock lock(mutex_);
-                ready_.wait(lock, [&] { return !queue_.empty() || closed_; });
+                ready_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (closed_ && queue_.empty()); });
                 if (queue_.empty()) return;  // closed, and everything queued has been handled
                 auto [request, promise] = std::move(queue_.front());
                 queue_.pop_front();
                 pending_.store(!queue_.empty(), std::memory_order_release);
+                busy_ = true;
                 lock.unlock();
-                handler_(std::move(request), Responder([promise = std::move(promise)](Reply&& reply) mutable {
-                             promise.set_value(std::move(reply));
-                         }));
+                handle(std::move(request), std::move(promise));
             }
         }
 
@@ -123,6 +175,7 @@ private:
         std::condition_variable ready_;
         std::deque<std::pair<Request, std::promise<Reply>>> queue_;
         bool closed_ = false;
+        bool busy_ = false;                 // a request is running, on this thread or on its sender's
         std::atomic<bool> pending_{false};  // the queue is not empty; read without the lock while spinning
         std::mutex join_mutex_;
         std::thread thread_;  // last: it starts after everything it uses exists
