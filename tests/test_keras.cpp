@@ -3,6 +3,7 @@
 // fit's options, metrics and callbacks.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -1052,6 +1054,87 @@ TEST_SUITE("keras/losses") {
     }
 }
 
+namespace {
+
+/// What the layers of FailsOnWorker share across the workers' copies: the step at which worker 1's copy
+/// throws (0: none), and whether worker 0 ran that step's backward (so pushed every gradient of it).
+struct FailPlan {
+    std::atomic<std::uint64_t> step{0};
+    std::atomic<bool> worker_0_pushed{false};
+};
+
+/// An identity layer without weights, first in its model: at the planned step, worker 1's copy throws
+/// FailedPreconditionError once worker 0 pushed its part of the step (so that the step's weights are
+/// the same in every run: worker 0's gradients, none of worker 1's).
+class FailsOnWorker final : public pss::Layer {
+public:
+    explicit FailsOnWorker(std::shared_ptr<FailPlan> plan) : plan_(std::move(plan)) {}
+    [[nodiscard]] std::unique_ptr<pss::Layer> clone() const override { return std::make_unique<FailsOnWorker>(*this); }
+    [[nodiscard]] std::string_view class_name() const noexcept override { return "FailsOnWorker"; }
+    pss::Tensor forward(pss::Tensor inputs, std::uint64_t step) override {
+        step_ = step;
+        if (step != 0 && step == plan_->step && pss::worker_index() == 1) {
+            for (int i = 0; i < 10'000 && !plan_->worker_0_pushed; ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            throw pss::FailedPreconditionError("pss: test: worker 1 fails at step " + std::to_string(step));
+        }
+        return inputs;
+    }
+    pss::LayerGradients backward(const pss::Tensor& grad_outputs) override {
+        // The first layer's backward comes after every later layer's gradients were pushed.
+        if (step_ != 0 && step_ == plan_->step && pss::worker_index() == 0) plan_->worker_0_pushed = true;
+        return {grad_outputs, {}};
+    }
+
+protected:
+    pss::Shape do_build(const pss::Shape& input_shape, std::mt19937& /*rng*/) override { return input_shape; }
+    pss::Shape do_bind(const pss::Shape& input_shape, std::vector<pss::Variable> weights) override {
+        check_bind_weights(weights, {});
+        return input_shape;
+    }
+
+private:
+    std::shared_ptr<FailPlan> plan_;
+    std::uint64_t step_ = 0;
+};
+
+/// Runs `call` on a thread of its own and returns its result; a call still running after `limit` ends
+/// the test program with exit code 1: a step left waiting for ever fails the run instead of stalling it.
+template <class F>
+auto returns_within(std::chrono::seconds limit, const char* what, F call) {
+    auto result = std::async(std::launch::async, std::move(call));
+    if (result.wait_for(limit) != std::future_status::ready) {
+        std::fprintf(stderr, "FAILED: %s did not return within %lld s\n", what, static_cast<long long>(limit.count()));
+        std::fflush(nullptr);
+        std::_Exit(1);
+    }
+    return result.get();
+}
+
+using SyncTwoWorkers = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                                    pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
+
+/// 16 examples of 3 features and their targets, for the synchronous failure tests.
+std::pair<xt::xarray<float>, xt::xarray<float>> failure_test_data() {
+    xt::xarray<float> x = xt::xarray<float>::from_shape({16, 3});
+    xt::xarray<float> y = xt::xarray<float>::from_shape({16, 1});
+    for (std::size_t i = 0; i < 16; ++i) {
+        for (std::size_t j = 0; j < 3; ++j) x(i, j) = static_cast<float>((i * (j + 3)) % 7) * 0.25f - 0.75f;
+        y(i, 0) = x(i, 0) - 2 * x(i, 1) + 0.5f * x(i, 2) + 0.25f;
+    }
+    return {x, y};
+}
+
+/// A fit's losses, then every weight.
+template <class M>
+std::vector<double> losses_and_weights(const pss::History& history, const M& model) {
+    std::vector<double> out(history.loss.begin(), history.loss.end());
+    for (const auto& w : model.get_weights()) out.insert(out.end(), w.template get<float>().begin(), w.template get<float>().end());
+    return out;
+}
+
+}  // namespace
+
 TEST_SUITE("keras/model") {
     TEST_CASE("Sequential::summary: tf.keras 2's table of layers, output shapes and parameter counts, then each "
               "variable's ps tasks; before build, FailedPreconditionError") {
@@ -1164,6 +1247,79 @@ TEST_SUITE("keras/model") {
             CHECK(std::abs(a[i] - b[i]) <= 1e-6 * std::max(1.0, std::abs(b[i])));
         }
         CHECK(moved > 1e-2);
+    }
+
+    TEST_CASE("Sequential: a synchronous 2-worker fit whose worker 1 fails at a step raises its error, leaves that "
+              "step applied with worker 0's gradients only, and the next fit runs at once as from those weights") {
+        const auto data = failure_test_data();  // not a structured binding: clang 14 cannot capture one
+        const xt::xarray<float>& x = data.first;
+        const xt::xarray<float>& y = data.second;
+        const pss::FitOptions batches_of_4{.batch_size = 4, .verbose = 0, .shuffle = false};
+        auto new_strategy = [] {
+            return std::make_unique<SyncTwoWorkers>(pss::LocalClusterResolver<2, 2>{}, pss::FixedShardsPartitioner(2),
+                                                       pss::SGD(0.1));
+        };
+        // The model of every run below: seed 7, so each starts from the same weights.
+        auto make = [](SyncTwoWorkers& strategy, std::shared_ptr<FailPlan> plan) {
+            auto model = std::make_unique<pss::Sequential<SyncTwoWorkers>>(
+                strategy, std::initializer_list<pss::AnyLayer>{FailsOnWorker(std::move(plan)), pss::Dense(2, "tanh"), pss::Dense(1)},
+                7);
+            model->compile(pss::SGD(0.1), "mse");
+            model->build({3});
+            return model;
+        };
+        // The next fit of a model whose fit failed, bounded: without the failed step completed, its first pull
+        // waits for ever. It gives the losses and weights of a fresh model given the weights the failure left.
+        auto check_next_fit = [&](pss::Sequential<SyncTwoWorkers>& model) {
+            pss::FitOptions two_epochs = batches_of_4;
+            two_epochs.epochs = 2;
+            const auto failed = model.get_weights();
+            const auto next = returns_within(std::chrono::seconds(30), "the fit after the failed one",
+                                             [&] { return losses_and_weights(model.fit(x, y, two_epochs), model); });
+            const auto fresh_strategy = new_strategy();
+            auto fresh = make(*fresh_strategy, std::make_shared<FailPlan>());
+            fresh->set_weights(failed);
+            CHECK(next == losses_and_weights(fresh->fit(x, y, two_epochs), *fresh));
+        };
+        SUBCASE("a layer of worker 1 throws at the last step: the weights are those of a fit whose worker 1 slice "
+                "of that step weighs 0") {
+            const auto strategy = new_strategy();
+            const auto plan = std::make_shared<FailPlan>();
+            plan->step = 4;  // batch 4 of 4: examples 12 and 13 on worker 0, 14 and 15 on worker 1
+            auto model = make(*strategy, plan);
+            CHECK_THROWS_WITH_AS(returns_within(std::chrono::seconds(30), "the failing fit",
+                                                [&] { return model->fit(x, y, batches_of_4); }),
+                                 "pss: test: worker 1 fails at step 4", pss::FailedPreconditionError);
+            const auto reference_strategy = new_strategy();
+            auto reference = make(*reference_strategy, std::make_shared<FailPlan>());
+            pss::FitOptions weighed = batches_of_4;
+            weighed.sample_weight.assign(16, 1.0);
+            weighed.sample_weight[14] = weighed.sample_weight[15] = 0;
+            (void)reference->fit(x, y, weighed);
+            const auto failed = model->get_weights();
+            const auto expected = reference->get_weights();
+            REQUIRE(failed.size() == expected.size());
+            for (std::size_t i = 0; i < failed.size(); ++i) {
+                CAPTURE(i);
+                CHECK(failed[i].get<float>() == expected[i].get<float>());
+            }
+            plan->step = 0;
+            check_next_fit(*model);
+        }
+        SUBCASE("a non-finite target in worker 1's slice of step 2 of 4: the ps refuses its gradient; the steps "
+                "scheduled after it are completed or dropped") {
+            const auto strategy = new_strategy();
+            auto model = make(*strategy, std::make_shared<FailPlan>());
+            xt::xarray<float> bad_y = y;
+            bad_y(7, 0) = std::numeric_limits<float>::quiet_NaN();  // batch 2: examples 4, 5 on worker 0, 6, 7 on worker 1
+            CHECK_THROWS_WITH_AS(returns_within(std::chrono::seconds(30), "the failing fit",
+                                                [&] { return model->fit(x, bad_y, batches_of_4); }),
+                                 "pss: apply_gradient on variable 'dense_1/kernel/part_0': the gradient holds 1 "
+                                 "non-finite value (NaN or infinity) of 1; nothing was applied "
+                                 "(ServerOptions::refuse_non_finite_gradients)",
+                                 pss::InvalidArgumentError);
+            check_next_fit(*model);
+        }
     }
 
     TEST_CASE("Sequential: an asynchronous fit of y = 3 x0 - 2 x1 + 1 on 2 workers brings the loss from 5.22 to below 1e-6") {
@@ -2393,9 +2549,6 @@ public:
 private:
     Inner inner_;
 };
-
-using SyncTwoWorkers = pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
-                                                    pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
 
 /// The data of the synchronous tests: ids for an Embedding, and targets.
 std::pair<xt::xarray<float>, xt::xarray<float>> sync_data() {

@@ -1512,6 +1512,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+using TcpStrategy =
+    pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD, pss::SimpleClusterResolver>;
+
+/// A chief, a ps and a worker, each at an address where nothing listens yet.
+pss::ClusterSpec chief_ps_worker() {
+    return {{"chief", {nobody_listens()}}, {"ps", {nobody_listens()}}, {"worker", {nobody_listens()}}};
+}
+
 }  // namespace
 
 TEST_SUITE("net") {
@@ -1563,15 +1571,12 @@ TEST_SUITE("net") {
               "for the chief timeout its join raises UnavailableError; a worker's heartbeats do not count" *
               doctest::timeout(30)) {
         using namespace std::chrono_literals;
-        using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::NoPartitioner, pss::SGD,
-                                                      pss::SimpleClusterResolver>;
-        const pss::ClusterSpec spec{
-            {"chief", {nobody_listens()}}, {"ps", {nobody_listens()}}, {"worker", {nobody_listens()}}};
+        const pss::ClusterSpec spec = chief_ps_worker();
         pss::Timeouts timeouts;
         timeouts.heartbeat_interval = 50ms;
         timeouts.heartbeat_timeout = 1s;
         timeouts.chief = 600ms;
-        Strategy ps(pss::SimpleClusterResolver(spec, "ps", 0), {}, pss::SGD(1.0), timeouts);
+        TcpStrategy ps(pss::SimpleClusterResolver(spec, "ps", 0), {}, pss::SGD(1.0), timeouts);
         auto served = std::async(std::launch::async, [&] { ps.join(); });
         // No chief yet: the clock has not started (a chief may start long after its ps tasks).
         CHECK(served.wait_for(900ms) == std::future_status::timeout);
@@ -1595,6 +1600,32 @@ TEST_SUITE("net") {
                              "this task stops serving. The chief ended without ending the cluster, or cannot reach "
                              "this task",
                              pss::UnavailableError);
+    }
+
+    TEST_CASE("ParameterServerStrategy: a worker waiting for a ps task that is not up stops at once when the chief "
+              "ends the cluster: its join returns within 2 s, not after the 10 s start-up timeout" *
+              doctest::timeout(30)) {
+        using namespace std::chrono_literals;
+        const pss::ClusterSpec spec = chief_ps_worker();
+        pss::Timeouts timeouts;
+        timeouts.startup = 10s;
+        StderrCapture captured;  // the worker's "pss: waiting for /job:ps/..." lines
+        const auto began = std::chrono::steady_clock::now();
+        auto worker = std::async(std::launch::async, [&] {
+            TcpStrategy strategy(pss::SimpleClusterResolver(spec, "worker", 0), {}, pss::SGD(1.0), timeouts);
+            strategy.join();
+        });
+        pss::TcpTransport chief(spec, pss::TaskId{"chief", 0}, timeouts, false);
+        pss::Request shutdown;
+        shutdown.kind = pss::RequestKind::shutdown;
+        REQUIRE(chief.send({"worker", 0}, shutdown).get().ok());  // waits for the worker to serve
+        const auto ended = std::chrono::steady_clock::now();
+        REQUIRE(worker.wait_for(8s) == std::future_status::ready);
+        const double exited = seconds_since(ended);
+        MESSAGE("the worker served after " << std::chrono::duration<double>(ended - began).count()
+                                           << " s and ended " << exited << " s after the chief ended it");
+        CHECK_NOTHROW(worker.get());
+        CHECK(exited < 2.0);
     }
 
     TEST_CASE("TcpTransport: waiting for a task that is not up prints whom and where every 5 s, and the start-up "

@@ -12671,6 +12671,10 @@ public:
         std::vector<std::future<Reply>> replies;
         for (int i = 0; i < spec_.num_tasks("ps"); ++i) replies.push_back(greet(i));
         for (auto& reply : replies) {
+            // A worker the chief ends while it waits for a ps task that is not up (its address retried for
+            // the start-up timeout) stops waiting at once: it starts as stopped, its join() returns, and
+            // the transport's shutdown cancels the retries.
+            if (self_.type == "worker" && !wait_unless_stopped(reply)) return;
             Reply r = reply.get();
             if (r.ok()) continue;
             // A worker the chief ended while it was greeting the ps tasks (a short program: the chief ends
@@ -12679,6 +12683,13 @@ public:
             if (self_.type == "worker" && stop_was_requested()) return;
             throw_error(r.code, r.message);
         }
+    }
+
+    /// Waits for `reply`; false when the chief asked this task to stop first.
+    bool wait_unless_stopped(std::future<Reply>& reply) {
+        while (reply.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready)
+            if (stop_was_requested()) return false;
+        return true;
     }
 
     /// The chief: waits for ps task `task` to answer a heartbeat (asked every heartbeat interval, for the

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <iomanip>
 #include <array>
+#include <atomic>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -46,6 +47,7 @@
 #include <pss/config.hpp>
 #include <pss/coordinator.hpp>
 #include <pss/data.hpp>
+#include <pss/detail/closure_context.hpp>
 #include <pss/detail/environment.hpp>
 #include <pss/errors.hpp>
 #include <pss/function.hpp>
@@ -618,37 +620,95 @@ inline std::size_t step_examples(const LayerGraph& graph, const std::vector<Tens
     return x.empty() || x.front().rank() == 0 ? 0 : x.front().shape().front();
 }
 
+/// True when `weights` train synchronously: each step completes at the ps once every worker pushed.
+inline bool trains_synchronously(const std::vector<Variable>& weights) {
+    return !weights.empty() && weights.front().info_ptr()->channel->synchronous();
+}
+
+/// Synchronous training: a worker's part of `step` for `weight` when the worker has no gradient for it
+/// (its closure failed or never ran). An empty sparse gradient counts as the worker's push and adds
+/// nothing, so the step completes with the other workers' gradients, scaled by 1 / workers as always,
+/// and a step no worker gave a gradient leaves the weight and its optimizer slots as they were. A
+/// scalar weight has no rows: it gets zeros, which a momentum or Adam slot still steps with.
+inline void push_no_gradient(Variable weight, std::uint64_t step) {
+    if (weight.shape().empty())
+        (void)weight.apply_gradient(Tensor::zeros(weight.dtype(), {}), step);
+    else
+        (void)weight.apply_sparse_gradient({}, Tensor::zeros(weight.dtype(), rows_shape(weight.shape(), 0)), step);
+}
+
+/// Synchronous training: pushes this worker's part of `step` (push_no_gradient) to each of `weights`
+/// whose id is not in `pushed`, so that the step completes at the ps tasks and no later pull waits for
+/// it. Not cancelled by the coordinator (it completes a step others wait for), and quiet: the error of
+/// the closure that gave up is the one raised; a push refused here is left to the step's pulls.
+inline void push_rest_of_step(const std::vector<Variable>& weights, std::uint64_t step,
+                              std::span<const std::uint64_t> pushed) {
+    const ClosureContext* running = ClosureContext::current();
+    const ClosureContext uncancelled{running != nullptr ? running->worker : -1, nullptr, 0};
+    const ClosureContext::Guard guard(uncancelled);
+    for (const Variable& weight : weights) {
+        if (std::find(pushed.begin(), pushed.end(), weight.id()) != pushed.end()) continue;
+        try {
+            push_no_gradient(weight, step);
+        } catch (...) {  // see above
+        }
+    }
+}
+
 /// One training step: pull, forward, loss, backward, push, each layer in its dtype. Returns the slice's
 /// loss (0 for an empty slice, which still pulls and pushes: a synchronous step needs every worker),
 /// then the metrics' states for the slice (see accumulate_metrics), computed on the step's predictions.
 /// `x` holds one batch per model input.
+///
+/// Synchronous training never leaves the step half-pushed by this worker: the pushes, once begun, are
+/// not cancelled by another closure's failure, and when the step fails (a layer throws, a ps refuses a
+/// non-finite gradient, a pull is cancelled) the weights it did not push get push_no_gradient before
+/// its error is raised. A weight whose push a ps refused gets it too; one sharded over several ps tasks
+/// of which only some refused it gets it on all, and on those that took the push it is a second push
+/// (refused once the step is applied, else it completes the step early). An UnavailableError (a lost
+/// task) pushes nothing: the coordinator runs such a closure again.
 inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss, const MetricList& metrics,
                                             std::vector<Tensor> x, Tensor y, const Tensor& weights, std::uint64_t step,
                                             double scale) {
     const StepProfile::Timer timer(StepProfile::Counter::step);  // times nothing unless a benchmark enabled it
-    const std::size_t examples = step_examples(graph, x, "training");
-    const std::span<const double> w = step_weights(weights, examples);
-    Tensor predictions = graph.forward(std::move(x), step);
-    std::vector<double> out(1 + metric_state_size(metrics), 0.0);
-    Tensor grad;
-    if (examples == 0) {
-        grad = Tensor::zeros(predictions.dtype(), predictions.shape());
-    } else {
-        out[0] = weighted_loss(loss, y, predictions, w, &grad);
-        out[0] += graph.regularization_loss();  // Keras' model.losses
-        accumulate_metrics(metrics, std::span<double>(out).subspan(1), y, predictions, w);
+    const std::vector<Variable> variables = graph.weights();
+    const bool synchronous = step != 0 && trains_synchronously(variables);
+    std::vector<std::uint64_t> pushed;  // the ids of the weights this step pushed
+    try {
+        const std::size_t examples = step_examples(graph, x, "training");
+        const std::span<const double> w = step_weights(weights, examples);
+        Tensor predictions = graph.forward(std::move(x), step);
+        std::vector<double> out(1 + metric_state_size(metrics), 0.0);
+        Tensor grad;
+        if (examples == 0) {
+            grad = Tensor::zeros(predictions.dtype(), predictions.shape());
+        } else {
+            out[0] = weighted_loss(loss, y, predictions, w, &grad);
+            out[0] += graph.regularization_loss();  // Keras' model.losses
+            accumulate_metrics(metrics, std::span<double>(out).subspan(1), y, predictions, w);
+        }
+        if (scale != 1.0)
+            grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
+        const ClosureContext* running = ClosureContext::current();
+        const ClosureContext uncancelled{running != nullptr ? running->worker : -1, nullptr, 0};
+        std::optional<ClosureContext::Guard> pushing;  // see above
+        if (synchronous && running != nullptr) pushing.emplace(uncancelled);
+        graph.backward(std::move(grad), [&](VariableGradient& g) {
+            Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
+                                                                   : convert_tensor(g.values, g.variable.dtype());
+            if (g.sparse)
+                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
+            else
+                (void)g.variable.apply_gradient(std::move(values), step);
+            if (synchronous) pushed.push_back(g.variable.id());
+        });
+        return out;
+    } catch (const UnavailableError&) {
+        throw;  // a lost task: the coordinator runs the closure again (its pushes complete the step), or raises
+    } catch (...) {
+        if (synchronous) push_rest_of_step(variables, step, pushed);
+        throw;
     }
-    if (scale != 1.0)
-        grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
-    graph.backward(std::move(grad), [step](VariableGradient& g) {
-        Tensor values =
-            g.values.dtype() == g.variable.dtype() ? std::move(g.values) : convert_tensor(g.values, g.variable.dtype());
-        if (g.sparse)
-            (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
-        else
-            (void)g.variable.apply_gradient(std::move(values), step);
-    });
-    return out;
 }
 
 /// One evaluation batch (Keras' test step, which evaluate schedules on the workers): a pull and a forward
@@ -1005,6 +1065,15 @@ inline std::string fnv1a_hex(std::string_view text) {
 ///   pulling and pushing with step k. Each worker pushes its slice's mean gradient scaled by
 ///   num_workers * slice / batch; as the ps averages over workers, the update is exactly the batch's
 ///   mean gradient: the same as one worker on the whole batch.
+///   A step whose closure fails (a layer throws, a ps refuses a non-finite gradient) leaves no step
+///   waiting: fit raises that error, and the next fit runs at once. The failing worker's slice gives no
+///   gradient: it pushes an empty one for each weight it had not pushed, so the step applies the other
+///   workers' gradients scaled by 1 / num_workers, as if the slice's examples weighed 0. The chief pushes
+///   the same for the closures cancelled before they ran, up to the last step a closure ran; the steps
+///   after it are applied by no one (the next fit's first step follows it). A step to which no worker
+///   gave a gradient changes neither the weights nor the optimizer's slots, so momentum and Adam do not
+///   move on their slots alone, as they would on a pushed zero gradient. (TensorFlow trains
+///   asynchronously only, where a failed step pushes nothing.)
 ///
 /// When the workers are other processes (a cluster started by pss-launch, TF_CONFIG, Slurm, ...), the
 /// first fit sends each worker the model once: its description (get_config() of the model and
@@ -1405,9 +1474,10 @@ private:
 
     /// One step of fit(DatasetCreator) (the model's `batch` of `epoch`, training step `step`): the worker
     /// that runs it trains on its dataset's next batch. Its result is keras_train_step's, then the
-    /// batch's example count; or nothing once a step failed to read its batch (feed.error says how).
+    /// batch's example count; or nothing once a step failed to read its batch (feed.error says how). The
+    /// worker sets `started` when it begins the step.
     RemoteValue<std::vector<double>> schedule_dataset_step(DatasetFeed& feed, int worker, std::uint64_t step, int epoch,
-                                                           std::size_t batch);
+                                                           std::size_t batch, std::shared_ptr<std::atomic<bool>> started);
     /// Said when a worker's dataset runs out at (epoch, batch): "... ended at step 4 of this fit (epoch 2,
     /// batch 1), which takes 6 steps (steps_per_epoch 3 * 2 epochs), ...". Built only then, not every step.
     OutOfRangeError dataset_ended(const DatasetFeed& feed, int epoch, std::size_t batch) const;
@@ -1716,9 +1786,10 @@ private:
     /// Schedules one step: as a closure on the embedded cluster, as the registered step with the model's
     /// id when the workers are other processes (which have the model: ensure_remote_model). A synchronous
     /// step goes to the given worker, so that each worker pushes once to it; an asynchronous one to
-    /// whichever worker is free.
+    /// whichever worker is free. An embedded worker sets `started` when it begins the step.
     RemoteValue<std::vector<double>> schedule_step(int worker, std::vector<Tensor> xs, Tensor ys, Tensor ws,
-                                                   std::uint64_t step, double scale) {
+                                                   std::uint64_t step, double scale,
+                                                   std::shared_ptr<std::atomic<bool>> started) {
         auto on_worker = [&](auto&&... args) {
             if constexpr (StrategyType::synchronous)
                 return coordinator_->schedule_on(worker, std::forward<decltype(args)>(args)...);
@@ -1729,7 +1800,8 @@ private:
             return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), std::move(ws),
                              step, scale);
         return on_worker(
-            [this, step, scale](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
+            [this, step, scale, started](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
+                started->store(true);
                 return detail::keras_train_step(replica.graph, *loss_, *metrics_, std::move(x), std::move(y), w, step,
                                                 scale);
             },
@@ -1965,12 +2037,14 @@ OutOfRangeError Model<StrategyType>::dataset_ended(const DatasetFeed& feed, int 
 template <class StrategyType>
 RemoteValue<std::vector<double>> Model<StrategyType>::schedule_dataset_step(DatasetFeed& feed, int worker,
                                                                                  std::uint64_t step, int epoch,
-                                                                                 std::size_t batch) {
+                                                                                 std::size_t batch,
+                                                                                 std::shared_ptr<std::atomic<bool>> started) {
     // A step that cannot read its batch does not fail its closure: in synchronous training the other
     // workers' pushes of its step would then never be applied, and every later pull would wait for it
     // (the next fit's too). It keeps the error for the chief, which raises it when it counts the step,
     // and pushes an empty batch's zeros, as do the steps after it.
-    auto train = [this, step, epoch, batch, &feed](Replica& replica, data::Dataset& dataset) {
+    auto train = [this, step, epoch, batch, &feed, started](Replica& replica, data::Dataset& dataset) {
+        started->store(true);
         std::optional<data::Batch> next;
         const bool failed = [&] {
             const std::lock_guard lock(feed.mutex);
@@ -2118,13 +2192,14 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
             std::uint64_t step;
             double scale, weight;
             RemoteValue<std::vector<double>> value;
+            std::shared_ptr<std::atomic<bool>> started;  // set by an embedded worker when it begins the step
         };
         std::deque<Closure> window;
         auto schedule_rows = [&](const Closure& c) {
-            if (feed != nullptr) return schedule_dataset_step(*feed, c.worker, c.step, epoch, c.batch);
+            if (feed != nullptr) return schedule_dataset_step(*feed, c.worker, c.step, epoch, c.batch, c.started);
             return schedule_step(c.worker, take_input_rows(x, order, c.begin, c.count),
                                  detail::take_rows(y, order, c.begin, c.count),
-                                 detail::take_weights(weights, order, c.begin, c.count), c.step, c.scale);
+                                 detail::take_weights(weights, order, c.begin, c.count), c.step, c.scale, c.started);
         };
         // A worker process that lost the model: send the model again and rerun, in the window's order,
         // the closures that failed for it or were cancelled after it (a rerun's pushes to a step it
@@ -2189,6 +2264,7 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
         };
         double sum = resumed ? start.loss_sum : 0;
         std::size_t counted = resumed ? start.batch : 0;
+        std::uint64_t counted_step = step_;  // the step of the last batch counted: every step up to it is applied
         std::vector<double> state = resumed && start.batch > 0 && !start.metric_state.empty()
                                         ? start.metric_state
                                         : std::vector<double>(state_size, 0.0);
@@ -2224,6 +2300,7 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
                         batch_loss += weight * result[0];
                         for (std::size_t i = 0; i < state_size; ++i) batch_state[i] += result[1 + i];
                     }
+                    counted_step = window[n - 1].step;
                     window.erase(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(n));
                     sum += batch_loss;
                     for (std::size_t i = 0; i < state_size; ++i) state[i] += batch_state[i];
@@ -2243,6 +2320,45 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
                 }
             }
         };
+        // Synchronous training: a fit that fails leaves no step half-pushed, so that no later pull (the
+        // next fit's) waits for one. A closure that failed or was cancelled while it ran pushed its part
+        // of its step (keras_train_step); one cancelled before it ran, or never scheduled, pushed nothing,
+        // and the chief pushes its part (push_no_gradient), step after step, up to the last step a
+        // closure ran, each step's running closures waited for before the next step's parts are pushed.
+        // No one pushed to the steps after that one: step_ goes back to it, the step the ps tasks applied.
+        [[maybe_unused]] auto finish_steps = [&] {  // synchronous training only
+            // Once join raised, a closure not done is running (the queued ones were cancelled); a closure
+            // of a worker process is never cancelled while it runs, so a cancelled one never ran.
+            const auto ran = [&](const Closure& c) {
+                if (!remote) return c.started->load();
+                if (!c.value.ready()) return true;
+                try {
+                    (void)c.value.fetch();
+                } catch (const CancelledError&) {
+                    return false;
+                } catch (...) {  // its error was the fit's, or came after it
+                }
+                return true;
+            };
+            std::uint64_t last = counted_step;
+            for (const Closure& c : window)
+                if (ran(c)) last = std::max(last, c.step);
+            const std::vector<Variable> variables = graph_.weights();
+            for (std::uint64_t s = counted_step + 1; s <= last; ++s)
+                for (int w = 0; w < static_cast<int>(workers); ++w) {
+                    const auto c = std::find_if(window.begin(), window.end(),
+                                                [&](const Closure& k) { return k.step == s && k.worker == w; });
+                    if (c == window.end() || !ran(*c)) {
+                        detail::push_rest_of_step(variables, s, {});
+                        continue;
+                    }
+                    try {
+                        (void)c->value.fetch();  // its pushes are done before the next step's are
+                    } catch (...) {
+                    }
+                }
+            step_ = last;
+        };
         std::size_t scheduled = counted;
         try {
             for (std::size_t b = counted; b < steps && !stop_training; ++b) {
@@ -2256,11 +2372,12 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
                         const std::size_t slice = count / workers + (w < count % workers ? 1 : 0);
                         const double weight = static_cast<double>(slice) / static_cast<double>(count);
                         const double scale = static_cast<double>(workers) * weight;
-                        schedule_closure({static_cast<int>(w), b, at, slice, step, scale, weight, {}});
+                        schedule_closure({static_cast<int>(w), b, at, slice, step, scale, weight, {},
+                                          std::make_shared<std::atomic<bool>>(false)});
                         at += slice;
                     }
                 } else {  // numbered too: a learning-rate schedule on the ps is evaluated at the step
-                    schedule_closure({0, b, begin, count, ++step_, 1.0, 1.0, {}});
+                    schedule_closure({0, b, begin, count, ++step_, 1.0, 1.0, {}, std::make_shared<std::atomic<bool>>(false)});
                 }
                 scheduled = b + 1;
                 if (b + 1 - counted > max_batches_in_flight) count_batch();
@@ -2279,8 +2396,20 @@ History Model<StrategyType>::fit_epochs(const ModelInputs& x, const xt::xarray<f
             coordinator_->join();
         } catch (...) {
             if (terminal) out << "\n" << std::flush;
-            coordinator_->join();  // raises the first error (and clears it); else rethrow what fetch raised
-            throw;
+            if constexpr (StrategyType::synchronous) {
+                std::exception_ptr first;
+                try {
+                    coordinator_->join();  // the first error (and clears it)
+                } catch (...) {
+                    first = std::current_exception();
+                }
+                finish_steps();
+                if (first) std::rethrow_exception(first);
+                throw;  // what fetch raised
+            } else {
+                coordinator_->join();  // raises the first error (and clears it); else rethrow what fetch raised
+                throw;
+            }
         }
         epoch_logs = running_logs();
         if (validates) {
