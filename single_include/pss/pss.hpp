@@ -271,6 +271,7 @@ PSS_NAMESPACE_END
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
