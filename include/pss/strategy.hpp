@@ -624,7 +624,8 @@ public:
 
     /// @brief Makes ps task `task`, lost and started again empty, hold its part of this run again: waits
     /// for it to answer (the start-up timeout), greets it as at start-up (its configuration must be this
-    /// one), and creates on it, as zeros, the shards of this strategy's variables it held. Returns how many
+    /// one), and creates on it, as zeros it draws itself (strings: sent empty), the shards of this
+    /// strategy's variables it held. Returns how many
     /// it created: 0 when the task still held them (it was not restarted). Their values come from a
     /// checkpoint next: ClusterCoordinator::recover_ps_from does both.
     /// @throws UnavailableError naming the task when it does not come back in time; the errors of the
@@ -643,7 +644,12 @@ public:
                 request.op = Op::create;
                 request.key = {shard.variable, shard.index};
                 request.name = detail::shard_name(info, shard.index);
-                request.payload = Tensor::zeros(info.dtype, shard.shape);
+                // The task draws numbers' zeros itself: the chief holds no shard (of a table larger than it).
+                if (info.dtype == DType::string)
+                    request.payload = Tensor::zeros(info.dtype, shard.shape);
+                else
+                    request.initializer = ShardInitializer{InitializerSpec::zeros(), info.dtype, info.shape, shard.row_offset,
+                                                           info.shape.empty() ? 0 : shard.shape[0]};
                 replies.push_back(channel_->send(task, std::move(request)));
             }
         }
