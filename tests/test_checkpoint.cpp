@@ -190,6 +190,29 @@ TEST_SUITE("checkpoint.hpp") {
               nlohmann::json{{"name", "Momentum"}, {"learning_rate", 0.1}, {"momentum", 0.8}, {"nesterov", true}});
     }
 
+    TEST_CASE("Checkpoint: a table drawn on its ps tasks in 2 shards, saved and restored onto 3, holds what 3 shards "
+              "draw themselves") {
+        TempDir dir;
+        const auto init = pss::InitializerSpec::random_normal(0, 1, 9);
+        {
+            pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner> two(
+                {}, pss::FixedShardsPartitioner(2));
+            auto scope = two.scope();
+            const pss::Variable table(pss::Shape{7, 3}, pss::DType::float32, init, "table");
+            pss::Checkpoint(two).write(dir / "c");
+        }
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            three({}, pss::FixedShardsPartitioner(3));
+        auto scope = three.scope();
+        const pss::Variable restored(pss::Shape{7, 3}, pss::DType::float32, pss::InitializerSpec::zeros(), "table");
+        pss::Checkpoint(three).restore(dir / "c");
+        const pss::Variable drawn(pss::Shape{7, 3}, pss::DType::float32, init, "drawn");
+        CHECK(restored.num_shards() == 3);
+        CHECK(restored.read<float>() == drawn.read<float>());
+        CHECK(drawn.read<float>()(0, 0) != 0.0f);
+    }
+
     TEST_CASE_TEMPLATE("Checkpoint: save then restore into a fresh strategy gives the same values, slots and next step, "
                        "float32/float64/int32/int64",
                        O, pss::SGD, pss::Momentum, pss::Adagrad, pss::Adam) {

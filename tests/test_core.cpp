@@ -1,5 +1,7 @@
 // Tests of tensors, the in-process transport, parameter servers, variables and the strategy.
+#include <array>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -18,6 +20,8 @@
 #include <doctest/doctest.h>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xbuilder.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xreducer.hpp>
 #include <xtensor/xview.hpp>
 
 #include <archetypes/cluster_resolver.hpp>
@@ -771,6 +775,164 @@ TEST_SUITE("ParameterServerStrategy") {
         pss::Variable v(xt::xarray<float>{1, 2}, "a");
         v.assign_add(xt::xarray<float>{1, 1});
         CHECK(v.read<float>() == xt::xarray<float>{2, 3});
+    }
+}
+
+TEST_SUITE("InitializerSpec") {
+    /// The whole value of a variable drawn by `init` in `shards` shards over 3 ps (1: unsharded).
+    xt::xarray<float> drawn_in(std::size_t shards, const pss::InitializerSpec& init, const pss::Shape& shape) {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy({}, pss::FixedShardsPartitioner(shards));
+        auto scope = strategy.scope();
+        pss::Variable v(shape, pss::DType::float32, init, "table");
+        REQUIRE(v.num_shards() == std::min(shards, shape[0]));
+        return v.read<float>();
+    }
+
+    TEST_CASE("InitializerSpec: each kind's first values for seed 42 are these exact float32 numbers") {
+        const pss::Shape shape{2, 3};
+        CHECK(drawn_in(1, pss::InitializerSpec::random_uniform(-1, 1, 42), shape) ==
+              xt::xarray<float>{{0.19223775f, -0.276364267f, 0.903883278f}, {0.491105705f, -0.343751252f, -0.247585312f}});
+        CHECK(drawn_in(1, pss::InitializerSpec::random_normal(0, 1, 42), shape) ==
+              xt::xarray<float>{{0.543052673f, 0.929331958f, 0.294828206f}, {0.282097548f, -0.595020056f, -0.504970431f}});
+        CHECK(drawn_in(1, pss::InitializerSpec::random_normal(1, 2, 42), shape) ==
+              xt::xarray<float>{{2.08610535f, 2.85866404f, 1.58965635f}, {1.56419516f, -0.190040112f, -0.00994083006f}});
+        CHECK(drawn_in(1, pss::InitializerSpec::constant(2.5), shape) == xt::xarray<float>(xt::ones<float>(shape) * 2.5f));
+        CHECK(drawn_in(1, pss::InitializerSpec::ones(), shape) == xt::xarray<float>(xt::ones<float>(shape)));
+        CHECK(drawn_in(1, pss::InitializerSpec::zeros(), shape) == xt::xarray<float>(xt::zeros<float>(shape)));
+        // A truncated normal draws the normal's values, except where that is beyond 2 stddev: element 74
+        // of seed 42 (-2.3423233) is drawn again.
+        const xt::xarray<float> normal = drawn_in(1, pss::InitializerSpec::random_normal(0, 1, 42), {200});
+        const xt::xarray<float> truncated = drawn_in(1, pss::InitializerSpec::truncated_normal(0, 1, 42), {200});
+        CHECK(normal(74) == -2.3423233f);
+        CHECK(truncated(74) == 0.203332663f);
+        CHECK(truncated(125) == 0.716231942f);
+        std::size_t redrawn = 0;
+        for (std::size_t i = 0; i < 200; ++i) redrawn += normal(i) != truncated(i);
+        CHECK(redrawn == 3);
+        // Another seed, other values; float64 draws the same numbers, rounded once.
+        CHECK(drawn_in(1, pss::InitializerSpec::random_uniform(-1, 1, 43), shape)(0, 0) != 0.19223775f);
+        pss::ParameterServerStrategy<> strategy;
+        auto scope = strategy.scope();
+        const pss::Variable wide(pss::Shape{2}, pss::DType::float64, pss::InitializerSpec::random_uniform(-1, 1, 42), "wide");
+        CHECK(wide.read<double>() == xt::xarray<double>{0.19223774366041524, -0.27636427521635154});
+        const pss::Variable ints(pss::Shape{3}, pss::DType::int64, pss::InitializerSpec::constant(-3), "ints");
+        CHECK(ints.read<std::int64_t>() == xt::xarray<std::int64_t>{-3, -3, -3});
+    }
+
+    TEST_CASE("InitializerSpec: a variable drawn in 1, 2, 3 or 7 shards, in or outside a scope, holds the same bits") {
+        for (const auto& init : {pss::InitializerSpec::random_uniform(-0.05, 0.05, 7), pss::InitializerSpec::random_normal(0, 1, 7),
+                                 pss::InitializerSpec::truncated_normal(0.5, 2, 7)}) {
+            CAPTURE(pss::initializer_kind_name(init.kind));
+            const xt::xarray<float> one = drawn_in(1, init, {7, 5});
+            CHECK(drawn_in(2, init, {7, 5}) == one);
+            CHECK(drawn_in(3, init, {7, 5}) == one);
+            CHECK(drawn_in(7, init, {7, 5}) == one);
+            // Outside any scope the coordinator draws the whole value itself, the same way.
+            CHECK(pss::Variable(pss::Shape{7, 5}, pss::DType::float32, init, "local").read<float>() == one);
+            // The rows of a taller variable continue the same sequence: row i is the same in both.
+            const xt::xarray<float> taller = drawn_in(3, init, {9, 5});
+            CHECK(xt::xarray<float>(xt::view(taller, xt::range(0, 7), xt::all())) == one);
+        }
+    }
+
+    TEST_CASE("InitializerSpec: 100000 draws of seed 7 have the distribution's mean and stddev") {
+        auto moments = [](const pss::InitializerSpec& init) {
+            pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner> strategy(
+                {}, pss::FixedShardsPartitioner(2));
+            auto scope = strategy.scope();
+            const auto x = pss::Variable(pss::Shape{100000}, pss::DType::float64, init, "x").read<double>();
+            const double mean = xt::mean(x)();
+            const double stddev = std::sqrt(xt::mean(xt::square(x - mean))());
+            return std::array{mean, stddev, xt::amin(x)(), xt::amax(x)()};
+        };
+        const auto uniform = moments(pss::InitializerSpec::random_uniform(-1, 1, 7));
+        CHECK(std::abs(uniform[0]) < 0.002);
+        CHECK(std::abs(uniform[1] - 1 / std::sqrt(3.0)) < 0.001);
+        CHECK(uniform[2] >= -1.0);
+        CHECK(uniform[3] < 1.0);
+        const auto normal = moments(pss::InitializerSpec::random_normal(0, 1, 7));
+        CHECK(std::abs(normal[0]) < 0.005);
+        CHECK(std::abs(normal[1] - 1) < 0.002);
+        CHECK(normal[2] < -4.4);  // tails are there
+        const auto truncated = moments(pss::InitializerSpec::truncated_normal(0, 1, 7));
+        CHECK(std::abs(truncated[0]) < 0.005);
+        CHECK(std::abs(truncated[1] - 0.87962566103423978) < 0.002);  // N(0, 1) truncated at 2
+        CHECK(truncated[2] >= -2.0);
+        CHECK(truncated[3] <= 2.0);
+    }
+
+    TEST_CASE("InitializerSpec: colocate_vars_with, recreate_shards and a wrong initializer, each as for a value") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy({}, pss::FixedShardsPartitioner(2));
+        auto scope = strategy.scope();
+        const auto init = pss::InitializerSpec::random_uniform(-1, 1, 5);
+        pss::Variable a(pss::Shape{4, 2}, pss::DType::float32, init, "a");
+        CHECK(a.shard_tasks() == std::vector<int>{0, 1});
+        {
+            auto beside = strategy.colocate_vars_with(a);
+            pss::Variable c(pss::Shape{4, 2}, pss::DType::float32, init, "c");
+            CHECK(c.shard_tasks() == std::vector<int>{0});
+            CHECK(c.read<float>() == a.read<float>());  // the layout does not change the values
+        }
+        // A lost ps task's shards come back as zeros, as any variable's.
+        CHECK(strategy.recreate_shards(1) == 0);  // still held: nothing recreated
+        CHECK_THROWS_WITH_AS(pss::Variable(pss::Shape{3}, pss::DType::int32, init, "n"),
+                             "pss: variable 'n' of shape (3,) and dtype int32: random_uniform draws floats, but the "
+                             "variable is int32; random initializers fill float32 or float64 variables",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Variable(pss::Shape{3}, pss::DType::float32, pss::InitializerSpec::random_uniform(1, 0, 5), "u"),
+                             "pss: variable 'u' of shape (3,) and dtype float32: random_uniform: minval is 1 and "
+                             "maxval 0; they are finite numbers with minval <= maxval (and a finite difference)",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Variable(pss::Shape{3}, pss::DType::float32, pss::InitializerSpec::random_normal(0, -1, 5), "n"),
+                             "pss: variable 'n' of shape (3,) and dtype float32: random_normal: mean is 0 and stddev -1; "
+                             "they are finite numbers with stddev >= 0",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Variable(pss::Shape{3}, pss::DType::string, pss::InitializerSpec::zeros(), "s"),
+                             "pss: variable 's' of shape (3,) and dtype string: zeros cannot fill a string variable; "
+                             "create it from its value",
+                             pss::InvalidArgumentError);
+        CHECK_THROWS_WITH_AS(pss::Variable(pss::Shape{3}, pss::DType::int32, pss::InitializerSpec::constant(0.5), "k"),
+                             "pss: variable 'k' of shape (3,) and dtype int32: constant: value is 0.5, not a whole "
+                             "number an int32 holds",
+                             pss::InvalidArgumentError);
+        pss::InitializerSpec unknown;
+        unknown.kind = static_cast<pss::InitializerKind>(9);
+        CHECK_THROWS_WITH_AS(pss::Variable(pss::Shape{3}, pss::DType::float32, unknown, "x"),
+                             "pss: variable 'x' of shape (3,) and dtype float32: initializer kind 9 is unknown; kinds "
+                             "are 1 (zeros) to 6 (truncated_normal)",
+                             pss::InvalidArgumentError);
+        CHECK(strategy.variables().size() == 1);  // a (c went with its handle); a refused variable was never created
+    }
+
+    TEST_CASE("ParameterServer: a create request with both a value and an initializer, or neither, is refused; "
+              "one whose rows fall outside the variable too") {
+        pss::ParameterServer<pss::SGD> server;
+        pss::Request create;
+        create.op = pss::Op::create;
+        create.key = {1, 0};
+        create.name = "w";
+        create.payload = xt::xarray<float>{1};
+        create.initializer = pss::ShardInitializer{pss::InitializerSpec::ones(), pss::DType::float32, {1}, 0, 1};
+        pss::Reply both = server.handle(pss::Request(create));
+        CHECK(both.message == "pss: create variable 'w': both an initial value and an initializer were sent; send one");
+        create.payload = {};
+        create.initializer.reset();
+        CHECK(server.handle(pss::Request(create)).message ==
+              "pss: create variable 'w': no initial value and no initializer were sent");
+        create.initializer = pss::ShardInitializer{pss::InitializerSpec::ones(), pss::DType::float32, {4, 2}, 3, 2};
+        CHECK(server.handle(pss::Request(create)).message ==
+              "pss: create variable 'w': the shard's 2 rows from row 3 are not inside the variable's 4 rows");
+        CHECK(server.num_shards() == 0);
+        create.initializer->rows = 1;
+        REQUIRE(server.handle(pss::Request(create)).ok());
+        pss::Request read;
+        read.op = pss::Op::read;
+        read.key = {1, 0};
+        CHECK(server.handle(std::move(read)).payload.get<float>() == xt::xarray<float>{{1, 1}});
     }
 }
 

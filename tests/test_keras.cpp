@@ -33,6 +33,8 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xsort.hpp>
 #include <xtensor/xview.hpp>
 
 #include <pss/keras.hpp>
@@ -431,7 +433,8 @@ TEST_SUITE("keras/layers") {
     }
 
     TEST_CASE("initializers: RandomUniform(-0.05, 0.05) is minval + (maxval - minval) * r / 2^32 of each generator "
-              "output r in row-major order; Embedding's default table has the bits it had before initializers") {
+              "output r in row-major order; Embedding's default table is drawn on the ps from a seed the model's "
+              "generator gives without being consumed") {
         std::mt19937 rng(5), copy(5);
         const xt::xarray<double> got = D(pss::initializers::RandomUniform()({3, 4}, pss::DType::float64, rng));
         REQUIRE(got.size() == 12);
@@ -441,16 +444,43 @@ TEST_SUITE("keras/layers") {
         std::mt19937 rng32(5), copy32(5);
         const pss::Tensor f = pss::initializers::RandomUniform(-1, 3)({5}, pss::DType::float32, rng32);
         for (std::size_t i = 0; i < 5; ++i) CHECK(f.get<float>()(i) == static_cast<float>(old_uniform(copy32, -1, 3)));
-        // Embedding(6, 3): its table drawn in float32 straight from the model's generator, as before.
+        // Embedding(6, 3): its table drawn where it lives (pss::InitializerSpec), with a seed made from the
+        // model generator's next two numbers and the variable's name; the generator is not advanced, so the
+        // layers after it draw what they drew before.
         pss::Embedding embedding(6, 3);
         std::mt19937 model_rng(11), old(11);
         embedding.build({2}, model_rng);
         CHECK(embedding.embeddings_initializer()->class_name() == "RandomUniform");
-        const auto table = embedding.embeddings().read<float>();
-        REQUIRE(table.size() == 18);
-        for (std::size_t i = 0; i < table.size(); ++i)
-            CHECK(table.data()[i] == static_cast<float>(old_uniform(old, -0.05, 0.05)));
         CHECK(model_rng == old);
+        const std::uint64_t high = old(), low = old();
+        const std::string variable = embedding.name() + "/embeddings";
+        CAPTURE(variable);
+        const std::uint64_t seed = pss::detail::mix64((high << 32 | low) ^ pss::detail::name_seed(variable));
+        CHECK(pss::detail::variable_seed(std::mt19937(11), variable) == seed);
+        const auto table = embedding.embeddings().read<float>();
+        CHECK(table == pss::detail::initial_value(pss::InitializerSpec::random_uniform(-0.05, 0.05, seed),
+                                                  pss::DType::float32, {6, 3})
+                           .get<float>());
+        CHECK(xt::amax(xt::abs(table))() < 0.05f);
+        // A Keras initializer given straight to a Variable: its own seed, else one made from the name;
+        // VarianceScaling's family resolved with the whole shape's fans.
+        const auto uniform = [](double limit, std::uint64_t s) {
+            return pss::detail::initial_value(pss::InitializerSpec::random_uniform(-limit, limit, s), pss::DType::float32, {6, 3});
+        };
+        CHECK(pss::Variable(pss::Shape{6, 3}, pss::DType::float32, pss::initializers::RandomUniform(), "direct").read<float>() ==
+              uniform(0.05, pss::detail::name_seed("direct")).get<float>());
+        CHECK(pss::Variable(pss::Shape{6, 3}, pss::DType::float32, pss::initializers::RandomUniform(-1, 1, 4), "x").read<float>() ==
+              uniform(1, 4).get<float>());
+        CHECK(pss::initializers::GlorotUniform(1).spec({6, 3}, 99) ==
+              pss::InitializerSpec::random_uniform(-std::sqrt(6.0 / 9), std::sqrt(6.0 / 9), 1));
+        CHECK(pss::initializers::HeNormal().spec({6, 3}, 99) ==
+              pss::InitializerSpec::truncated_normal(0, std::sqrt(2.0 / 6) / truncated_stddev, 99));
+        // Another name, another table from the same generator.
+        pss::Embedding other(6, 3);
+        other.set_name("other");
+        std::mt19937 same(11);
+        other.build({2}, same);
+        CHECK(other.embeddings().read<float>() != table);
     }
 
     TEST_CASE("initializers: Dense's default GlorotUniform kernel has the bits of its old formula, U(-l, l) with l = "
@@ -736,6 +766,33 @@ TEST_SUITE("keras/layers") {
         }
     }
 
+    TEST_CASE("Embedding: in a model its 2 shards are drawn on the ps tasks, the Dense after it draws what it would "
+              "without it, and the model trains") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner> strategy(
+            {}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+        pss::Sequential model(strategy, {pss::Embedding(50, 4), pss::GlobalAveragePooling1D(), pss::Dense(1)}, 7);
+        model.compile(pss::SGD(0.1), "mse");
+        model.build({3});
+        const auto& table = dynamic_cast<const pss::Embedding&>(*model.layers()[0]).embeddings();
+        CHECK(table.num_shards() == 2);
+        CHECK(table.shape() == pss::Shape{50, 4});
+        std::mt19937 fresh(7);
+        CHECK(model.layers()[2]->get_weights()[0].get<float>() ==
+              pss::initializers::GlorotUniform()({4, 1}, pss::DType::float32, fresh).get<float>());
+        xt::xarray<float> x = xt::xarray<float>::from_shape({20, 3});
+        xt::xarray<float> y = xt::xarray<float>::from_shape({20, 1});
+        for (std::size_t i = 0; i < 20; ++i) {
+            for (std::size_t j = 0; j < 3; ++j) x(i, j) = static_cast<float>((i * 7 + j * 13) % 50);
+            y(i, 0) = static_cast<float>(i % 2);
+        }
+        const auto history = model.fit(x, y, 3, 4, true, false);  // 3 epochs of batches of 4
+        REQUIRE(history.loss.size() == 3);
+        for (const double loss : history.loss) CHECK(std::isfinite(loss));
+        CHECK(history.loss.back() < history.loss.front());
+        const xt::xarray<float> predicted = model.predict(x);
+        CHECK(pss::Shape(predicted.shape().begin(), predicted.shape().end()) == pss::Shape{20, 1});
+    }
+
     TEST_CASE("Embedding: embeddings_initializer by name (zeros) or as an object (a seeded RandomNormal); its config "
               "carries it; Embedding(5, 4, float64) still takes a dtype") {
         std::mt19937 rng(0);
@@ -745,9 +802,10 @@ TEST_SUITE("keras/layers") {
         pss::Embedding seeded(5, 4, {.embeddings_initializer = pss::initializers::RandomNormal(0, 1, 3),
                                      .dtype = pss::DType::float64});
         seeded.build({3}, rng);
-        std::mt19937 other(99);
-        CHECK(D(seeded.embeddings().read_value()) ==
-              D(pss::initializers::RandomNormal(0, 1, 3)({5, 4}, pss::DType::float64, other)));
+        // Drawn on the ps from its own seed (not the model's): the same table every time.
+        CHECK(seeded.embeddings().read<double>() ==
+              pss::detail::initial_value(pss::InitializerSpec::random_normal(0, 1, 3), pss::DType::float64, {5, 4})
+                  .get<double>());
         CHECK(pss::serialize(seeded)["config"]["embeddings_initializer"] ==
               nlohmann::json::parse(R"({"class_name": "RandomNormal", "config": {"mean": 0.0, "stddev": 1.0, "seed": 3}})"));
         const xt::xarray<double> ids = {{0, 4, 2}, {1, 1, 3}};

@@ -329,6 +329,70 @@ TEST_SUITE("net") {
         CHECK(decode_error(empties, limits) == "(decoded)");
     }
 
+    TEST_CASE("wire: a create without a value carries its initializer as 6 + rank id words, checked as every "
+              "field; a hostile one is a WireError" *
+              doctest::timeout(30)) {
+        pss::Request create;
+        create.op = pss::Op::create;
+        create.key = {3, 1};
+        create.name = "t";
+        create.initializer = pss::ShardInitializer{pss::InitializerSpec::random_normal(0.5, 2.0, 0xfedcba9876543210u),
+                                                   pss::DType::float32, {10, 4}, 6, 4};
+        const Bytes good = frame_bytes(pss::OutgoingFrame::request(create, 9, 0, false));
+        REQUIRE(good.size() == 80 + 1 + 8 * 8);
+        CHECK(get_le(good, 48, 8) == 8);                                 // ids count: the words
+        CHECK(get_le(good, 81, 8) == (5u | 1u << 8 | 2u << 16));         // random_normal, float32, rank 2
+        CHECK(get_le(good, 89, 8) == 0xfedcba9876543210u);               // the seed
+        CHECK(get_le(good, 97, 8) == 0x3fe0000000000000u);               // 0.5
+        CHECK(get_le(good, 105, 8) == 0x4000000000000000u);              // 2.0
+        CHECK(get_le(good, 113, 8) == 6);                                // row offset
+        CHECK(get_le(good, 121, 8) == 4);                                // rows
+        CHECK(get_le(good, 129, 8) == 10);
+        CHECK(get_le(good, 137, 8) == 4);
+        pss::DecodedFrame decoded = pss::decode_frame(good);
+        const pss::Request back = pss::to_request(decoded.header, decoded.body, std::move(decoded.payload));
+        CHECK(back.op == pss::Op::create);
+        CHECK(back.initializer == create.initializer);
+        CHECK(back.ids.empty());
+        CHECK_FALSE(back.payload.has_value());
+
+        auto word = [&](std::size_t k, std::uint64_t value, pss::WireLimits limits = {}) {
+            Bytes b = good;
+            put_u64(b, 81 + 8 * k, value);
+            reseal(b);
+            return decode_error(b, limits);
+        };
+        const std::string prefix = "pss: wire: frame create's initializer ";
+        CHECK(word(0, 7u | 1u << 8 | 2u << 16) == prefix + "kind 7 is unknown; kinds are 1 (zeros) to 6 (truncated_normal)");
+        CHECK(word(0, 5u | 9u << 8 | 2u << 16) == prefix + "dtype byte 9 is not a dtype; expected 1 (float32) to 5 (string)");
+        CHECK(word(0, 5u | 1u << 8 | 9u << 16) == prefix + "rank 9 exceeds the limit 8");
+        CHECK(word(0, 5u | 1u << 8 | 1u << 16) == prefix + "holds 8 words, but rank 1 takes 7");
+        CHECK(word(0, 5u | 3u << 8 | 2u << 16) ==
+              prefix + "random_normal draws floats, but the variable is int32; random initializers fill float32 or "
+                       "float64 variables");
+        CHECK(word(0, 5u | 5u << 8 | 2u << 16) == prefix + "random_normal cannot fill a string variable; create it from its value");
+        CHECK(word(3, 0x7ff0000000000000u) ==  // an infinite stddev
+              prefix + "random_normal: mean is 0.5 and stddev inf; they are finite numbers with stddev >= 0");
+        CHECK(word(5, 5) == prefix + "the shard's 5 rows from row 6 are not inside the variable's 10 rows");
+        CHECK(word(4, std::uint64_t{1} << 63) ==
+              prefix + "the shard's 4 rows from row 9223372036854775808 are not inside the variable's 10 rows");
+        CHECK(word(7, std::uint64_t{1} << 40) ==
+              prefix + "the shard (4, 1099511627776) of float32 (variable (10, 1099511627776)) exceeds the limit "
+                       "1073741824 bytes");
+        pss::WireLimits small;
+        small.max_payload_bytes = 63;  // the shard is 4 x 4 floats: 64 bytes
+        CHECK(word(7, 4, small) == prefix + "the shard (4, 4) of float32 (variable (10, 4)) exceeds the limit 63 bytes");
+        // Fewer than 6 words, and words beside a payload.
+        pss::Request short_words = create;
+        short_words.initializer.reset();
+        short_words.ids = {1, 2};
+        CHECK(decode_error(frame_bytes(pss::OutgoingFrame::request(short_words, 9, 0, false))) ==
+              prefix + "holds 2 words; it takes 6 and one per axis");
+        short_words.payload = xt::xarray<float>{1};
+        CHECK(decode_error(frame_bytes(pss::OutgoingFrame::request(short_words, 9, 0, false))) ==
+              "pss: wire: frame of a create carries a payload and initializer words; it carries one of them");
+    }
+
     TEST_CASE("wire: every malformed frame is a WireError naming the field and its value" * doctest::timeout(30)) {
         const Bytes good = known_frame();
         auto with = [&](auto change, bool seal = true) {
@@ -789,7 +853,27 @@ TEST_SUITE("net") {
         names.assign(xt::xarray<std::string>{"", "", "c"});
         CHECK(names.read<std::string>() == xt::xarray<std::string>{"", "", "c"});
     }
+    TEST_CASE("TcpTransport: a table drawn on 2 ps tasks over loopback sockets holds the bits 3 in-process shards draw" *
+              doctest::timeout(30)) {
+        using Strategy = pss::ParameterServerStrategy<pss::TcpTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                                      pss::SimpleClusterResolver>;
+        const auto init = pss::InitializerSpec::truncated_normal(0, 0.5, 11);
+        Strategy strategy(pss::SimpleClusterResolver(pss::ClusterSpec{
+                              {"ps", {"127.0.0.1:0", "127.0.0.1:0"}}, {"worker", {"127.0.0.1:0"}}}),
+                          pss::FixedShardsPartitioner(2));
+        auto scope = strategy.scope();
+        pss::Variable table(pss::Shape{9, 4}, pss::DType::float32, init, "table");
+        CHECK(table.shard_tasks() == std::vector<int>{0, 1});
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner> local(
+            {}, pss::FixedShardsPartitioner(3));
+        auto local_scope = local.scope();
+        const pss::Variable here(pss::Shape{9, 4}, pss::DType::float32, init, "table");
+        const xt::xarray<float> expected = here.read<float>();
+        CHECK(table.read<float>() == expected);
+        CHECK(expected(0, 0) != expected(0, 1));
+    }
 }
+
 
 // ---- what a stranger who reaches a port can do (issue 10: bounded resources, nothing trusted) ----------
 

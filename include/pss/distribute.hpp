@@ -19,6 +19,7 @@
 #include <pss/config.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/initializer.hpp>
 #include <pss/message.hpp>
 #include <pss/optimizer/sgd.hpp>
 #include <pss/server.hpp>
@@ -63,6 +64,13 @@ public:
 
     /// @brief Creates a variable from `initial_value` (moved) and places its shards.
     virtual Variable create_variable(Tensor initial_value, std::string name) = 0;
+
+    /// @brief Creates a variable of `shape` and `dtype` whose first values `initializer` draws where each
+    /// shard lives (a ps task), and places its shards; see `Variable(shape, dtype, initializer, name)`.
+    /// @throws InvalidArgumentError for an initializer InitializerSpec::problem refuses
+    Variable create_variable(const Shape& shape, DType dtype, const InitializerSpec& initializer, std::string name) {
+        return create_initialized_variable(shape, dtype, initializer, std::move(name));
+    }
 
     /// @brief TensorFlow's `strategy.run(fn, args)`: runs `fn(args...)` on each replica of the worker
     /// running the current closure and gives its per-replica value. Every strategy here has one replica
@@ -118,6 +126,15 @@ public:
     /// @brief The worker tasks when they are other processes; nullptr when they are threads of this one.
     [[nodiscard]] virtual detail::RemoteWorkers* remote_workers() noexcept { return nullptr; }
 
+protected:
+    /// How a strategy creates a variable from an initializer. This default draws the whole value in
+    /// this process and creates the variable from it: right for a strategy that keeps its variables here.
+    virtual Variable create_initialized_variable(const Shape& shape, DType dtype, const InitializerSpec& initializer,
+                                                 std::string name) {
+        detail::check_initializer(name, shape, dtype, initializer);
+        return create_variable(detail::initial_value(initializer, dtype, shape), std::move(name));
+    }
+
 private:
     friend class ClusterCoordinator;
     std::mutex coordinator_mutex_;
@@ -171,6 +188,7 @@ private:
 class DefaultStrategy final : public Strategy {
 public:
     [[nodiscard]] PSS_INLINE int num_replicas_in_sync() const override;  // the key function (see PSS_INLINE)
+    using Strategy::create_variable;
     Variable create_variable(Tensor initial_value, std::string name) override {
         const std::uint64_t id = next_id_.fetch_add(1);
         return detail::create_sharded(channel_, id, std::move(name), std::move(initial_value), {1}, {-1});
@@ -234,6 +252,7 @@ public:
     [[nodiscard]] int num_replicas_in_sync() const override { return 1; }
     /// @brief The device, as TensorFlow names it: "/job:localhost/replica:0/task:0/device:CPU:0".
     [[nodiscard]] std::string device() const { return channel_->device(-1); }
+    using Strategy::create_variable;
     Variable create_variable(Tensor initial_value, std::string name) override {
         const std::uint64_t id = next_id_.fetch_add(1);
         const std::size_t rows = initial_value.has_value() && initial_value.rank() > 0 ? initial_value.shape()[0] : 0;
@@ -270,6 +289,9 @@ private:
 // Declared in variable.hpp: creating a variable from a value goes through the current strategy.
 inline Variable::Variable(Tensor initial_value, std::string name)
     : Variable(get_strategy().create_variable(std::move(initial_value), std::move(name))) {}
+
+inline Variable::Variable(const Shape& shape, DType dtype, const InitializerSpec& initializer, std::string name)
+    : Variable(get_strategy().create_variable(shape, dtype, initializer, std::move(name))) {}
 
 #if PSS_DEFINITIONS
 // The key functions (see PSS_INLINE in pss/config.hpp).

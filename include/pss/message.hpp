@@ -14,13 +14,16 @@
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
+#include <pss/initializer.hpp>
 #include <pss/tensor.hpp>
 
 PSS_NAMESPACE_BEGIN
 
 /// @brief What a request asks a parameter server to do with one shard. Values are part of the wire format.
 enum class Op : std::uint8_t {
-    create = 1,          ///< store `payload` as a new shard (its first value); `name` names it in errors
+    /// store `payload` as a new shard (its first value), or without a payload, draw it from `initializer`
+    /// on this task; `name` names it in errors
+    create = 1,
     read = 2,            ///< reply with the shard's value; a `payload` of the right shape is reused as the buffer
     assign = 3,          ///< value = payload
     assign_add = 4,      ///< value += payload
@@ -122,6 +125,9 @@ struct Request {
     /// synchronous ps counts the shard's applied steps on.
     std::uint64_t step = 0;
     Values values;  ///< a call's arguments (kind `call` only)
+    /// What a create without a payload draws its shard from, on the ps task (the coordinator never holds
+    /// the value); on the wire, the words of the ids section (see wire.hpp).
+    std::optional<ShardInitializer> initializer;
     /// The task that sent it, when its link proved which (TcpTransport over TLS sets it from the peer's
     /// certificate); never sent on the wire. A synchronous ps takes one push per sender and step.
     std::optional<TaskId> sender;

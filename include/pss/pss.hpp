@@ -7,6 +7,7 @@
 
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/initializer.hpp>
 #include <pss/message.hpp>
 #include <pss/tensor.hpp>
 

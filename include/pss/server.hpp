@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -308,12 +309,20 @@ private:
     }
 
     Reply create(Request&& request) {
-        if (!request.payload.has_value())
-            throw InvalidArgumentError("pss: create variable '" + request.name + "': no initial value was sent");
+        const std::string what = "pss: create variable '" + request.name + "': ";
+        if (request.payload.has_value() == request.initializer.has_value())
+            throw InvalidArgumentError(what + (request.payload.has_value()
+                                                   ? "both an initial value and an initializer were sent; send one"
+                                                   : "no initial value and no initializer were sent"));
         if (shards_.contains(request.key))
-            throw AlreadyExistsError("pss: create variable '" + request.name + "': shard " +
-                                     std::to_string(request.key.variable) + "/" + std::to_string(request.key.shard) +
-                                     " exists already on this task");
+            throw AlreadyExistsError(what + "shard " + std::to_string(request.key.variable) + "/" +
+                                     std::to_string(request.key.shard) + " exists already on this task");
+        if (request.initializer) {
+            // Drawn here, from the shard's first row on: the same values however the variable is split.
+            if (auto why = request.initializer->problem(std::numeric_limits<std::uint64_t>::max()))
+                throw InvalidArgumentError(what + *why);
+            request.payload = detail::initial_shard(*request.initializer);
+        }
         Shard shard{request.name, request.payload.shape(), request.payload.dtype(), State<float>{}};
         request.payload.visit_any_mut([&]<class T>(xt::xarray<T>& value) {
             State<T> state;

@@ -606,36 +606,16 @@ public:
     /// shape[0] is taken as shape[0] (a shard per row), as TensorFlow's `min(num_partitions, shape[0])`.
     /// @throws InvalidArgumentError when the partitioner answers 0 shards.
     Variable create_variable(Tensor initial_value, std::string name) override {
-        if (!is_chief())
-            throw FailedPreconditionError("pss: variable '" + name + "': this process is task " + task_.to_string() +
-                                          "; variables are created by the chief. A ps or worker process calls "
-                                          "strategy.join() and serves until the chief ends the cluster");
         if (!initial_value.has_value())
             throw InvalidArgumentError("pss: variable '" + name + "': the initial value is empty");
-        const Shape shape = initial_value.shape();
-        const detail::Colocation& colocation = detail::Colocation::current();
-        if (colocation.strategy == this) {  // one shard beside the variable colocated with, as TensorFlow's
-            return created(detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name),
-                                                  std::move(initial_value), {shape.empty() ? 0 : shape[0]},
-                                                  {colocation.task}));
-        }
-        std::size_t k = 1;
-        if (!shape.empty()) {
-            k = static_cast<std::size_t>(partitioner_(std::span<const std::size_t>(shape), initial_value.dtype()));
-            if (k == 0)
-                throw InvalidArgumentError("pss: variable '" + name + "' of shape " + format_shape(shape) +
-                                           ": the partitioner answered 0 shards; it must answer at least 1");
-            k = std::min(k, std::max<std::size_t>(shape[0], 1));
-        }
-        std::vector<std::size_t> rows;
-        std::vector<int> tasks;
-        for (std::size_t i = 0; i < k; ++i) {
-            rows.push_back(shape.empty() ? 0 : shard_rows(shape[0], k, i));
-            tasks.push_back(round_robin_task(next_shard_.fetch_add(1), num_ps()));
-        }
-        return created(detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name),
-                                              std::move(initial_value), rows, tasks));
+        const Placement placement = place(name, initial_value.shape(), initial_value.dtype());
+        return created(detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name), std::move(initial_value),
+                                              placement.rows, placement.tasks));
     }
+
+    /// @brief As the other create_variable, each shard drawn from `initializer` by the ps task that owns
+    /// it: this process sends a few words per shard and holds no value.
+    using Strategy::create_variable;
 
     /// @brief TensorFlow's `strategy.extended.colocate_vars_with(v)`: the variables this thread creates
     /// while the returned guard lives go to `v`'s ps task (its first shard's), each whole: the
@@ -659,7 +639,8 @@ public:
 
     /// @brief Makes ps task `task`, lost and started again empty, hold its part of this run again: waits
     /// for it to answer (the start-up timeout), greets it as at start-up (its configuration must be this
-    /// one), and creates on it, as zeros, the shards of this strategy's variables it held. Returns how many
+    /// one), and creates on it, as zeros it draws itself (strings: sent empty), the shards of this
+    /// strategy's variables it held. Returns how many
     /// it created: 0 when the task still held them (it was not restarted). Their values come from a
     /// checkpoint next: ClusterCoordinator::recover_ps_from does both.
     /// @throws UnavailableError naming the task when it does not come back in time; the errors of the
@@ -678,7 +659,12 @@ public:
                 request.op = Op::create;
                 request.key = {shard.variable, shard.index};
                 request.name = detail::shard_name(info, shard.index);
-                request.payload = Tensor::zeros(info.dtype, shard.shape);
+                // The task draws numbers' zeros itself: the chief holds no shard (of a table larger than it).
+                if (info.dtype == DType::string)
+                    request.payload = Tensor::zeros(info.dtype, shard.shape);
+                else
+                    request.initializer = ShardInitializer{InitializerSpec::zeros(), info.dtype, info.shape, shard.row_offset,
+                                                           info.shape.empty() ? 0 : shard.shape[0]};
                 replies.push_back(channel_->send(task, std::move(request)));
             }
         }
@@ -760,7 +746,48 @@ public:
         return round_robin_placement<K, ClusterResolverPolicy::num_ps>();
     }
 
+protected:
+    Variable create_initialized_variable(const Shape& shape, DType dtype, const InitializerSpec& initializer,
+                                         std::string name) override {
+        detail::check_initializer(name, shape, dtype, initializer);
+        const Placement placement = place(name, shape, dtype);
+        return created(detail::create_sharded(channel_, next_id_.fetch_add(1), std::move(name), shape, dtype, initializer,
+                                              placement.rows, placement.tasks));
+    }
+
 private:
+    /// Each shard's rows and ps task.
+    struct Placement {
+        std::vector<std::size_t> rows;
+        std::vector<int> tasks;
+    };
+
+    /// Where the shards of a new variable go: one shard beside the variable colocated with, else as the
+    /// partitioner splits it, round-robin.
+    Placement place(const std::string& name, const Shape& shape, DType dtype) {
+        if (!is_chief())
+            throw FailedPreconditionError("pss: variable '" + name + "': this process is task " + task_.to_string() +
+                                          "; variables are created by the chief. A ps or worker process calls "
+                                          "strategy.join() and serves until the chief ends the cluster");
+        const detail::Colocation& colocation = detail::Colocation::current();
+        if (colocation.strategy == this)  // one shard beside the variable colocated with, as TensorFlow's
+            return {{shape.empty() ? 0 : shape[0]}, {colocation.task}};
+        std::size_t k = 1;
+        if (!shape.empty()) {
+            k = static_cast<std::size_t>(partitioner_(std::span<const std::size_t>(shape), dtype));
+            if (k == 0)
+                throw InvalidArgumentError("pss: variable '" + name + "' of shape " + format_shape(shape) +
+                                           ": the partitioner answered 0 shards; it must answer at least 1");
+            k = std::min(k, std::max<std::size_t>(shape[0], 1));
+        }
+        Placement placement;
+        for (std::size_t i = 0; i < k; ++i) {
+            placement.rows.push_back(shape.empty() ? 0 : shard_rows(shape[0], k, i));
+            placement.tasks.push_back(round_robin_task(next_shard_.fetch_add(1), num_ps()));
+        }
+        return placement;
+    }
+
     static ClusterSpec validated(ClusterSpec spec) {
         detail::check_parameter_server_cluster(spec, "ParameterServerStrategy", "the cluster");
         return spec;

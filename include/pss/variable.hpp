@@ -4,17 +4,21 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <exception>
 #include <thread>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +28,7 @@
 #include <pss/detail/step_profile.hpp>
 #include <pss/dtype.hpp>
 #include <pss/errors.hpp>
+#include <pss/initializer.hpp>
 #include <pss/message.hpp>
 #include <pss/detail/closure_context.hpp>
 #include <pss/detail/request_rules.hpp>
@@ -126,6 +131,35 @@ public:
     /// Defined in <pss/distribute.hpp> (which <pss/pss.hpp> includes), beside get_strategy(): the
     /// handle itself knows no strategy and no server.
     explicit Variable(Tensor initial_value, std::string name = "Variable");
+
+    /// @brief Creates a variable of `shape` and `dtype` whose first values `initializer` draws, on the
+    /// ps task of each shard (TensorFlow calls a sharded variable's initializer once per shard, with the
+    /// shard's offset): the coordinator never holds the value, so it can create a table larger than its
+    /// memory. The values do not depend on how the variable is split (see InitializerSpec). Through
+    /// `get_strategy()`, as the constructor from a value; a strategy that keeps variables in this process
+    /// draws the value here. Defined in <pss/distribute.hpp>.
+    /// @throws InvalidArgumentError naming the variable for an initializer InitializerSpec::problem refuses
+    /// (a random one for an integer dtype, bounds out of order, a string dtype)
+    ///
+    /// @par Example
+    /// @code
+    /// pss::Variable table(pss::Shape{32'000'000, 32}, pss::DType::float32,
+    ///                     pss::InitializerSpec::random_uniform(-0.05, 0.05, 42), "table");
+    /// @endcode
+    Variable(const Shape& shape, DType dtype, const InitializerSpec& initializer, std::string name = "Variable");
+
+    /// @brief As the constructor from an InitializerSpec, from any initializer that describes itself as
+    /// one (Keras' `pss::initializers::RandomUniform(-0.05, 0.05, 42)`, `GlorotUniform()`, ...:
+    /// `initializer.spec(shape, seed)`); one without a seed of its own draws with a seed made from the
+    /// variable's name.
+    /// @throws InvalidArgumentError when the initializer cannot describe itself (a user's class whose
+    /// `spec` gives nothing): create the variable from its value instead
+    template <class Init>
+        requires requires(const Init& init, const Shape& shape) {
+            { init.spec(shape, std::uint64_t{}) } -> std::same_as<std::optional<InitializerSpec>>;
+        }
+    Variable(const Shape& shape, DType dtype, const Init& initializer, std::string name = "Variable")
+        : Variable(shape, dtype, described(initializer.spec(shape, detail::name_seed(name)), name), name) {}
 
     /// @brief TensorFlow's `ShardedVariable(variables, name)`: one variable whose rows are those of
     /// `parts`, in order (their shards where a part is sharded itself), each left where it lives.
@@ -350,6 +384,14 @@ private:
     std::vector<Tensor> exchange(std::vector<std::pair<int, Request>> outgoing) const;
 
 
+    static const InitializerSpec& described(const std::optional<InitializerSpec>& spec, const std::string& name) {
+        if (!spec)
+            throw InvalidArgumentError("pss: variable '" + name +
+                                       "': its initializer cannot describe itself to the ps tasks (its spec() gives "
+                                       "nothing); create the variable from its value: pss::Variable(value, name)");
+        return *spec;
+    }
+
     Tensor update(Op op, Tensor payload, std::uint64_t step = 0);
     Tensor update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step = 0);
 
@@ -373,15 +415,16 @@ inline std::string shard_name(const VariableInfo& info, std::uint32_t index) {
     return info.shards.size() == 1 ? info.name : info.name + "/part_" + std::to_string(index);
 }
 
-inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name,
-                               Tensor initial_value, const std::vector<std::size_t>& rows_of,
-                               const std::vector<int>& tasks) {
-    if (!initial_value.has_value())
-        throw InvalidArgumentError("pss: variable '" + name + "': the initial value is empty");
+/// Creates the shards of a variable of `shape` and `dtype` through `channel`: shard i holds rows_of[i]
+/// rows and lives on task tasks[i]; `fill(request, shard)` gives request i its first value (a payload
+/// or an initializer).
+template <class Fill>
+Variable create_shards(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name, Shape shape,
+                       DType dtype, const std::vector<std::size_t>& rows_of, const std::vector<int>& tasks, Fill fill) {
     auto info = std::make_shared<VariableInfo>();
     info->name = std::move(name);
-    info->shape = initial_value.shape();
-    info->dtype = initial_value.dtype();
+    info->shape = std::move(shape);
+    info->dtype = dtype;
     info->id = id;
     info->channel = channel;
     std::vector<Request> requests;
@@ -389,15 +432,11 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
     std::size_t offset = 0;
     for (std::uint32_t i = 0; i < rows_of.size(); ++i) {
         ShardInfo shard{i, tasks[i], info->shape, offset, id};
+        if (rows_of.size() > 1) shard.shape[0] = rows_of[i];
         Request request;
         request.op = Op::create;
         request.key = {id, i};
-        if (rows_of.size() == 1) {
-            request.payload = std::move(initial_value);
-        } else {
-            shard.shape[0] = rows_of[i];
-            request.payload = slice_rows(initial_value, offset, rows_of[i]);
-        }
+        fill(request, std::as_const(shard));
         offset += rows_of[i];
         info->shards.push_back(std::move(shard));
         requests.push_back(std::move(request));
@@ -410,6 +449,42 @@ inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uin
     for (auto& f : futures) replies.push_back(f.get());
     for (auto& r : replies) r.take();
     return Variable(std::move(info));
+}
+
+/// create_shards, each shard sent its rows of `initial_value`.
+inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name,
+                               Tensor initial_value, const std::vector<std::size_t>& rows_of,
+                               const std::vector<int>& tasks) {
+    if (!initial_value.has_value())
+        throw InvalidArgumentError("pss: variable '" + name + "': the initial value is empty");
+    const Shape shape = initial_value.shape();
+    const DType dtype = initial_value.dtype();
+    return create_shards(channel, id, std::move(name), shape, dtype, rows_of, tasks,
+                         [&](Request& request, const ShardInfo& shard) {
+                             request.payload = rows_of.size() == 1 ? std::move(initial_value)
+                                                                   : slice_rows(initial_value, shard.row_offset, shard.shape[0]);
+                         });
+}
+
+/// The error of creating variable `name` of `shape` and `dtype` from `initializer`, if any.
+inline void check_initializer(const std::string& name, const Shape& shape, DType dtype, const InitializerSpec& initializer) {
+    const std::string what = "pss: variable '" + name + "' of shape " + format_shape(shape) + " and dtype " +
+                             std::string(dtype_name(dtype)) + ": ";
+    if (auto why = initializer.problem(dtype)) throw InvalidArgumentError(what + *why);
+    if (bounded_elements(shape, std::numeric_limits<std::uint64_t>::max() / 8) < 0)
+        throw InvalidArgumentError(what + "the shape has more elements than memory can hold");
+}
+
+/// create_shards, each shard drawn by its ps task from `initializer`: no value is made here.
+inline Variable create_sharded(const std::shared_ptr<Channel>& channel, std::uint64_t id, std::string name,
+                               const Shape& shape, DType dtype, const InitializerSpec& initializer,
+                               const std::vector<std::size_t>& rows_of, const std::vector<int>& tasks) {
+    check_initializer(name, shape, dtype, initializer);
+    return create_shards(channel, id, std::move(name), shape, dtype, rows_of, tasks,
+                         [&](Request& request, const ShardInfo& shard) {
+                             request.initializer = ShardInitializer{initializer, dtype, shape, shard.row_offset,
+                                                                    shape.empty() ? 0 : shard.shape[0]};
+                         });
 }
 
 }  // namespace detail

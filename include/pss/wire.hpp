@@ -60,6 +60,12 @@ static_assert(std::endian::native == std::endian::little,
 /// string tensor's elements encoded as one u64 length per element, then their bytes one after another).
 /// All integers are little-endian.
 ///
+/// A create without a payload carries its ShardInitializer as its ids, 6 + rank words: `kind | dtype <<
+/// 8 | rank << 16`, the seed, the IEEE bits of the initializer's two parameters, the shard's row offset
+/// and rows, and the variable's extents. They are checked as every field is (known kind and dtype, rank
+/// at most 8, rows inside the variable, valid parameters, the shard no bigger than the payload limit):
+/// the ps draws the shard from them.
+///
 /// A shard operation carries at most one tensor (its `payload`); a call and a call's reply carry
 /// `Values`: the non-tensor values in CBOR (nlohmann/json's encoder and decoder, fuzzed upstream), the
 /// tensors as the frame's own tensors, so that one decoder checks every tensor that crosses the wire.
@@ -241,7 +247,7 @@ public:
         out.push_back(asio::buffer(name_.data(), name_.size()));
         out.push_back(asio::buffer(message_.data(), message_.size()));
         out.push_back(asio::buffer(values_.data(), values_.size()));
-        out.push_back(asio::buffer(ids_.data(), ids_.size()));
+        out.push_back(asio::buffer(ids_bytes().data(), ids_bytes().size()));
         if (payload_length_ == 0) return;
         if (many_ == nullptr) {
             out.push_back(encoded_.empty() ? asio::buffer(payload_, payload_length_) : asio::buffer(encoded_.front()));
@@ -261,7 +267,7 @@ public:
     }
     [[nodiscard]] std::size_t size() const noexcept {
         return frame_header_size + descriptors().size() + name_.size() + message_.size() + values_.size() +
-               ids_.size() + payload_length_;
+               ids_bytes().size() + payload_length_;
     }
     [[nodiscard]] const FrameHeader& header() const noexcept { return header_; }
 
@@ -276,6 +282,10 @@ private:
     void build(const Tensor& payload, bool elide, const Values* values, std::span<const std::byte> name,
                std::span<const std::byte> message, std::span<const std::int64_t> ids);
     void describe(const Tensor& t, std::byte*& out);
+    /// The ids section: the request's ids, or the words of its initializer (held here).
+    [[nodiscard]] std::span<const std::byte> ids_bytes() const noexcept {
+        return initializer_words_.empty() ? ids_ : std::as_bytes(std::span(initializer_words_));
+    }
     [[nodiscard]] asio::const_buffer descriptors() const noexcept {
         return many_descriptors_.empty() ? asio::buffer(one_descriptor_.data(), descriptor_length_)
                                          : asio::buffer(many_descriptors_);
@@ -291,6 +301,7 @@ private:
     const std::byte* payload_ = nullptr;
     const std::vector<Tensor>* many_ = nullptr;
     std::vector<std::vector<std::byte>> encoded_;  // the string tensors sent, in their wire form (a copy)
+    std::vector<std::int64_t> initializer_words_;  // a create's ShardInitializer, sent as its ids
     std::size_t payload_length_ = 0;
 };
 
@@ -568,6 +579,13 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
         needed += spec.encoded_bytes;
     }
     if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
+    if (header.kind == static_cast<std::uint8_t>(Op::create) && header.ids_count != 0) {
+        // A create without a payload carries its initializer as ids: the ps draws the shard, whose size
+        // is held to what a payload could have carried.
+        if (header.tensors != 0) fail("of a create carries a payload and initializer words; it carries one of them");
+        if (auto why = detail::decode_shard_initializer(body.ids, limits.max_payload_bytes).second; !why.empty())
+            fail("create's initializer " + why);
+    }
     if (!header.payload_elided() && header.payload_length != needed) {
         std::string described;
         for (const auto& spec : body.tensors)
@@ -673,7 +691,10 @@ inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor pay
     if (request.kind == RequestKind::operation) request.op = header.op();
     request.key = header.key;
     request.name = std::move(body.name);
-    request.ids = std::move(body.ids);
+    if (header.kind == static_cast<std::uint8_t>(Op::create) && !body.ids.empty())
+        request.initializer = detail::decode_shard_initializer(body.ids, std::numeric_limits<std::uint64_t>::max()).first;
+    else
+        request.ids = std::move(body.ids);
     request.payload = std::move(payload);
     request.step = header.step;
     request.values = Values{std::move(body.values), std::move(tensors)};
@@ -786,8 +807,11 @@ inline OutgoingFrame OutgoingFrame::request(const Request& request, std::uint64_
     frame.header_.key = request.key;
     frame.header_.step = request.step;
     const bool call = request.kind == RequestKind::call;
+    if (request.kind == RequestKind::operation && request.op == Op::create && request.initializer)
+        frame.initializer_words_ = detail::encode_shard_initializer(*request.initializer);
     frame.build(request.payload, elide_payload, call ? &request.values : nullptr, detail::as_bytes(request.name), {},
-                request.ids);
+                frame.initializer_words_.empty() ? std::span<const std::int64_t>(request.ids)
+                                                 : std::span<const std::int64_t>(frame.initializer_words_));
     return frame;
 }
 

@@ -1299,6 +1299,21 @@ inline std::pair<double, double> compute_fans(const Shape& shape) {
             static_cast<double>(shape.back()) * receptive_field};
 }
 
+/// The seed of a layer's variable drawn on the ps tasks by an initializer without a seed: the next
+/// two numbers of the model's generator, read from a copy (the model's stream is not consumed, so the
+/// other weights keep the values they had), mixed with the variable's name (unique in a model, so two
+/// tables built one after the other differ).
+inline std::uint64_t variable_seed(const std::mt19937& rng, std::string_view variable) {
+    std::mt19937 ahead = rng;
+    const std::uint64_t high = ahead();
+    return mix64((high << 32 | ahead()) ^ name_seed(variable));
+}
+
+/// An initializer's own seed, else `seed` (all 64 bits of it: optional<uint32_t>::value_or would cut it).
+[[nodiscard]] inline std::uint64_t own_or(std::optional<std::uint32_t> own, std::uint64_t seed) noexcept {
+    return own ? std::uint64_t{*own} : seed;
+}
+
 /// `1.5`, `nan`, `-inf`: a number for a message (JSON would print a NaN as null).
 inline std::string number_text(double value) {
     if (std::isnan(value)) return "nan";
@@ -1338,6 +1353,13 @@ public:
     /// @brief Values of `shape` in `dtype` (float32 or float64), drawn from `rng` unless the initializer
     /// has a seed. @throws InvalidArgumentError for another dtype.
     [[nodiscard]] virtual Tensor operator()(const Shape& shape, DType dtype, std::mt19937& rng) const = 0;
+    /// @brief The initializer as data for a variable of `shape`, which each ps task draws its shards from
+    /// (see pss::InitializerSpec; the values differ from operator()'s): with the initializer's own seed
+    /// when it has one, else `seed`. Nothing (the default, a user's class) when it cannot describe
+    /// itself: then its variables are made from operator()'s value.
+    [[nodiscard]] virtual std::optional<InitializerSpec> spec(const Shape& /*shape*/, std::uint64_t /*seed*/) const {
+        return std::nullopt;
+    }
 
 protected:
     Initializer() = default;
@@ -1352,6 +1374,9 @@ public:
     [[nodiscard]] Tensor operator()(const Shape& shape, DType dtype, std::mt19937& /*rng*/) const override {
         return detail::fill_tensor(shape, dtype, "Zeros", [] { return 0.0; });
     }
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape&, std::uint64_t) const override {
+        return InitializerSpec::zeros();
+    }
 };
 
 /// @brief Keras' `Ones()`: every value 1.
@@ -1360,6 +1385,9 @@ public:
     [[nodiscard]] PSS_INLINE std::string_view class_name() const noexcept override;  // the key function
     [[nodiscard]] Tensor operator()(const Shape& shape, DType dtype, std::mt19937& /*rng*/) const override {
         return detail::fill_tensor(shape, dtype, "Ones", [] { return 1.0; });
+    }
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape&, std::uint64_t) const override {
+        return InitializerSpec::ones();
     }
 };
 
@@ -1377,6 +1405,9 @@ public:
     [[nodiscard]] nlohmann::json get_config() const override { return {{"value", value_}}; }
     [[nodiscard]] Tensor operator()(const Shape& shape, DType dtype, std::mt19937& /*rng*/) const override {
         return detail::fill_tensor(shape, dtype, "Constant", [&] { return value_; });
+    }
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape&, std::uint64_t) const override {
+        return InitializerSpec::constant(value_);
     }
 
 private:
@@ -1402,6 +1433,9 @@ public:
         return {{"minval", minval_}, {"maxval", maxval_}, {"seed", detail::seed_json(seed_)}};
     }
     [[nodiscard]] PSS_INLINE Tensor operator()(const Shape& shape, DType dtype, std::mt19937& rng) const override;
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape&, std::uint64_t seed) const override {
+        return InitializerSpec::random_uniform(minval_, maxval_, detail::own_or(seed_, seed));
+    }
 
     /// What is wrong with these bounds, if anything (for the constructor and the config parser).
     [[nodiscard]] static std::optional<std::string> bounds_problem(double minval, double maxval) {
@@ -1435,6 +1469,9 @@ public:
         return {{"mean", mean_}, {"stddev", stddev_}, {"seed", detail::seed_json(seed_)}};
     }
     [[nodiscard]] PSS_INLINE Tensor operator()(const Shape& shape, DType dtype, std::mt19937& rng) const override;
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape&, std::uint64_t seed) const override {
+        return InitializerSpec::random_normal(mean_, stddev_, detail::own_or(seed_, seed));
+    }
 
     /// What is wrong with a mean and stddev, if anything (RandomNormal's and TruncatedNormal's).
     [[nodiscard]] static std::optional<std::string> normal_problem(double mean, double stddev) {
@@ -1467,6 +1504,9 @@ public:
         return {{"mean", mean_}, {"stddev", stddev_}, {"seed", detail::seed_json(seed_)}};
     }
     [[nodiscard]] PSS_INLINE Tensor operator()(const Shape& shape, DType dtype, std::mt19937& rng) const override;
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape&, std::uint64_t seed) const override {
+        return InitializerSpec::truncated_normal(mean_, stddev_, detail::own_or(seed_, seed));
+    }
 
 private:
     double mean_, stddev_;
@@ -1502,6 +1542,12 @@ public:
         return {{"scale", scale_}, {"mode", mode_}, {"distribution", distribution_}, {"seed", detail::seed_json(seed_)}};
     }
     [[nodiscard]] PSS_INLINE Tensor operator()(const Shape& shape, DType dtype, std::mt19937& rng) const override;
+    /// @brief The distribution with its limit or stddev computed from the fans of the whole `shape`.
+    [[nodiscard]] std::optional<InitializerSpec> spec(const Shape& shape, std::uint64_t seed) const override {
+        InitializerSpec out = resolved(shape);
+        out.seed = detail::own_or(seed_, seed);
+        return out;
+    }
 
     /// What is wrong with these arguments, if anything (for the constructor and the config parser).
     [[nodiscard]] static std::optional<std::string> arguments_problem(double scale, std::string_view mode,
@@ -1518,6 +1564,18 @@ public:
     }
 
 private:
+    /// The distribution for `shape` (its seed unset): U(-l, l), N(0, s^2) or the truncated normal.
+    [[nodiscard]] InitializerSpec resolved(const Shape& shape) const {
+        const auto fans = detail::compute_fans(shape);
+        const double n = std::max(1.0, mode_ == "fan_in"    ? fans.first
+                                       : mode_ == "fan_out" ? fans.second
+                                                            : (fans.first + fans.second) / 2.0);
+        // (3 scale) / n in one rounding: GlorotUniform's limit is bit for bit sqrt(6 / (fan_in + fan_out)).
+        if (distribution_ == "uniform") return InitializerSpec::random_uniform(-std::sqrt(3.0 * scale_ / n), std::sqrt(3.0 * scale_ / n), 0);
+        if (distribution_ == "untruncated_normal") return InitializerSpec::random_normal(0.0, std::sqrt(scale_ / n), 0);
+        return InitializerSpec::truncated_normal(0.0, std::sqrt(scale_ / n) / 0.87962566103423978, 0);
+    }
+
     double scale_;
     std::string mode_, distribution_;
     std::optional<std::uint32_t> seed_;
@@ -1730,21 +1788,14 @@ PSS_INLINE Tensor TruncatedNormal::operator()(const Shape& shape, DType dtype, s
 }
 
 PSS_INLINE Tensor VarianceScaling::operator()(const Shape& shape, DType dtype, std::mt19937& rng) const {
-    const auto [fan_in, fan_out] = detail::compute_fans(shape);
-    const double n = std::max(1.0, mode_ == "fan_in" ? fan_in : mode_ == "fan_out" ? fan_out : (fan_in + fan_out) / 2.0);
+    const InitializerSpec spec = resolved(shape);
     const std::string who(class_name());
     return detail::with_generator(seed_, rng, [&](std::mt19937& g) {
-        if (distribution_ == "uniform") {
-            // (3 scale) / n in one rounding: GlorotUniform's limit is bit for bit sqrt(6 / (fan_in + fan_out)).
-            const double limit = std::sqrt(3.0 * scale_ / n);
-            return detail::fill_tensor(shape, dtype, who, [&] { return detail::uniform(g, -limit, limit); });
-        }
-        if (distribution_ == "untruncated_normal") {
-            const double stddev = std::sqrt(scale_ / n);
-            return detail::fill_tensor(shape, dtype, who, [&] { return stddev * detail::standard_normal(g); });
-        }
-        const double stddev = std::sqrt(scale_ / n) / 0.87962566103423978;
-        return detail::fill_tensor(shape, dtype, who, [&] { return stddev * detail::truncated_standard_normal(g); });
+        if (spec.kind == InitializerKind::random_uniform)
+            return detail::fill_tensor(shape, dtype, who, [&] { return detail::uniform(g, spec.first, spec.second); });
+        if (spec.kind == InitializerKind::random_normal)
+            return detail::fill_tensor(shape, dtype, who, [&] { return spec.second * detail::standard_normal(g); });
+        return detail::fill_tensor(shape, dtype, who, [&] { return spec.second * detail::truncated_standard_normal(g); });
     });
 }
 
@@ -3193,7 +3244,11 @@ struct EmbeddingOptions {
 ///
 /// The table, `<name>/embeddings` of shape (input_dim, output_dim), is split into shards as the
 /// strategy's partitioner decides, and starts as its initializer draws it: U(-0.05, 0.05) by default
-/// (Keras' "uniform", initializers::RandomUniform), drawn in the table's dtype. A step
+/// (Keras' "uniform", initializers::RandomUniform), drawn in the table's dtype by each ps task for its
+/// own shards (the initializer's spec(), see pss::InitializerSpec), so the coordinator never holds the
+/// table. An initializer without a seed draws with one made from the model's generator (read, not
+/// consumed: the other layers' weights are as they would be without the table) and the variable's
+/// name; a user's initializer that has no spec() is drawn on the coordinator. A step
 /// pulls only the rows of the ids in its batch (Variable::sparse_read, each distinct id once) and pushes
 /// a sparse gradient (Variable::apply_sparse_gradient: one row per input id, repeated ids included; the
 /// parameter server sums them), so a worker never moves the whole table.
@@ -3266,9 +3321,13 @@ public:
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
-        // The initializer draws straight in the weights' dtype: the table is the largest thing a
-        // coordinator creates.
-        embeddings_ = Variable(embeddings_initializer_(Shape{input_dim_, output_dim_}, dtype_, rng), name() + "/embeddings");
+        // The table can be larger than the coordinator's memory: each ps task draws its shards.
+        const Shape shape{input_dim_, output_dim_};
+        std::string variable = name() + "/embeddings";
+        if (auto spec = embeddings_initializer_->spec(shape, detail::variable_seed(rng, variable)))
+            embeddings_ = Variable(shape, dtype_, *spec, std::move(variable));
+        else
+            embeddings_ = Variable(embeddings_initializer_(shape, dtype_, rng), std::move(variable));
         return compute_output_shape(input_shape);
     }
 

@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
     create.name = "dense/kernel";
     create.payload = xt::xarray<float>{{1.5f, -2.0f}, {0.25f, 8.0f}};
     write("request_create_float32", pss::OutgoingFrame::request(create, 1, 0, false));
+    create.payload = {};
+    create.initializer = pss::ShardInitializer{pss::InitializerSpec::truncated_normal(0.0, 0.05, 7), pss::DType::float32,
+                                               {10, 4}, 6, 4};
+    write("request_create_initializer", pss::OutgoingFrame::request(create, 1, 0, false));
     pss::Request scatter;
     scatter.op = pss::Op::scatter_add;
     scatter.key = {2, 1};

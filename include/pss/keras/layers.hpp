@@ -881,7 +881,11 @@ struct EmbeddingOptions {
 ///
 /// The table, `<name>/embeddings` of shape (input_dim, output_dim), is split into shards as the
 /// strategy's partitioner decides, and starts as its initializer draws it: U(-0.05, 0.05) by default
-/// (Keras' "uniform", initializers::RandomUniform), drawn in the table's dtype. A step
+/// (Keras' "uniform", initializers::RandomUniform), drawn in the table's dtype by each ps task for its
+/// own shards (the initializer's spec(), see pss::InitializerSpec), so the coordinator never holds the
+/// table. An initializer without a seed draws with one made from the model's generator (read, not
+/// consumed: the other layers' weights are as they would be without the table) and the variable's
+/// name; a user's initializer that has no spec() is drawn on the coordinator. A step
 /// pulls only the rows of the ids in its batch (Variable::sparse_read, each distinct id once) and pushes
 /// a sparse gradient (Variable::apply_sparse_gradient: one row per input id, repeated ids included; the
 /// parameter server sums them), so a worker never moves the whole table.
@@ -954,9 +958,13 @@ public:
 
 protected:
     Shape do_build(const Shape& input_shape, std::mt19937& rng) override {
-        // The initializer draws straight in the weights' dtype: the table is the largest thing a
-        // coordinator creates.
-        embeddings_ = Variable(embeddings_initializer_(Shape{input_dim_, output_dim_}, dtype_, rng), name() + "/embeddings");
+        // The table can be larger than the coordinator's memory: each ps task draws its shards.
+        const Shape shape{input_dim_, output_dim_};
+        std::string variable = name() + "/embeddings";
+        if (auto spec = embeddings_initializer_->spec(shape, detail::variable_seed(rng, variable)))
+            embeddings_ = Variable(shape, dtype_, *spec, std::move(variable));
+        else
+            embeddings_ = Variable(embeddings_initializer_(shape, dtype_, rng), std::move(variable));
         return compute_output_shape(input_shape);
     }
 
