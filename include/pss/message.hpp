@@ -131,15 +131,18 @@ struct Request {
     /// The task that sent it, when its link proved which (TcpTransport over TLS sets it from the peer's
     /// certificate); never sent on the wire. A synchronous ps takes one push per sender and step.
     std::optional<TaskId> sender;
-    /// Where a gather writes its rows when its ps shares this process's memory (Channel::shares_memory);
-    /// never sent on the wire. Id i's row goes to row `into_rows[i]` of `*into`, the caller's result, and
-    /// the reply carries no value: no reply buffer, no copy back. Shared, so that a pull held at the ps
-    /// and given up on by its caller still writes into memory that exists.
-    std::shared_ptr<Tensor> into;
-    std::vector<std::size_t> into_rows;
-    /// Its sender, in this process, validated it against the variable (Channel::shares_memory): the ps
-    /// does not again. Never sent on the wire, so a frame is always checked.
-    bool checked = false;
+    /// What only a ps sharing this process's memory acts on (Channel::shares_memory); never sent on
+    /// the wire, so a frame is always checked and answered with its value.
+    struct InProcess {
+        /// Where a gather writes its rows: id i's row goes to row `into_rows[i]` of `*into`, the
+        /// caller's result, and the reply carries no value (no reply buffer, no copy back). Shared, so
+        /// that a pull held at the ps and given up on by its caller still writes into memory that exists.
+        std::shared_ptr<Tensor> into;
+        std::vector<std::size_t> into_rows;
+        /// Its sender validated it against the whole variable: the ps does not again.
+        bool checked = false;
+    };
+    InProcess in_process;
 };
 
 /// @brief A task's answer: `code` is ok, or the error the task raised with its message.

@@ -303,7 +303,7 @@ private:
             return {};
         }
         // A request its sender in this process checked against the whole variable is not checked again.
-        if (!request.checked)
+        if (!request.in_process.checked)
             detail::validate_request(request.op, shard.name, shard.shape, shard.dtype, request.payload, request.ids);
         return std::visit([&](auto& state) { return apply(shard, state, std::move(request), hold); }, shard.state);
     }
@@ -371,10 +371,10 @@ private:
             }
             case Op::gather: {
                 const std::size_t width = detail::row_elements(shard.shape);
-                if (request.into) {  // the caller's result, in this process
+                if (request.in_process.into) {  // the caller's result, in this process
                     T* out = gather_target<T>(shard, request, width);
                     gather_rows(value.data(), request.ids, width,
-                                [&](std::size_t i) { return out + request.into_rows[i] * width; });
+                                [&](std::size_t i) { return out + request.in_process.into_rows[i] * width; });
                     return reply;
                 }
                 xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shard.shape, request.ids.size()));
@@ -623,13 +623,14 @@ private:
             std::copy_n(from, width, to);
     }
 
-    /// Where an in-process gather writes (Request::into). Only Variable::sparse_read sets it, in this
-    /// process, with a row of the result for each id; its form is checked all the same.
+    /// Where an in-process gather writes (Request::InProcess::into). Only Variable::sparse_read sets
+    /// it, in this process, with a row of the result for each id; its form is checked all the same.
     template <class T>
     static T* gather_target(const Shard& shard, const Request& request, std::size_t width) {
-        Tensor& into = *request.into;
+        Tensor& into = *request.in_process.into;
         const bool fits = into.has_value() && into.dtype() == dtype_of<T> && !into.shape().empty() &&
-                          detail::row_elements(into.shape()) == width && request.into_rows.size() == request.ids.size() &&
+                          detail::row_elements(into.shape()) == width &&
+                          request.in_process.into_rows.size() == request.ids.size() &&
                           request.ids.size() <= into.shape()[0];
         if (!fits)
             throw InvalidArgumentError("pss: gather on variable '" + shard.name + "': the rows' destination " +

@@ -204,9 +204,8 @@ public:
     /// split the rows by TensorFlow's rule (see shard_rows()), every handle's shards included.
     /// @pre the variable has rank 1 or more and row < shape()[0]
     [[nodiscard]] ShardRow shard_of_row(std::size_t row) const {
-        ShardRow out;
-        for_each_shard_row(std::span<const std::size_t>(&row, 1), [&](std::size_t, ShardRow at) { out = at; });
-        return out;
+        const detail::VariableInfo& i = info();
+        return i.split_by_rule ? RowSplit(i.shape.empty() ? 0 : i.shape[0], i.shards.size())(row) : part_of_row(i, row);
     }
     /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`); for
     /// a variable built from a list, the parts' own handles (their shards where a part is sharded).
@@ -375,15 +374,16 @@ private:
             for (std::size_t k = 0; k < rows.size(); ++k) f(k, split(static_cast<std::size_t>(rows[k])));
             return;
         }
-        // Built from parts of any sizes: the last shard that starts at or before the row (one of zero
-        // rows shares its offset with the next, which holds the row).
-        for (std::size_t k = 0; k < rows.size(); ++k) {
-            const auto row = static_cast<std::size_t>(rows[k]);
-            const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
-                                                [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
-            const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
-            f(k, ShardRow{shard, row - i.shards[shard].row_offset});
-        }
+        for (std::size_t k = 0; k < rows.size(); ++k) f(k, part_of_row(i, static_cast<std::size_t>(rows[k])));
+    }
+
+    /// shard_of_row() of a variable built from parts of any sizes: the last shard that starts at or
+    /// before the row (one of zero rows shares its offset with the next, which holds the row).
+    static ShardRow part_of_row(const detail::VariableInfo& i, std::size_t row) {
+        const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
+                                            [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
+        const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
+        return ShardRow{shard, row - i.shards[shard].row_offset};
     }
 
     /// A reply's value must be what was asked for before any byte of it is copied by this handle's
@@ -613,13 +613,12 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     // in this process need not do it again, when this handle's shapes are its own.
     const bool checked = shapes_trusted();
     auto post = [&](std::size_t i, Request r) {
-        r.checked = checked;
+        r.in_process.checked = checked;
         again[i].op = r.op;  // the request without its payload
         again[i].key = r.key;
         again[i].ids = r.ids;
         again[i].step = r.step;
-        again[i].into = r.into;
-        again[i].into_rows = r.into_rows;
+        again[i].in_process = r.in_process;
         futures[i] = info().channel->send(outgoing[i].first, std::move(r));
     };
     for (std::size_t i = 0; i < outgoing.size(); ++i) {
@@ -709,7 +708,7 @@ void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
 }
 
 inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
-    detail::validate_request(op, name(), shape(), dtype(), payload, {});
+    detail::validate_request(op, info().name, shape(), dtype(), payload, {}, ":0");
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
@@ -728,7 +727,7 @@ inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
 }
 
 inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step) {
-    detail::validate_request(op, name(), shape(), dtype(), rows, ids);
+    detail::validate_request(op, info().name, shape(), dtype(), rows, ids, ":0");
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
@@ -786,7 +785,7 @@ inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_
 }
 
 inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {
-    detail::validate_request(Op::gather, name(), shape(), dtype(), {}, ids);
+    detail::validate_request(Op::gather, info().name, shape(), dtype(), {}, ids, ":0");
     const auto& shards = info().shards;
     if (ids.empty()) return Tensor::uninitialized(dtype(), detail::rows_shape(shape(), 0));  // no shard is asked
     auto requests = [&](std::size_t s) { return request(Op::gather, shards[s], step); };
@@ -809,8 +808,8 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
         Request r = requests(s);
         r.ids = std::move(grouped.rows[s]);
         if (in_place) {
-            r.into = out;
-            r.into_rows = std::move(grouped.positions[s]);
+            r.in_process.into = out;
+            r.in_process.into_rows = std::move(grouped.positions[s]);
         }
         outgoing.emplace_back(shards[s].task, std::move(r));
         asked.push_back(s);

@@ -1518,15 +1518,18 @@ struct Request {
     /// The task that sent it, when its link proved which (TcpTransport over TLS sets it from the peer's
     /// certificate); never sent on the wire. A synchronous ps takes one push per sender and step.
     std::optional<TaskId> sender;
-    /// Where a gather writes its rows when its ps shares this process's memory (Channel::shares_memory);
-    /// never sent on the wire. Id i's row goes to row `into_rows[i]` of `*into`, the caller's result, and
-    /// the reply carries no value: no reply buffer, no copy back. Shared, so that a pull held at the ps
-    /// and given up on by its caller still writes into memory that exists.
-    std::shared_ptr<Tensor> into;
-    std::vector<std::size_t> into_rows;
-    /// Its sender, in this process, validated it against the variable (Channel::shares_memory): the ps
-    /// does not again. Never sent on the wire, so a frame is always checked.
-    bool checked = false;
+    /// What only a ps sharing this process's memory acts on (Channel::shares_memory); never sent on
+    /// the wire, so a frame is always checked and answered with its value.
+    struct InProcess {
+        /// Where a gather writes its rows: id i's row goes to row `into_rows[i]` of `*into`, the
+        /// caller's result, and the reply carries no value (no reply buffer, no copy back). Shared, so
+        /// that a pull held at the ps and given up on by its caller still writes into memory that exists.
+        std::shared_ptr<Tensor> into;
+        std::vector<std::size_t> into_rows;
+        /// Its sender validated it against the whole variable: the ps does not again.
+        bool checked = false;
+    };
+    InProcess in_process;
 };
 
 /// @brief A task's answer: `code` is ok, or the error the task raised with its message.
@@ -9682,6 +9685,13 @@ struct ClosureContext {
         return context;
     }
 
+    /// The running closure's worker, never cancelled: what a closure finishing a synchronous step
+    /// others wait for runs its pushes under (another closure's failure must not stop them part-way).
+    [[nodiscard]] static ClosureContext uncancelled() noexcept {
+        const ClosureContext* running = current();
+        return {running != nullptr ? running->worker : -1, nullptr, 0};
+    }
+
     /// Makes `context` current on this thread until the guard is destroyed.
     class [[nodiscard]] Guard {
     public:
@@ -9777,12 +9787,15 @@ template <Op K, class T>
     }
 }
 
-/// Checks an operation's payload and ids against a shard (or variable) named `variable`, of `shape`
-/// and `dtype`, before anything changes. The messages name the operation and the variable:
-/// "scatter_add on variable 'emb'" (built only when one is raised: this runs for every request).
+/// Checks an operation's payload and ids against a shard (or variable) named `variable` + `suffix`
+/// (a handle's ":0"), of `shape` and `dtype`, before anything changes. The messages name the operation
+/// and the variable: "scatter_add on variable 'emb:0'" (built only when one is raised: this runs for
+/// every request).
 inline void validate_request(Op op, std::string_view variable, const Shape& shape, DType dtype, const Tensor& payload,
-                             std::span<const std::int64_t> ids) {
-    const auto what = [&] { return std::string(op_name(op)) + " on variable '" + std::string(variable) + "'"; };
+                             std::span<const std::int64_t> ids, std::string_view suffix = {}) {
+    const auto what = [&] {
+        return std::string(op_name(op)) + " on variable '" + std::string(variable) + std::string(suffix) + "'";
+    };
     auto mismatch = [&](const Shape& expected_shape) {
         if (!payload.has_value())
             throw InvalidArgumentError("pss: " + what() + ": expected a value of shape " + format_shape(expected_shape) +
@@ -10026,9 +10039,8 @@ public:
     /// split the rows by TensorFlow's rule (see shard_rows()), every handle's shards included.
     /// @pre the variable has rank 1 or more and row < shape()[0]
     [[nodiscard]] ShardRow shard_of_row(std::size_t row) const {
-        ShardRow out;
-        for_each_shard_row(std::span<const std::size_t>(&row, 1), [&](std::size_t, ShardRow at) { out = at; });
-        return out;
+        const detail::VariableInfo& i = info();
+        return i.split_by_rule ? RowSplit(i.shape.empty() ? 0 : i.shape[0], i.shards.size())(row) : part_of_row(i, row);
     }
     /// @brief One handle per shard, named `name/part_i` (TensorFlow's `ShardedVariable.variables`); for
     /// a variable built from a list, the parts' own handles (their shards where a part is sharded).
@@ -10197,15 +10209,16 @@ private:
             for (std::size_t k = 0; k < rows.size(); ++k) f(k, split(static_cast<std::size_t>(rows[k])));
             return;
         }
-        // Built from parts of any sizes: the last shard that starts at or before the row (one of zero
-        // rows shares its offset with the next, which holds the row).
-        for (std::size_t k = 0; k < rows.size(); ++k) {
-            const auto row = static_cast<std::size_t>(rows[k]);
-            const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
-                                                [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
-            const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
-            f(k, ShardRow{shard, row - i.shards[shard].row_offset});
-        }
+        for (std::size_t k = 0; k < rows.size(); ++k) f(k, part_of_row(i, static_cast<std::size_t>(rows[k])));
+    }
+
+    /// shard_of_row() of a variable built from parts of any sizes: the last shard that starts at or
+    /// before the row (one of zero rows shares its offset with the next, which holds the row).
+    static ShardRow part_of_row(const detail::VariableInfo& i, std::size_t row) {
+        const auto after = std::upper_bound(i.shards.begin(), i.shards.end(), row,
+                                            [](std::size_t r, const detail::ShardInfo& s) { return r < s.row_offset; });
+        const auto shard = static_cast<std::size_t>(after - i.shards.begin()) - 1;
+        return ShardRow{shard, row - i.shards[shard].row_offset};
     }
 
     /// A reply's value must be what was asked for before any byte of it is copied by this handle's
@@ -10435,13 +10448,12 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     // in this process need not do it again, when this handle's shapes are its own.
     const bool checked = shapes_trusted();
     auto post = [&](std::size_t i, Request r) {
-        r.checked = checked;
+        r.in_process.checked = checked;
         again[i].op = r.op;  // the request without its payload
         again[i].key = r.key;
         again[i].ids = r.ids;
         again[i].step = r.step;
-        again[i].into = r.into;
-        again[i].into_rows = r.into_rows;
+        again[i].in_process = r.in_process;
         futures[i] = info().channel->send(outgoing[i].first, std::move(r));
     };
     for (std::size_t i = 0; i < outgoing.size(); ++i) {
@@ -10531,7 +10543,7 @@ void Variable::read_into(xt::xarray<T>& out, std::uint64_t step) const {
 }
 
 inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
-    detail::validate_request(op, name(), shape(), dtype(), payload, {});
+    detail::validate_request(op, info().name, shape(), dtype(), payload, {}, ":0");
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
@@ -10550,7 +10562,7 @@ inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
 }
 
 inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Tensor rows, std::uint64_t step) {
-    detail::validate_request(op, name(), shape(), dtype(), rows, ids);
+    detail::validate_request(op, info().name, shape(), dtype(), rows, ids, ":0");
     const auto& shards = info().shards;
     std::vector<std::pair<int, Request>> outgoing;
     if (shards.size() == 1) {
@@ -10608,7 +10620,7 @@ inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_
 }
 
 inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {
-    detail::validate_request(Op::gather, name(), shape(), dtype(), {}, ids);
+    detail::validate_request(Op::gather, info().name, shape(), dtype(), {}, ids, ":0");
     const auto& shards = info().shards;
     if (ids.empty()) return Tensor::uninitialized(dtype(), detail::rows_shape(shape(), 0));  // no shard is asked
     auto requests = [&](std::size_t s) { return request(Op::gather, shards[s], step); };
@@ -10631,8 +10643,8 @@ inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint
         Request r = requests(s);
         r.ids = std::move(grouped.rows[s]);
         if (in_place) {
-            r.into = out;
-            r.into_rows = std::move(grouped.positions[s]);
+            r.in_process.into = out;
+            r.in_process.into_rows = std::move(grouped.positions[s]);
         }
         outgoing.emplace_back(shards[s].task, std::move(r));
         asked.push_back(s);
@@ -11570,7 +11582,7 @@ private:
             return {};
         }
         // A request its sender in this process checked against the whole variable is not checked again.
-        if (!request.checked)
+        if (!request.in_process.checked)
             detail::validate_request(request.op, shard.name, shard.shape, shard.dtype, request.payload, request.ids);
         return std::visit([&](auto& state) { return apply(shard, state, std::move(request), hold); }, shard.state);
     }
@@ -11638,10 +11650,10 @@ private:
             }
             case Op::gather: {
                 const std::size_t width = detail::row_elements(shard.shape);
-                if (request.into) {  // the caller's result, in this process
+                if (request.in_process.into) {  // the caller's result, in this process
                     T* out = gather_target<T>(shard, request, width);
                     gather_rows(value.data(), request.ids, width,
-                                [&](std::size_t i) { return out + request.into_rows[i] * width; });
+                                [&](std::size_t i) { return out + request.in_process.into_rows[i] * width; });
                     return reply;
                 }
                 xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shard.shape, request.ids.size()));
@@ -11890,13 +11902,14 @@ private:
             std::copy_n(from, width, to);
     }
 
-    /// Where an in-process gather writes (Request::into). Only Variable::sparse_read sets it, in this
-    /// process, with a row of the result for each id; its form is checked all the same.
+    /// Where an in-process gather writes (Request::InProcess::into). Only Variable::sparse_read sets
+    /// it, in this process, with a row of the result for each id; its form is checked all the same.
     template <class T>
     static T* gather_target(const Shard& shard, const Request& request, std::size_t width) {
-        Tensor& into = *request.into;
+        Tensor& into = *request.in_process.into;
         const bool fits = into.has_value() && into.dtype() == dtype_of<T> && !into.shape().empty() &&
-                          detail::row_elements(into.shape()) == width && request.into_rows.size() == request.ids.size() &&
+                          detail::row_elements(into.shape()) == width &&
+                          request.in_process.into_rows.size() == request.ids.size() &&
                           request.ids.size() <= into.shape()[0];
         if (!fits)
             throw InvalidArgumentError("pss: gather on variable '" + shard.name + "': the rows' destination " +

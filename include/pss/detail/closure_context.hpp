@@ -31,6 +31,13 @@ struct ClosureContext {
         return context;
     }
 
+    /// The running closure's worker, never cancelled: what a closure finishing a synchronous step
+    /// others wait for runs its pushes under (another closure's failure must not stop them part-way).
+    [[nodiscard]] static ClosureContext uncancelled() noexcept {
+        const ClosureContext* running = current();
+        return {running != nullptr ? running->worker : -1, nullptr, 0};
+    }
+
     /// Makes `context` current on this thread until the guard is destroyed.
     class [[nodiscard]] Guard {
     public:

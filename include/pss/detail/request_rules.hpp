@@ -63,12 +63,15 @@ template <Op K, class T>
     }
 }
 
-/// Checks an operation's payload and ids against a shard (or variable) named `variable`, of `shape`
-/// and `dtype`, before anything changes. The messages name the operation and the variable:
-/// "scatter_add on variable 'emb'" (built only when one is raised: this runs for every request).
+/// Checks an operation's payload and ids against a shard (or variable) named `variable` + `suffix`
+/// (a handle's ":0"), of `shape` and `dtype`, before anything changes. The messages name the operation
+/// and the variable: "scatter_add on variable 'emb:0'" (built only when one is raised: this runs for
+/// every request).
 inline void validate_request(Op op, std::string_view variable, const Shape& shape, DType dtype, const Tensor& payload,
-                             std::span<const std::int64_t> ids) {
-    const auto what = [&] { return std::string(op_name(op)) + " on variable '" + std::string(variable) + "'"; };
+                             std::span<const std::int64_t> ids, std::string_view suffix = {}) {
+    const auto what = [&] {
+        return std::string(op_name(op)) + " on variable '" + std::string(variable) + std::string(suffix) + "'";
+    };
     auto mismatch = [&](const Shape& expected_shape) {
         if (!payload.has_value())
             throw InvalidArgumentError("pss: " + what() + ": expected a value of shape " + format_shape(expected_shape) +

@@ -643,8 +643,7 @@ inline void push_no_gradient(Variable weight, std::uint64_t step) {
 /// the closure that gave up is the one raised; a push refused here is left to the step's pulls.
 inline void push_rest_of_step(const std::vector<Variable>& weights, std::uint64_t step,
                               std::span<const std::uint64_t> pushed) {
-    const ClosureContext* running = ClosureContext::current();
-    const ClosureContext uncancelled{running != nullptr ? running->worker : -1, nullptr, 0};
+    const ClosureContext uncancelled = ClosureContext::uncancelled();
     const ClosureContext::Guard guard(uncancelled);
     for (const Variable& weight : weights) {
         if (std::find(pushed.begin(), pushed.end(), weight.id()) != pushed.end()) continue;
@@ -689,10 +688,9 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
         }
         if (scale != 1.0)
             grad.visit_mut([&](auto& g) { g *= static_cast<typename std::decay_t<decltype(g)>::value_type>(scale); });
-        const ClosureContext* running = ClosureContext::current();
-        const ClosureContext uncancelled{running != nullptr ? running->worker : -1, nullptr, 0};
+        const ClosureContext uncancelled = ClosureContext::uncancelled();
         std::optional<ClosureContext::Guard> pushing;  // see above
-        if (synchronous && running != nullptr) pushing.emplace(uncancelled);
+        if (synchronous && ClosureContext::current() != nullptr) pushing.emplace(uncancelled);
         graph.backward(std::move(grad), [&](VariableGradient& g) {
             Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
                                                                    : convert_tensor(g.values, g.variable.dtype());
