@@ -964,6 +964,38 @@ TEST_SUITE("Consistency") {
         CHECK(got(2, 0) == 0.0f);
         CHECK(got(3, 0) == -2.0f);  // 4 / 2 workers
     }
+    TEST_CASE("Synchronous: a proven worker counts once a step; the chief's empty pushes each count (TLS, 3 workers)") {
+        pss::ParameterServer<pss::SGD> ps(pss::SGD(1.0), {.synchronous = true, .workers = 3});
+        auto push = [&](std::uint64_t step, pss::TaskId sender, float g) {
+            pss::Request r;
+            r.op = pss::Op::apply_dense;
+            r.key = {1, 0};
+            r.step = step;
+            r.payload = xt::xarray<float>{g};
+            r.sender = std::move(sender);
+            return ps.handle(std::move(r));
+        };
+        auto value = [&] {
+            pss::Request r;
+            r.key = {1, 0};
+            return ps.handle(std::move(r)).payload.get<float>()(0);
+        };
+        pss::Request create;
+        create.op = pss::Op::create;
+        create.key = {1, 0};
+        create.name = "w";
+        create.payload = xt::xarray<float>{0};
+        REQUIRE(ps.handle(std::move(create)).ok());
+        // Step 1: worker 0 pushes twice (a closure run again), so the step still waits for two more.
+        CHECK(push(1, {"worker", 0}, 3).ok());
+        CHECK(push(1, {"worker", 0}, 3).ok());
+        CHECK(value() == 0.0f);
+        // A failed fit: workers 1 and 2 never ran step 1, and the chief pushes nothing for each of them.
+        CHECK(push(1, {"chief", 0}, 0).ok());
+        CHECK(value() == 0.0f);
+        CHECK(push(1, {"chief", 0}, 0).ok());
+        CHECK(value() == -1.0f);  // SGD(1) of the mean (3 + 0 + 0) / 3
+    }
 }
 
 // ---- TensorFlow's coordinator semantics --------------------------------------------------------------

@@ -520,7 +520,9 @@ private:
                                        std::to_string(sync_.staleness) + " no worker can push beyond step " +
                                        std::to_string(state.applied + 2 + sync_.staleness));
         auto& pending = state.pending[step];
-        if (request.sender) {  // a proven sender: one push per step, so that no one task completes a step alone
+        // A proven worker: one push per step, so that no one task completes a step alone. The chief may
+        // push more: it completes a failed fit's steps with an empty push for each closure that never ran.
+        if (request.sender && request.sender->type != "chief") {
             if (std::find(pending.senders.begin(), pending.senders.end(), *request.sender) != pending.senders.end())
                 return;  // pushed again (see above)
             pending.senders.push_back(*request.sender);
