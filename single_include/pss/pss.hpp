@@ -3962,9 +3962,8 @@ PSS_NAMESPACE_END
 #include <utility>
 
 #include <nlohmann/json_fwd.hpp>
+#include <xsimd/xsimd.hpp>
 #include <xtensor/xarray.hpp>
-#include <xtensor/xmath.hpp>
-#include <xtensor/xnoalias.hpp>
 
 PSS_NAMESPACE_BEGIN
 
@@ -4082,18 +4081,31 @@ private:
                 static_cast<T>(epsilon_)};
     }
 
-    /// The update of one block, for dense and sparse applies alike: three statements, m, v, then w,
-    /// while the block is in L1.
+    /// The update of one block, for dense and sparse applies alike: one pass, m, v and w of each SIMD
+    /// batch while it is in registers (as three xtensor statements it read the block three times, 0.80
+    /// to 0.87x a plain loop). xsimd's sqrt, since GCC vectorizes std::sqrt only without errno
+    /// (-fno-math-errno), which a header cannot ask of its includer. The same operations in the same
+    /// order as the statements were, so the same bits.
     template <class T>
-    PSS_DETAIL_FLATTEN static void update(T* w_data, T* m_data, T* v_data, const T* g_data, std::size_t n,
-                                          const Step<T>& s) {
-        auto w = detail::adapt_block(w_data, n);
-        auto m = detail::adapt_block(m_data, n);
-        auto v = detail::adapt_block(v_data, n);
-        const auto g = detail::adapt_block(g_data, n);
-        xt::noalias(m) += (g - m) * s.one_minus_beta_1;
-        xt::noalias(v) += (g * g - v) * s.one_minus_beta_2;
-        xt::noalias(w) -= s.alpha * m / (xt::sqrt(v) + s.epsilon);
+    PSS_DETAIL_FLATTEN static void update(T* w, T* m, T* v, const T* g, std::size_t n, const Step<T>& s) {
+        using Batch = xsimd::batch<T>;
+        const Batch c1(s.one_minus_beta_1), c2(s.one_minus_beta_2), alpha(s.alpha), epsilon(s.epsilon);
+        std::size_t i = 0;
+        for (; i + Batch::size <= n; i += Batch::size) {
+            const Batch gi = Batch::load_unaligned(g + i);
+            Batch mi = Batch::load_unaligned(m + i), vi = Batch::load_unaligned(v + i);
+            mi += (gi - mi) * c1;
+            vi += (gi * gi - vi) * c2;
+            const Batch wi = Batch::load_unaligned(w + i) - alpha * mi / (xsimd::sqrt(vi) + epsilon);
+            mi.store_unaligned(m + i);
+            vi.store_unaligned(v + i);
+            wi.store_unaligned(w + i);
+        }
+        for (; i < n; ++i) {
+            m[i] += (g[i] - m[i]) * s.one_minus_beta_1;
+            v[i] += (g[i] * g[i] - v[i]) * s.one_minus_beta_2;
+            w[i] -= s.alpha * m[i] / (std::sqrt(v[i]) + s.epsilon);
+        }
     }
 
     double beta_1_ = 0.9;
