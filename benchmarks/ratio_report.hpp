@@ -22,6 +22,9 @@ struct Ratio {
     /// A baseline not measured in this run (another system's published figure), in `counter`'s unit
     /// (bytes or items per second); when nonzero, `baseline` is not read and the value is marked `*`.
     double fixed_baseline = 0;
+    /// The baseline's counter when it is not `counter` (a benchmark that times a figure and its
+    /// baseline in one loop reports both as counters of one run); null: `counter`.
+    const char* baseline_counter = nullptr;
 };
 
 /// Keeps every run's counters while the console reporter prints as usual.
@@ -57,10 +60,11 @@ inline int run(int argc, char** argv, const std::vector<Ratio>& ratios, const ch
     for (const auto& r : ratios) {
         const double figure = reporter.value(r.figure, r.counter);
         const bool fixed = r.fixed_baseline > 0;
-        const double baseline = fixed ? r.fixed_baseline : reporter.value(r.baseline, r.counter);
+        const double baseline = fixed ? r.fixed_baseline
+                                       : reporter.value(r.baseline, r.baseline_counter ? r.baseline_counter : r.counter);
         if (figure == 0 || baseline == 0) continue;  // not selected by --benchmark_filter
         const double ratio = figure / baseline;
-        const bool bytes = std::string(r.counter) == "bytes_per_second";
+        const bool bytes = std::string(r.counter).find("bytes_per_second") != std::string::npos;
         const double scale = bytes ? 1e9 : 1e6;
         const char* unit = bytes ? "GB/s" : " M/s";
         std::printf("%-38s %11.3f %s %11.3f %s%c %7.2f ", r.name.c_str(), figure / scale, unit, baseline / scale, unit,
