@@ -27,8 +27,11 @@
 // 16 and 64 MB, a 1 KB round trip at most 1.3x plaintext's. And the cost of a new link: connect,
 // handshake and one 1 KB push, beside the same without TLS (no limit).
 //
-// Each figure runs right after its baseline (benchmarks are registered interleaved, size by size), so
-// that both see this shared machine in the same state.
+// A figure and its baselines are timed in one loop, call by call in turn (raw, plaintext pss, TLS pss,
+// then back), and each rate comes from its median time per call: on this shared 2-core machine the
+// neighbours' load swings loopback rates 2-4x within seconds, so baselines measured a few seconds apart
+// (as before 2026-12-04: every size of the raw socket, then every size of pss) gave ratios anywhere
+// from 0.3 to 2.4 for the same code.
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -36,14 +39,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include <arpa/inet.h>
@@ -541,9 +545,32 @@ struct RawFixture {
 // The benchmarks.
 // ---------------------------------------------------------------------------------------------------
 
-void count(benchmark::State& state, std::int64_t bytes_per_iteration, std::int64_t items_per_iteration = 1) {
-    state.SetBytesProcessed(state.iterations() * bytes_per_iteration);
-    state.SetItemsProcessed(state.iterations() * items_per_iteration);
+/// Runs `ops` (named "raw", "pss", "tls") in turn in every iteration, forwards and backwards on
+/// alternate ones, timing each call, so that each operation and its baseline meet this shared machine in
+/// the same milliseconds. Reports each one's rates as counters `<name>_bytes_per_second` and
+/// `<name>_items_per_second`, from its median time per call (a burst of the neighbours' load moves a
+/// median little).
+void alternate(benchmark::State& state, const std::vector<std::pair<std::string, std::function<void()>>>& ops,
+               double bytes_per_call, double items_per_call) {
+    for (const auto& op : ops) op.second();  // untimed: connections made, buffers faulted in
+    std::vector<std::vector<double>> seconds(ops.size());
+    std::size_t round = 0;
+    for (auto _ : state) {
+        for (std::size_t k = 0; k < ops.size(); ++k) {
+            const std::size_t i = round % 2 == 0 ? k : ops.size() - 1 - k;
+            const auto start = std::chrono::steady_clock::now();
+            ops[i].second();
+            seconds[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+        ++round;
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+        auto& s = seconds[i];
+        std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2), s.end());
+        const double median = s[s.size() / 2];
+        state.counters[ops[i].first + "_bytes_per_second"] = bytes_per_call / median;
+        state.counters[ops[i].first + "_items_per_second"] = items_per_call / median;
+    }
 }
 
 pss::Tensor push_once(TcpFixture& f, pss::Tensor payload, std::int64_t bytes) {
@@ -568,92 +595,59 @@ pss::Tensor pull_once(TcpFixture& f, pss::Tensor buffer, std::int64_t bytes) {
     return std::move(reply.payload);
 }
 
-void tcp_push(benchmark::State& state, bool tls) {
-    auto& f = TcpFixture::get(tls);
-    pss::Tensor payload = pss::Tensor::zeros(pss::DType::float32, {floats_of(state.range(0))});
-    for (auto _ : state) payload = push_once(f, std::move(payload), state.range(0));
-    count(state, state.range(0));
+enum class Kind { push, pull, push_pull };
+
+/// A push, a pull, or a push then a pull of `state.range(0)` bytes: the raw socket's, plaintext pss's
+/// and TLS pss's in turn. A push then pull counts the bytes of both.
+void transfer(benchmark::State& state, Kind kind) {
+    const std::int64_t n = state.range(0);
+    auto& raw = RawFixture::get();
+    raw.reserve(static_cast<std::size_t>(n));
+    struct Link {
+        TcpFixture& fixture;
+        pss::Tensor payload, buffer;
+    };
+    const auto zeros = [&] { return pss::Tensor::zeros(pss::DType::float32, {floats_of(n)}); };
+    Link plain{TcpFixture::get(false), zeros(), zeros()}, tls{TcpFixture::get(true), zeros(), zeros()};
+    const bool pushes = kind != Kind::pull, pulls = kind != Kind::push;
+    const auto through = [&](Link& link) {
+        if (pushes) link.payload = push_once(link.fixture, std::move(link.payload), n);
+        if (pulls) link.buffer = pull_once(link.fixture, std::move(link.buffer), n);
+    };
+    alternate(state,
+              {{"raw",
+                [&] {
+                    if (pushes) raw.push(static_cast<std::size_t>(n));
+                    if (pulls) raw.pull(static_cast<std::size_t>(n));
+                }},
+               {"pss", [&] { through(plain); }},
+               {"tls", [&] { through(tls); }}},
+              static_cast<double>(kind == Kind::push_pull ? 2 * n : n), 1);
 }
 
-void tcp_pull(benchmark::State& state, bool tls) {
-    auto& f = TcpFixture::get(tls);
-    pss::Tensor buffer = pss::Tensor::zeros(pss::DType::float32, {floats_of(state.range(0))});
-    for (auto _ : state) buffer = pull_once(f, std::move(buffer), state.range(0));
-    count(state, state.range(0));
-}
-
-void tcp_push_pull(benchmark::State& state, bool tls) {
-    auto& f = TcpFixture::get(tls);
-    pss::Tensor payload = pss::Tensor::zeros(pss::DType::float32, {floats_of(state.range(0))});
-    pss::Tensor buffer = pss::Tensor::zeros(pss::DType::float32, {floats_of(state.range(0))});
-    for (auto _ : state) {
-        payload = push_once(f, std::move(payload), state.range(0));
-        buffer = pull_once(f, std::move(buffer), state.range(0));
-    }
-    count(state, 2 * state.range(0));
-}
-
-/// A new link each time: connect (and handshake), one 1 KB push, close.
-void new_link(benchmark::State& state, bool tls) {
-    pss::Tensor payload = pss::Tensor::zeros(pss::DType::float32, {floats_of(KB)});
-    for (auto _ : state) {
-        TcpFixture f(tls);
-        payload = push_once(f, std::move(payload), KB);
-    }
-    state.SetItemsProcessed(state.iterations());
-}
-
-void raw_push(benchmark::State& state) {
-    auto& f = RawFixture::get();
-    const auto n = static_cast<std::size_t>(state.range(0));
-    f.reserve(n);
-    for (auto _ : state) f.push(n);
-    count(state, state.range(0));
-}
-
-void raw_pull(benchmark::State& state) {
-    auto& f = RawFixture::get();
-    const auto n = static_cast<std::size_t>(state.range(0));
-    f.reserve(n);
-    for (auto _ : state) f.pull(n);
-    count(state, state.range(0));
-}
-
-void raw_push_pull(benchmark::State& state) {
-    auto& f = RawFixture::get();
-    const auto n = static_cast<std::size_t>(state.range(0));
-    f.reserve(n);
-    for (auto _ : state) {
-        f.push(n);
-        f.pull(n);
-    }
-    count(state, 2 * state.range(0));
-}
-
-/// 1,000 rows of 1 KB in one call: Variable::sparse_read through the transport to the ps process.
-void tcp_gather(benchmark::State& state) {
+/// 1,000 rows of 1 KB in one call: Variable::sparse_read through the transport to the ps process,
+/// beside the raw gather.
+void gather(benchmark::State& state) {
     auto& s = SweepFixture::get();
+    auto& raw = RawFixture::get();
+    raw.reserve(sweep_count * row_bytes);
+    raw.gather(s.ids);
+    check_rows(reinterpret_cast<const float*>(raw.buffer.data()), s.ids);
     check_rows(s.table.sparse_read(s.ids).get<float>().data(), s.ids);
-    for (auto _ : state) benchmark::DoNotOptimize(s.table.sparse_read(s.ids));
-    count(state, static_cast<std::int64_t>(sweep_count * row_bytes), static_cast<std::int64_t>(sweep_count));
-}
-
-void raw_gather(benchmark::State& state) {
-    auto& f = RawFixture::get();
-    const auto& ids = SweepFixture::get().ids;
-    f.reserve(sweep_count * row_bytes);
-    f.gather(ids);
-    check_rows(reinterpret_cast<const float*>(f.buffer.data()), ids);
-    for (auto _ : state) f.gather(ids);
-    count(state, static_cast<std::int64_t>(sweep_count * row_bytes), static_cast<std::int64_t>(sweep_count));
+    alternate(state,
+              {{"raw", [&] { raw.gather(s.ids); }},
+               {"pss", [&] { benchmark::DoNotOptimize(s.table.sparse_read(s.ids)); }}},
+              static_cast<double>(sweep_count * row_bytes), static_cast<double>(sweep_count));
 }
 
 /// 1,000 single pushes of 1 KB in flight: each an assign_add request of its own, all sent through the
-/// channel's asynchronous send before the first reply is waited for; each reply hands its buffer back.
-void tcp_pushes(benchmark::State& state) {
+/// channel's asynchronous send before the first reply is waited for (each reply hands its buffer back),
+/// beside 1,000 raw pushes written back to back and their acks read.
+void pushes_in_flight(benchmark::State& state) {
     auto& s = SweepFixture::get();
+    auto& raw = RawFixture::get();
     std::vector<std::future<pss::Reply>> replies(sweep_count);
-    for (auto _ : state) {
+    const auto pss_pushes = [&] {
         for (std::size_t i = 0; i < sweep_count; ++i) {
             pss::Request r;
             r.op = pss::Op::assign_add;
@@ -666,106 +660,99 @@ void tcp_pushes(benchmark::State& state) {
             if (!reply.ok()) throw std::runtime_error("pss: bench_tcp: a push failed: " + reply.message);
             s.payloads[i] = std::move(reply.payload);
         }
-    }
-    count(state, static_cast<std::int64_t>(sweep_count * row_bytes), static_cast<std::int64_t>(sweep_count));
+    };
+    alternate(state, {{"raw", [&] { raw.pushes(); }}, {"pss", pss_pushes}},
+              static_cast<double>(sweep_count * row_bytes), static_cast<double>(sweep_count));
 }
 
-void raw_pushes(benchmark::State& state) {
-    auto& f = RawFixture::get();
-    for (auto _ : state) f.pushes();
-    count(state, static_cast<std::int64_t>(sweep_count * row_bytes), static_cast<std::int64_t>(sweep_count));
+/// A new link each time: connect (and handshake), one 1 KB push, close; plaintext ("pss") and TLS.
+void new_link(benchmark::State& state) {
+    pss::Tensor payload = pss::Tensor::zeros(pss::DType::float32, {floats_of(KB)});
+    const auto link = [&](bool tls) {
+        TcpFixture f(tls);
+        payload = push_once(f, std::move(payload), KB);
+    };
+    alternate(state, {{"pss", [&] { link(false); }}, {"tls", [&] { link(true); }}}, static_cast<double>(KB), 1);
 }
 
 constexpr std::array<std::int64_t, 4> sweep_sizes{1 * KB, 1 * MB, 16 * MB, 64 * MB};
 
-/// Registers every benchmark, each pss figure right after its raw baseline of the same size (and its
-/// TLS figure right after plaintext's), so that a figure and its baseline run seconds apart at most.
-void register_benchmarks() {
-    using Function = void (*)(benchmark::State&);
-    using Transported = void (*)(benchmark::State&, bool);
-    const std::array<std::tuple<std::string, Function, Transported>, 3> kinds{
-        std::tuple{std::string("push"), Function(raw_push), Transported(tcp_push)},
-        std::tuple{std::string("pull"), Function(raw_pull), Transported(tcp_pull)},
-        std::tuple{std::string("push_pull"), Function(raw_push_pull), Transported(tcp_push_pull)}};
-    for (const auto& [kind, raw_function, tcp_function] : kinds) {
-        for (std::int64_t n : sweep_sizes) {
-            benchmark::RegisterBenchmark(("raw_" + kind).c_str(), raw_function)->Arg(n)->UseRealTime();
-            auto transported = tcp_function;
-            benchmark::RegisterBenchmark(("tcp_" + kind + "/plain").c_str(),
-                                         [transported](benchmark::State& s) { transported(s, false); })
-                ->Arg(n)
-                ->UseRealTime();
-            benchmark::RegisterBenchmark(("tcp_" + kind + "/tls").c_str(),
-                                         [transported](benchmark::State& s) { transported(s, true); })
-                ->Arg(n)
-                ->UseRealTime();
-        }
-    }
-    benchmark::RegisterBenchmark("raw_gather/1000x1KB", raw_gather)->UseRealTime();
-    benchmark::RegisterBenchmark("tcp_gather/1000x1KB", tcp_gather)->UseRealTime();
-    benchmark::RegisterBenchmark("raw_pushes_in_flight/1000x1KB", raw_pushes)->UseRealTime();
-    benchmark::RegisterBenchmark("tcp_pushes_in_flight/1000x1KB", tcp_pushes)->UseRealTime();
-    benchmark::RegisterBenchmark("new_link/plain", [](benchmark::State& s) { new_link(s, false); })->UseRealTime();
-    benchmark::RegisterBenchmark("new_link/tls", [](benchmark::State& s) { new_link(s, true); })->UseRealTime();
+/// Calls per benchmark: about a second of this machine each, under load.
+std::int64_t calls_for(std::int64_t bytes) {
+    return bytes <= KB ? 2000 : bytes <= MB ? 300 : bytes <= 16 * MB ? 30 : 10;
 }
 
 std::string size_label(std::int64_t n) { return n >= MB ? std::to_string(n / MB) + " MB" : std::to_string(n / KB) + " KB"; }
+
+const char* kind_name(Kind kind) { return kind == Kind::push ? "push" : kind == Kind::pull ? "pull" : "push_pull"; }
+
+/// The run name Google Benchmark gives a benchmark registered as `name` with `calls` iterations.
+std::string run_name(const std::string& name, std::int64_t calls) {
+    std::string run = name;
+    run.append("/iterations:").append(std::to_string(calls));
+    return run;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "--serve") return serve();
-    register_benchmarks();
-    std::vector<pss_bench::Ratio> ratios;
-    for (const char* kind : {"push", "pull", "push_pull"}) {
+    std::vector<pss_bench::Ratio> ratios, tls_ratios;
+    // Rates from counters: pss's (or TLS's) against the raw socket's (or plaintext's) of the same run.
+    const auto against = [](std::string name, std::string run, double limit, const char* figure, const char* baseline) {
+        return pss_bench::Ratio{std::move(name), run, run, limit, figure, 0, baseline};
+    };
+    for (Kind kind : {Kind::push, Kind::pull, Kind::push_pull}) {
         for (std::int64_t n : sweep_sizes) {
             // Built with append: g++ 12 at -O3 warns falsely (-Wrestrict) on `"/" + std::to_string(n)`.
-            std::string arg = "/";
-            arg.append(std::to_string(n)).append("/real_time");
-            std::string name(kind), figure("tcp_"), baseline("raw_");
-            name.append(" ").append(size_label(n)).append(" vs raw");
-            figure.append(kind).append("/plain").append(arg);
-            baseline.append(kind).append(arg);
-            ratios.push_back({name, figure, baseline, n >= MB ? 0.8 : 0.0});
+            benchmark::RegisterBenchmark(kind_name(kind), [kind](benchmark::State& s) { transfer(s, kind); })
+                ->Arg(n)
+                ->Iterations(calls_for(n));
+            std::string run = kind_name(kind);
+            run.append("/").append(std::to_string(n));
+            run = run_name(run, calls_for(n));
+            std::string label = kind_name(kind);
+            label.append(" ").append(size_label(n));
+            ratios.push_back(against(label + " vs raw", run, n >= MB ? 0.8 : 0.0, "pss_bytes_per_second",
+                                     "raw_bytes_per_second"));
+            tls_ratios.push_back(against("tls " + label + " vs plain", run, n >= MB ? 0.7 : 0.0, "tls_bytes_per_second",
+                                         "pss_bytes_per_second"));
+            if (n == KB && kind != Kind::push_pull) {
+                // Latency as a rate: a round trip at most 1.3x the raw one's time is at least 1 / 1.3 of its rate.
+                ratios.push_back(against("1 KB " + label.substr(0, 4) + " round trips vs raw", run, 1.0 / 1.3,
+                                         "pss_items_per_second", "raw_items_per_second"));
+                if (kind == Kind::push)
+                    tls_ratios.push_back(against("tls 1 KB push round trips vs plain", run, 1.0 / 1.3,
+                                                 "tls_items_per_second", "pss_items_per_second"));
+            }
         }
     }
-    // Latency as a rate: a round trip at most 1.3x the raw one's time is at least 1 / 1.3 of its rate.
-    ratios.push_back({"1 KB push round trips vs raw", "tcp_push/plain/1024/real_time", "raw_push/1024/real_time",
-                      1.0 / 1.3, "items_per_second"});
-    ratios.push_back({"1 KB pull round trips vs raw", "tcp_pull/plain/1024/real_time", "raw_pull/1024/real_time",
-                      1.0 / 1.3, "items_per_second"});
-    ratios.push_back({"1,000 rows of 1 KB, 1 call vs raw", "tcp_gather/1000x1KB/real_time", "raw_gather/1000x1KB/real_time",
-                      0.0, "items_per_second"});
-    ratios.push_back({"1,000 pushes in flight vs raw", "tcp_pushes_in_flight/1000x1KB/real_time",
-                      "raw_pushes_in_flight/1000x1KB/real_time", 0.0, "items_per_second"});
+    benchmark::RegisterBenchmark("gather/1000x1KB", gather)->Iterations(1000);
+    benchmark::RegisterBenchmark("pushes_in_flight/1000x1KB", pushes_in_flight)->Iterations(100);
+    benchmark::RegisterBenchmark("new_link", new_link)->Iterations(200);
+    const std::string gathered = run_name("gather/1000x1KB", 1000), pushed = run_name("pushes_in_flight/1000x1KB", 100);
+    ratios.push_back(against("1,000 rows of 1 KB, 1 call vs raw", gathered, 0.0, "pss_items_per_second",
+                             "raw_items_per_second"));
+    ratios.push_back(against("1,000 pushes in flight vs raw", pushed, 0.0, "pss_items_per_second", "raw_items_per_second"));
     // Against ps-lite's figures of 2026-11 (constants, not this run).
-    ratios.push_back({"1,000 rows of 1 KB, 1 call vs ps-lite", "tcp_gather/1000x1KB/real_time", "", 1.5,
-                      "items_per_second", pslite_rows_per_second});
-    ratios.push_back({"1,000 pushes in flight vs ps-lite", "tcp_pushes_in_flight/1000x1KB/real_time", "", 1.5,
-                      "items_per_second", pslite_pushes_per_second});
-    ratios.push_back({"pull 16 MB vs ps-lite", "tcp_pull/plain/16777216/real_time", "", 0.0, "bytes_per_second",
-                      pslite_pull_16mb});
-    ratios.push_back({"pull 64 MB vs ps-lite", "tcp_pull/plain/67108864/real_time", "", 0.0, "bytes_per_second",
-                      pslite_pull_64mb});
-    ratios.push_back({"push_pull 1 MB vs ps-lite", "tcp_push_pull/plain/1048576/real_time", "", 0.0,
-                      "bytes_per_second", pslite_push_pull_1mb});
-    // TLS against plaintext.
-    for (const char* kind : {"push", "pull", "push_pull"}) {
-        for (std::int64_t n : sweep_sizes) {
-            std::string arg = "/";
-            arg.append(std::to_string(n)).append("/real_time");
-            std::string name("tls "), figure("tcp_"), baseline("tcp_");
-            name.append(kind).append(" ").append(size_label(n)).append(" vs plain");
-            figure.append(kind).append("/tls").append(arg);
-            baseline.append(kind).append("/plain").append(arg);
-            ratios.push_back({name, figure, baseline, n >= MB ? 0.7 : 0.0});
-        }
-    }
-    ratios.push_back({"tls 1 KB push round trips vs plain", "tcp_push/tls/1024/real_time", "tcp_push/plain/1024/real_time",
-                      1.0 / 1.3, "items_per_second"});
-    ratios.push_back({"new link + 1 KB push (TLS vs plain)", "new_link/tls/real_time", "new_link/plain/real_time", 0.0,
-                      "items_per_second"});
+    const auto pslite = [](std::string name, std::string run, double limit, const char* counter, double figure) {
+        return pss_bench::Ratio{std::move(name), run, run, limit, counter, figure};
+    };
+    ratios.push_back(pslite("1,000 rows of 1 KB, 1 call vs ps-lite", gathered, 1.5, "pss_items_per_second",
+                            pslite_rows_per_second));
+    ratios.push_back(pslite("1,000 pushes in flight vs ps-lite", pushed, 1.5, "pss_items_per_second",
+                            pslite_pushes_per_second));
+    ratios.push_back(pslite("pull 16 MB vs ps-lite", run_name("pull/16777216", calls_for(16 * MB)), 0.0,
+                            "pss_bytes_per_second", pslite_pull_16mb));
+    ratios.push_back(pslite("pull 64 MB vs ps-lite", run_name("pull/67108864", calls_for(64 * MB)), 0.0,
+                            "pss_bytes_per_second", pslite_pull_64mb));
+    ratios.push_back(pslite("push_pull 1 MB vs ps-lite", run_name("push_pull/1048576", calls_for(MB)), 0.0,
+                            "pss_bytes_per_second", pslite_push_pull_1mb));
+    ratios.insert(ratios.end(), tls_ratios.begin(), tls_ratios.end());
+    ratios.push_back(against("new link + 1 KB push (TLS vs plain)", run_name("new_link", 200), 0.0,
+                             "tls_items_per_second", "pss_items_per_second"));
     return pss_bench::run(argc, argv, ratios,
-                          "* a constant, not this run: ps-lite's figure measured in issue 12 in 2026-11 on a machine of "
-                          "this type (ps-lite cannot be built here). A push_pull's bytes count both directions.");
+                          "Rates from the median time of each call, the raw socket's, pss's and TLS pss's in turn in "
+                          "one loop.\n* a constant, not this run: ps-lite's figure measured in issue 12 in 2026-11 on a "
+                          "machine of this type (ps-lite cannot be built here). A push_pull's bytes count both directions.");
 }
