@@ -65,8 +65,10 @@ inline int run(int argc, char** argv, const std::vector<Ratio>& ratios, const ch
         if (figure == 0 || baseline == 0) continue;  // not selected by --benchmark_filter
         const double ratio = figure / baseline;
         const bool bytes = std::string(r.counter).find("bytes_per_second") != std::string::npos;
-        const double scale = bytes ? 1e9 : 1e6;
-        const char* unit = bytes ? "GB/s" : " M/s";
+        // Rates below 100 k/s in thousands, so that they keep their digits.
+        const bool thousands = !bytes && figure < 1e5 && baseline < 1e5;
+        const double scale = bytes ? 1e9 : thousands ? 1e3 : 1e6;
+        const char* unit = bytes ? "GB/s" : thousands ? " k/s" : " M/s";
         std::printf("%-38s %11.3f %s %11.3f %s%c %7.2f ", r.name.c_str(), figure / scale, unit, baseline / scale, unit,
                     fixed ? '*' : ' ', ratio);
         if (r.limit > 0)
