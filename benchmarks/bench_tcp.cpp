@@ -32,7 +32,7 @@
 // neighbours' load swings loopback rates 2-4x within seconds, so baselines measured a few seconds apart
 // (before 2026-12-04 every size of the raw socket ran, then every size of pss) gave ratios anywhere
 // from 0.14 to 2.4 for the same code. The counters are pss_, raw_ and tls_bytes_per_second (and
-// _items_per_second). One benchmark per kind and size: `bench_tcp --benchmark_filter=pull/16777216`,
+// _items_per_second). One benchmark per kind and size: `bench_tcp --benchmark_filter='^pull/16777216'`,
 // `gather`, `pushes_in_flight`, `new_link`. A whole run takes about 20 s.
 #include <algorithm>
 #include <array>
