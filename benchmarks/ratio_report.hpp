@@ -19,6 +19,12 @@ struct Ratio {
     std::string baseline;
     double limit;  ///< the least acceptable figure / baseline; 0 when the issue sets none
     const char* counter = "bytes_per_second";
+    /// A baseline not measured in this run (another system's published figure), in `counter`'s unit
+    /// (bytes or items per second); when nonzero, `baseline` is not read and the value is marked `*`.
+    double fixed_baseline = 0;
+    /// The baseline's counter when it is not `counter` (a benchmark that times a figure and its
+    /// baseline in one loop reports both as counters of one run); null: `counter`.
+    const char* baseline_counter = nullptr;
 };
 
 /// Keeps every run's counters while the console reporter prints as usual.
@@ -45,26 +51,32 @@ private:
 
 /// Runs the benchmarks selected by the command line and prints the ratio table. Returns 0 (figures
 /// that miss their limit are printed as MISS: a benchmark reports, it does not fail the build).
-inline int run(int argc, char** argv, const std::vector<Ratio>& ratios) {
+/// `footnote`, when given, is printed under the table (what the `*` of a fixed baseline means).
+inline int run(int argc, char** argv, const std::vector<Ratio>& ratios, const char* footnote = nullptr) {
     benchmark::Initialize(&argc, argv);
     RecordingReporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);
-    std::printf("\n%-34s %14s %14s %8s %8s\n", "figure", "pss", "baseline", "ratio", "limit");
+    std::printf("\n%-38s %14s %14s %8s %8s\n", "figure", "pss", "baseline", "ratio", "limit");
     for (const auto& r : ratios) {
         const double figure = reporter.value(r.figure, r.counter);
-        const double baseline = reporter.value(r.baseline, r.counter);
+        const bool fixed = r.fixed_baseline > 0;
+        const double baseline = fixed ? r.fixed_baseline
+                                       : reporter.value(r.baseline, r.baseline_counter ? r.baseline_counter : r.counter);
         if (figure == 0 || baseline == 0) continue;  // not selected by --benchmark_filter
         const double ratio = figure / baseline;
-        const bool bytes = std::string(r.counter) == "bytes_per_second";
-        const double scale = bytes ? 1e9 : 1e6;
-        const char* unit = bytes ? "GB/s" : "M/s ";
-        std::printf("%-34s %11.3f %s %11.3f %s %8.2f ", r.name.c_str(), figure / scale, unit, baseline / scale, unit,
-                    ratio);
+        const bool bytes = std::string(r.counter).find("bytes_per_second") != std::string::npos;
+        // Rates below 100 k/s in thousands, so that they keep their digits.
+        const bool thousands = !bytes && figure < 1e5 && baseline < 1e5;
+        const double scale = bytes ? 1e9 : thousands ? 1e3 : 1e6;
+        const char* unit = bytes ? "GB/s" : thousands ? " k/s" : " M/s";
+        std::printf("%-38s %11.3f %s %11.3f %s%c %7.2f ", r.name.c_str(), figure / scale, unit, baseline / scale, unit,
+                    fixed ? '*' : ' ', ratio);
         if (r.limit > 0)
             std::printf("  >=%.2f %s\n", r.limit, ratio >= r.limit ? "ok" : "MISS");
         else
             std::printf("  (no limit set)\n");
     }
+    if (footnote != nullptr) std::printf("%s\n", footnote);
     benchmark::Shutdown();
     return 0;
 }
