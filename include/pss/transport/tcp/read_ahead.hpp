@@ -65,6 +65,9 @@ public:
         read_now_or_later(socket, rest, std::move(next));
     }
 
+    /// True when the next frame's header was read ahead already: it is handled without a system call.
+    [[nodiscard]] bool holds_header() const noexcept { return end_ - begin_ >= frame_header_size; }
+
 private:
     std::vector<std::byte> stage_ = std::vector<std::byte>(16 << 10);
     std::size_t begin_ = 0, end_ = 0;

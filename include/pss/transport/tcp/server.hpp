@@ -289,6 +289,7 @@ private:
         if (task_->receiving_bytes != 0 && task_->receiving_bytes + need > task_->serve.max_receiving_bytes) {
             waiting_ = true;  // until release_receiving hands it the budget (the frame timeout runs)
             task_->waiting_to_receive.push_back(weak_from_this());
+            if (!writing_ && !writes_.empty()) write_next();  // replies held for this frame leave now
             return;
         }
         receive_now();
@@ -418,6 +419,10 @@ private:
                     self->answer(id, hands_back, record, std::move(reply));
                 });
             });
+            // With the next frame read ahead already, a reply given at once waits for it: the replies
+            // to a burst of pipelined requests leave in one write (a sendmsg per 96-byte reply had
+            // 1,000 pushes in flight at 0.5 to 0.8x ps-lite's rate).
+            hold_writes_ = ahead_.holds_header();
             try {
                 Request request = to_request(header_, body_, std::move(incoming_), std::move(incoming_values_));
                 request.sender = peer_;
@@ -426,10 +431,13 @@ private:
                 // A handler must not throw; one that does has dropped its Responder, which answered
                 // unavailable. The connection and the task go on.
             }
+            hold_writes_ = false;
         }
         incoming_ = Tensor{};
         incoming_values_.clear();
         if (closed_) return;
+        // Held replies leave once no read-ahead frame follows, or before this connection pauses.
+        if (!writing_ && !writes_.empty() && (!ahead_.holds_header() || too_much_unread())) write_next();
         if (too_much_unread()) {
             paused_ = true;  // until the peer reads its replies (on_written), or the timeout closes it
             return set_deadline(task_->serve.unread_reply_timeout);
@@ -507,7 +515,7 @@ private:
         }
         unread_bytes_ += out.frame.size();
         task_->unread_reply_bytes += out.frame.size();
-        if (!writing_) write_next();
+        if (!writing_ && !hold_writes_) write_next();
     }
 
     void write_next() {
@@ -577,6 +585,7 @@ private:
     std::uint64_t receiving_ = 0;  // this frame's share of the task's receive budget
     std::size_t unread_bytes_ = 0;  // queued reply bytes
     bool writing_ = false;
+    bool hold_writes_ = false;  // a handler runs and the next frame is read ahead (see on_payload)
     bool closing_ = false;
     bool closed_ = false;
     bool paused_ = false;
