@@ -21,7 +21,7 @@
 // [--seconds S: 8] [--adagrad] (tools/bench.sh bench_scale; Google Benchmark's --benchmark_* arguments are
 // ignored). Plaintext links (PSS_TLS=off): the figures are memory and steps, not TLS. PSS_HEARTBEAT_TIMEOUT
 // is 120 s unless set: a ps drawing a 1.6 GB shard answers no heartbeat, and 4 of them on 2 cores take
-// 20 to 30 s. 50M rows take 6.4 GB of memory (12.8 GB with --adagrad); a run takes about 2 minutes.
+// 10 to 30 s. 50M rows take 6.4 GB of memory (12.8 GB with --adagrad); a run takes about a minute here.
 #include <sys/types.h>
 #include <sys/wait.h>
 
