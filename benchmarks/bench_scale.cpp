@@ -216,18 +216,21 @@ Figures run_size(const char* self, const Options& o, std::size_t rows) {
                                               {"chief", std::to_string(rows), std::to_string(o.workers),
                                                std::to_string(o.seconds), o.optimizer, path},
                                               "", true);
+    // Until it exits or has run 10 minutes, its pid held (WNOWAIT: not reaped), so that the group it
+    // leads is still its own when its tasks left in it, should it have failed before ending them, are
+    // ended; then it is reaped.
     const auto deadline = Clock::now() + std::chrono::minutes(10);
-    int status = 0;
-    while (::waitpid(chief, &status, WNOHANG) == 0) {
+    siginfo_t info{};
+    while (::waitid(P_PID, static_cast<id_t>(chief), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0) {
         if (Clock::now() >= deadline) {
             std::fprintf(stderr, "bench_scale: the chief of %zu rows ran 10 minutes: ending its process group\n", rows);
-            ::kill(-chief, SIGKILL);
-            ::waitpid(chief, &status, 0);
             break;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    ::kill(-chief, SIGKILL);  // its tasks, should it have ended without ending them (none left when it did)
+    ::kill(-chief, SIGKILL);  // the chief when it hangs, and tasks it left (none when it ended them)
+    int status = 0;
+    ::waitpid(chief, &status, 0);
     Figures f;
     std::ifstream in(path);
     std::string name;
