@@ -49,6 +49,21 @@ private:
     std::map<std::string, std::map<std::string, double>> counters_;
 };
 
+/// For figures measured outside Google Benchmark (whole processes, their memory): the table's heading.
+inline void print_measured_heading() {
+    std::printf("\n%-38s %16s %16s %7s %10s\n", "figure", "pss", "baseline", "ratio", "limit");
+}
+
+/// A line of that table: `figure` beside `baseline`, both in `unit` (4 characters), and whether their
+/// ratio meets `limit`: at least it or, with `at_most`, at most it.
+inline void print_measured_ratio(const std::string& name, double figure, double baseline, const char* unit,
+                                 double limit, bool at_most = false) {
+    const double ratio = figure / baseline;
+    const bool met = at_most ? ratio <= limit : ratio >= limit;
+    std::printf("%-38s %11.2f %s %11.2f %s %7.3f %s%.3f %s\n", name.c_str(), figure, unit, baseline, unit, ratio,
+                at_most ? "<=" : ">=", limit, met ? "ok" : "MISS");
+}
+
 /// Runs the benchmarks selected by the command line and prints the ratio table. Returns 0 (figures
 /// that miss their limit are printed as MISS: a benchmark reports, it does not fail the build).
 /// `footnote`, when given, is printed under the table (what the `*` of a fixed baseline means).

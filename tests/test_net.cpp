@@ -378,9 +378,11 @@ TEST_SUITE("net") {
               prefix + "the shard's 4 rows from row 9223372036854775808 are not inside the variable's 10 rows");
         CHECK(word(7, std::uint64_t{1} << 40) ==
               prefix + "the shard (4, 1099511627776) of float32 (variable (10, 1099511627776)) exceeds the limit "
-                       "1073741824 bytes");
+                       "68719476736 bytes");
+        // No byte of the shard travels: one above the payload limit (4 x 2^27 floats, 2 GiB) is drawn.
+        CHECK(word(7, std::uint64_t{1} << 27) == "(decoded)");
         pss::WireLimits small;
-        small.max_payload_bytes = 63;  // the shard is 4 x 4 floats: 64 bytes
+        small.max_initialized_shard_bytes = 63;  // the shard is 4 x 4 floats: 64 bytes
         CHECK(word(7, 4, small) == prefix + "the shard (4, 4) of float32 (variable (10, 4)) exceeds the limit 63 bytes");
         // Fewer than 6 words, and words beside a payload.
         pss::Request short_words = create;

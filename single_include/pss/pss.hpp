@@ -5764,6 +5764,10 @@ struct WireLimits {
     std::uint32_t max_message = 1u << 16;                      ///< bytes of an error message
     std::uint32_t max_values = 16u << 20;                      ///< bytes of a call's CBOR values (16 MiB)
     std::uint16_t max_tensors = 4096;                          ///< tensors of a call or its answer
+    /// Bytes of a shard that a create asks this process to draw from an initializer. None of them
+    /// travels (the frame holds a few words), so the payload limit does not bound it: 64 GiB lets a ps
+    /// hold a table of many GiB as one shard (50M rows x 32 float32 over 4 ps: 1.6 GB a shard).
+    std::uint64_t max_initialized_shard_bytes = std::uint64_t{64} << 30;
 };
 
 /// @brief A frame that breaks the format. `request_id()` is set when the header was sound enough (magic
@@ -6242,9 +6246,10 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
     if (word != end) fail("descriptor words " + std::to_string(header.descriptor_words) + " are more than the tensors use");
     if (header.kind == static_cast<std::uint8_t>(Op::create) && header.ids_count != 0) {
         // A create without a payload carries its initializer as ids: the ps draws the shard, whose size
-        // is held to what a payload could have carried.
+        // is held to max_initialized_shard_bytes.
         if (header.tensors != 0) fail("of a create carries a payload and initializer words; it carries one of them");
-        if (auto why = detail::decode_shard_initializer(body.ids, limits.max_payload_bytes).second; !why.empty())
+        if (auto why = detail::decode_shard_initializer(body.ids, limits.max_initialized_shard_bytes).second;
+            !why.empty())
             fail("create's initializer " + why);
     }
     if (!header.payload_elided() && header.payload_length != needed) {
