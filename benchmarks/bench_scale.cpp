@@ -19,9 +19,9 @@
 // first (flat: at most 10 MiB more).
 // Usage: bench_scale [ROWS,ROWS,...: default 1M,10M,50M; K and M are 10^3 and 10^6] [--workers N: 2]
 // [--seconds S: 8] [--adagrad] (tools/bench.sh bench_scale; Google Benchmark's --benchmark_* arguments are
-// ignored). Plaintext links (PSS_TLS=off): the figures are memory and steps, not TLS. PSS_HEARTBEAT_TIMEOUT
-// is 120 s unless set: a ps drawing a 1.6 GB shard answers no heartbeat, and 4 of them on 2 cores take
-// 10 to 30 s. 50M rows take 6.4 GB of memory (12.8 GB with --adagrad); a run takes about a minute here.
+// ignored). Plaintext links (PSS_TLS=off): the figures are memory and steps, not TLS. With --adagrad,
+// PSS_HEARTBEAT_TIMEOUT is 120 s unless set: a ps building a 1.6 GB accumulator on its first push
+// answers no heartbeat meanwhile (a shard's drawing does not block them). 50M rows take 6.4 GB of memory (12.8 GB with --adagrad); a run takes about a minute here.
 #include <sys/types.h>
 #include <sys/wait.h>
 
@@ -347,10 +347,11 @@ int main(int argc, char** argv) {
         return 0;
     }
     const Options o = parse_options(argc, argv);
-    // A ps drawing its shard answers no heartbeat until it is drawn: 20 to 30 s for 50M rows on this
-    // 2-core machine, beyond the default 10 s (see the README's Performance section). Every task started
-    // from here inherits this, unless the caller chose.
-    ::setenv("PSS_HEARTBEAT_TIMEOUT", "120", 0);
+    // A ps draws its shard on a thread of its own, answering heartbeats meanwhile; but Adagrad's first
+    // push builds the accumulator on the strand that answers them: 1.6 GB at 50M rows, beyond the
+    // default 10 s with 4 ps on this 2-core machine. Every task started from here inherits this, unless
+    // the caller chose.
+    if (o.optimizer == "adagrad") ::setenv("PSS_HEARTBEAT_TIMEOUT", "120", 0);
     std::vector<std::size_t> sizes;
     std::vector<Figures> figures;
     for (std::size_t rows : o.sizes) {

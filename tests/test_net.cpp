@@ -1688,6 +1688,43 @@ TEST_SUITE("net") {
                              pss::UnavailableError);
     }
 
+    TEST_CASE("ParameterServerStrategy: a ps drawing a shard from its initializer for longer than the heartbeat "
+              "timeout answers heartbeats meanwhile: the chief does not lose it, and the rows are the initializer's" *
+              doctest::timeout(60)) {
+        using namespace std::chrono_literals;
+        const pss::ClusterSpec spec = chief_ps_worker();
+        pss::Timeouts timeouts;
+        timeouts.heartbeat_interval = 50ms;
+        timeouts.heartbeat_timeout = 300ms;
+        auto serve = [&](std::string job) {
+            return std::async(std::launch::async, [&spec, &timeouts, job] {
+                TcpStrategy task(pss::SimpleClusterResolver(spec, job, 0), {}, pss::SGD(1.0), timeouts);
+                task.join();
+            });
+        };
+        auto ps = serve("ps");
+        auto worker = serve("worker");
+        const pss::Shape shape{1 << 20, 64};  // 256 MiB of float32
+        const auto init = pss::InitializerSpec::random_uniform(-1, 1, 42);
+        const pss::Variable first_row(pss::Shape{1, 64}, pss::DType::float32, init, "first_row");  // drawn here
+        {
+            TcpStrategy chief(pss::SimpleClusterResolver(spec, "chief", 0), {}, pss::SGD(1.0), timeouts);
+            auto scope = chief.scope();
+            const auto start = std::chrono::steady_clock::now();
+            const pss::Variable table(shape, pss::DType::float32, init, "table");
+            const double drew = seconds_since(start);
+            MESSAGE("the ps drew 256 MiB in " << drew << " s (heartbeat timeout 0.3 s)");
+            CHECK(drew > 0.3);  // else this test shows nothing
+            const std::vector<std::int64_t> ids{0};
+            CHECK(table.sparse_read(ids).get<float>() == first_row.read<float>());
+            chief.join();  // ends the cluster
+        }
+        REQUIRE(ps.wait_for(10s) == std::future_status::ready);
+        REQUIRE(worker.wait_for(10s) == std::future_status::ready);
+        CHECK_NOTHROW(ps.get());
+        CHECK_NOTHROW(worker.get());
+    }
+
     TEST_CASE("ParameterServerStrategy: a worker waiting for a ps task that is not up stops at once when the chief "
               "ends the cluster: its join returns within 2 s, not after the 10 s start-up timeout" *
               doctest::timeout(30)) {

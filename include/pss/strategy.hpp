@@ -21,6 +21,7 @@
 #include <concepts>
 #include <span>
 #include <string>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -246,6 +247,7 @@ public:
         if (self_.type == "ps") {
             ps_ = std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer_, sync_,
                                                                      ServerOptions::from_environment());
+            draws_ = std::make_unique<CallThread>();
             server_ = new_transport<TransportPolicy>(spec_, self_, timeouts_, false);
             server_->serve(self_, [this](Request&& r, Responder respond) {
                 if (r.kind == RequestKind::shutdown) return respond(stop_requested());
@@ -263,6 +265,24 @@ public:
                                                 "pss: " + self_.to_string() +
                                                     " started again and holds no shard of this run: the chief "
                                                     "has not reached it since"));
+                // A shard drawn from its initializer is drawn on a thread of its own: a GiB takes seconds
+                // (mostly page faults), and this strand answers the heartbeats that keep this task alive
+                // in the chief's eyes. Nothing uses the shard before its create is answered.
+                if (r.kind == RequestKind::operation && r.op == Op::create && r.initializer &&
+                    !r.payload.has_value() && !r.initializer->problem(std::numeric_limits<std::uint64_t>::max())) {
+                    auto job = std::make_shared<std::pair<Request, Responder>>(std::move(r), std::move(respond));
+                    return draws_->post([this, job] {
+                        auto& [request, responder] = *job;
+                        try {
+                            request.payload = detail::initial_shard(*request.initializer);
+                            request.initializer.reset();
+                        } catch (...) {  // out of memory: create draws again and answers the error
+                        }
+                        std::lock_guard lock(ps_mutex_);
+                        ps_->handle(std::move(request), std::move(responder));
+                    });
+                }
+                std::lock_guard lock(ps_mutex_);
                 ps_->handle(std::move(r), std::move(respond));
             });
         } else if (self_.type == "worker") {
@@ -386,7 +406,11 @@ public:
     void shutdown() override {
         std::lock_guard lock(shutdown_mutex_);
         if (server_) server_->shutdown();
-        if (ps_) ps_->release_held();  // a pull waiting for a step gets unavailable
+        if (draws_) draws_->stop();
+        if (ps_) {
+            std::lock_guard ps_lock(ps_mutex_);
+            ps_->release_held();  // a pull waiting for a step gets unavailable
+        }
         client_->shutdown();
         if (calls_) calls_->stop();  // after the client: a call waiting for a ps is answered first
     }
@@ -429,6 +453,7 @@ private:
         if (!sent.contains("run") || !sent["run"].is_number_unsigned()) return;  // a worker's
         const auto run = sent["run"].get<std::uint64_t>();
         if (ps_run_ && *ps_run_ != run) {
+            std::lock_guard lock(ps_mutex_);
             const std::size_t dropped = ps_->num_shards();
             ps_->clear("a new chief began a new run");
             std::fprintf(stderr, "pss: %s: a new chief connected (a new run); dropped the last run's %zu shard%s\n",
@@ -483,7 +508,9 @@ private:
     std::unique_ptr<ParameterServer<OptimizerPolicy>> ps_;
     std::unique_ptr<CallThread> calls_;        // a worker's: stopped by shutdown, after the client
     std::unique_ptr<TransportPolicy> server_;  // after ps_: its threads stop before ps_ goes
+    std::unique_ptr<CallThread> draws_;        // a ps's initial shards (see start); stops first
     std::mutex mutex_, shutdown_mutex_;
+    std::mutex ps_mutex_;  // ps_ is used by the server's strand and by draws_
     std::condition_variable stopped_;
     bool stop_ = false;
 };
