@@ -169,6 +169,20 @@ struct Reply {
     [[nodiscard]] static Reply error(ErrorCode code, std::string message) {
         return Reply{code, std::move(message), {}, {}};
     }
+
+    /// @brief The error reply of the exception being handled (call it in a catch block): an Error keeps
+    /// its code and message; anything else is `internal`, its message after `internal_prefix`.
+    [[nodiscard]] static Reply of_current_exception(std::string_view internal_prefix = "pss: internal error: ") {
+        try {
+            throw;
+        } catch (const Error& e) {
+            return error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return error(ErrorCode::internal, std::string(internal_prefix) + e.what());
+        } catch (...) {
+            return error(ErrorCode::internal, std::string(internal_prefix) + "an exception of an unknown type");
+        }
+    }
 };
 
 namespace detail {
@@ -259,10 +273,8 @@ template <class Handler>
     return [handler = std::move(handler)](Request&& request, Responder respond) mutable {
         try {
             respond(handler(std::move(request)));
-        } catch (const Error& e) {
-            respond(Reply::error(e.code(), e.what()));
-        } catch (const std::exception& e) {
-            respond(Reply::error(ErrorCode::internal, std::string("pss: internal error in a request handler: ") + e.what()));
+        } catch (...) {
+            respond(Reply::of_current_exception("pss: internal error in a request handler: "));
         }
     };
 }

@@ -266,10 +266,8 @@ private:
     Reply run(Request&& request, Responder* hold) noexcept {
         try {
             return dispatch(std::move(request), hold);
-        } catch (const Error& e) {
-            return Reply::error(e.code(), e.what());
-        } catch (const std::exception& e) {
-            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        } catch (...) {
+            return Reply::of_current_exception();
         }
     }
 
@@ -586,10 +584,8 @@ private:
     Reply run_held(const Shard& shard, State<T>& state, Request&& request) noexcept {
         try {
             return apply(shard, state, std::move(request), nullptr);
-        } catch (const Error& e) {
-            return Reply::error(e.code(), e.what());
-        } catch (const std::exception& e) {
-            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        } catch (...) {
+            return Reply::of_current_exception();
         }
     }
 

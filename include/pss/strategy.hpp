@@ -276,7 +276,8 @@ public:
                         try {
                             request.payload = detail::initial_shard(*request.initializer);
                             request.initializer.reset();
-                        } catch (...) {  // out of memory: create draws again and answers the error
+                        } catch (...) {  // out of memory: answered here, the strand never waits for a retry
+                            return responder(Reply::of_current_exception());
                         }
                         std::lock_guard lock(ps_mutex_);
                         ps_->handle(std::move(request), std::move(responder));

@@ -1556,6 +1556,20 @@ struct Reply {
     [[nodiscard]] static Reply error(ErrorCode code, std::string message) {
         return Reply{code, std::move(message), {}, {}};
     }
+
+    /// @brief The error reply of the exception being handled (call it in a catch block): an Error keeps
+    /// its code and message; anything else is `internal`, its message after `internal_prefix`.
+    [[nodiscard]] static Reply of_current_exception(std::string_view internal_prefix = "pss: internal error: ") {
+        try {
+            throw;
+        } catch (const Error& e) {
+            return error(e.code(), e.what());
+        } catch (const std::exception& e) {
+            return error(ErrorCode::internal, std::string(internal_prefix) + e.what());
+        } catch (...) {
+            return error(ErrorCode::internal, std::string(internal_prefix) + "an exception of an unknown type");
+        }
+    }
 };
 
 namespace detail {
@@ -1646,10 +1660,8 @@ template <class Handler>
     return [handler = std::move(handler)](Request&& request, Responder respond) mutable {
         try {
             respond(handler(std::move(request)));
-        } catch (const Error& e) {
-            respond(Reply::error(e.code(), e.what()));
-        } catch (const std::exception& e) {
-            respond(Reply::error(ErrorCode::internal, std::string("pss: internal error in a request handler: ") + e.what()));
+        } catch (...) {
+            respond(Reply::of_current_exception("pss: internal error in a request handler: "));
         }
     };
 }
@@ -7776,7 +7788,7 @@ private:
         if (task_->receiving_bytes != 0 && task_->receiving_bytes + need > task_->serve.max_receiving_bytes) {
             waiting_ = true;  // until release_receiving hands it the budget (the frame timeout runs)
             task_->waiting_to_receive.push_back(weak_from_this());
-            if (!writing_ && !writes_.empty()) write_next();  // replies held for this frame leave now
+            flush_held_replies();  // replies held for this frame leave now
             return;
         }
         receive_now();
@@ -7924,7 +7936,7 @@ private:
         incoming_values_.clear();
         if (closed_) return;
         // Held replies leave once no read-ahead frame follows, or before this connection pauses.
-        if (!writing_ && !writes_.empty() && (!ahead_.holds_header() || too_much_unread())) write_next();
+        if (!ahead_.holds_header() || too_much_unread()) flush_held_replies();
         if (too_much_unread()) {
             paused_ = true;  // until the peer reads its replies (on_written), or the timeout closes it
             return set_deadline(task_->serve.unread_reply_timeout);
@@ -8002,7 +8014,12 @@ private:
         }
         unread_bytes_ += out.frame.size();
         task_->unread_reply_bytes += out.frame.size();
-        if (!writing_ && !hold_writes_) write_next();
+        if (!hold_writes_) flush_held_replies();
+    }
+
+    /// Writes the replies waiting to leave, unless a write is running (it writes them when it ends).
+    void flush_held_replies() {
+        if (!writing_ && !writes_.empty()) write_next();
     }
 
     void write_next() {
@@ -11575,10 +11592,8 @@ private:
     Reply run(Request&& request, Responder* hold) noexcept {
         try {
             return dispatch(std::move(request), hold);
-        } catch (const Error& e) {
-            return Reply::error(e.code(), e.what());
-        } catch (const std::exception& e) {
-            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        } catch (...) {
+            return Reply::of_current_exception();
         }
     }
 
@@ -11895,10 +11910,8 @@ private:
     Reply run_held(const Shard& shard, State<T>& state, Request&& request) noexcept {
         try {
             return apply(shard, state, std::move(request), nullptr);
-        } catch (const Error& e) {
-            return Reply::error(e.code(), e.what());
-        } catch (const std::exception& e) {
-            return Reply::error(ErrorCode::internal, std::string("pss: internal error: ") + e.what());
+        } catch (...) {
+            return Reply::of_current_exception();
         }
     }
 
@@ -13161,7 +13174,8 @@ public:
                         try {
                             request.payload = detail::initial_shard(*request.initializer);
                             request.initializer.reset();
-                        } catch (...) {  // out of memory: create draws again and answers the error
+                        } catch (...) {  // out of memory: answered here, the strand never waits for a retry
+                            return responder(Reply::of_current_exception());
                         }
                         std::lock_guard lock(ps_mutex_);
                         ps_->handle(std::move(request), std::move(responder));

@@ -289,7 +289,7 @@ private:
         if (task_->receiving_bytes != 0 && task_->receiving_bytes + need > task_->serve.max_receiving_bytes) {
             waiting_ = true;  // until release_receiving hands it the budget (the frame timeout runs)
             task_->waiting_to_receive.push_back(weak_from_this());
-            if (!writing_ && !writes_.empty()) write_next();  // replies held for this frame leave now
+            flush_held_replies();  // replies held for this frame leave now
             return;
         }
         receive_now();
@@ -437,7 +437,7 @@ private:
         incoming_values_.clear();
         if (closed_) return;
         // Held replies leave once no read-ahead frame follows, or before this connection pauses.
-        if (!writing_ && !writes_.empty() && (!ahead_.holds_header() || too_much_unread())) write_next();
+        if (!ahead_.holds_header() || too_much_unread()) flush_held_replies();
         if (too_much_unread()) {
             paused_ = true;  // until the peer reads its replies (on_written), or the timeout closes it
             return set_deadline(task_->serve.unread_reply_timeout);
@@ -515,7 +515,12 @@ private:
         }
         unread_bytes_ += out.frame.size();
         task_->unread_reply_bytes += out.frame.size();
-        if (!writing_ && !hold_writes_) write_next();
+        if (!hold_writes_) flush_held_replies();
+    }
+
+    /// Writes the replies waiting to leave, unless a write is running (it writes them when it ends).
+    void flush_held_replies() {
+        if (!writing_ && !writes_.empty()) write_next();
     }
 
     void write_next() {
