@@ -29,6 +29,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xio.hpp>
 
 #include <pss/keras.hpp>
 #include <pss/pss.hpp>
@@ -1235,5 +1236,259 @@ TEST_SUITE("keras/model.hpp") {
                              "pss: Sequential::fit: the backup resumes at batch 10 of an epoch, but an epoch of this "
                              "data has 3 batches; it was made with other data or another batch_size",
                              pss::InvalidArgumentError);
+    }
+}
+
+TEST_SUITE("simulated") {
+    using Simulated = pss::ParameterServerStrategy<pss::SimulatedTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                                   pss::LocalClusterResolver<2, 2>>;
+
+    /// A SimulatedTransport of one ps task whose handler counts the requests it runs.
+    struct OneTask {
+        pss::ClusterSpec spec{{{"ps", {"sim:0"}}}};
+        pss::SimulatedTransport transport{spec};
+        std::atomic<int> runs{0}, crashes{0};
+        const pss::TaskId ps{"ps", 0};
+        OneTask() {
+            transport.serve(ps, pss::answer_at_once([this](pss::Request&&) {
+                ++runs;
+                return pss::Reply{};
+            }));
+            transport.on_crash(ps, [this] { ++crashes; });
+        }
+        pss::Reply send() { return transport.send(ps, pss::Request{}).get(); }
+    };
+
+    TEST_CASE("SimulatedTransport: each fault does what a real network or process does to a request") {
+        const std::string task = "pss: task /job:ps/replica:0/task:0 ";
+        SUBCASE("no network: every request runs once and is answered") {
+            OneTask t;
+            CHECK(t.send().ok());
+            CHECK(t.runs == 1);
+        }
+        SUBCASE("a lost request never runs") {
+            pss::SimulatedNetwork network({.seed = 1, .drop_request = 1});
+            OneTask t;
+            const pss::Reply r = t.send();
+            CHECK(r.code == pss::ErrorCode::unavailable);
+            CHECK(r.message == task + "did not get this request: it was lost (simulated)");
+            CHECK(t.runs == 0);
+            REQUIRE(network.events().size() == 1);
+            CHECK(network.events()[0].to_string() == "/job:ps/replica:0/task:0 #0 request lost (read)");
+        }
+        SUBCASE("a lost reply: the request ran") {
+            pss::SimulatedNetwork network({.seed = 1, .drop_reply = 1});
+            OneTask t;
+            CHECK(t.send().message == task + "ran this request, but its reply was lost (simulated)");
+            CHECK(t.runs == 1);
+        }
+        SUBCASE("a request run twice, answered once") {
+            pss::SimulatedNetwork network({.seed = 1, .duplicate = 1});
+            OneTask t;
+            CHECK(t.send().ok());  // answered by the first run: the second runs right after it
+            network.inject(false);
+            CHECK(t.send().ok());  // runs after both, on the task's one thread
+            CHECK(t.runs == 3);
+            CHECK(network.events()[0].what == "run twice");
+        }
+        SUBCASE("a delayed request runs after its delay") {
+            pss::SimulatedNetwork network({.seed = 1, .delay = 1, .max_delay = std::chrono::microseconds(2000)});
+            OneTask t;
+            CHECK(t.send().ok());
+            CHECK(t.runs == 1);
+            CHECK(network.events()[0].what.starts_with("delayed "));
+        }
+        SUBCASE("a crash: the state is lost, the task is down for restart_after requests, then starts again") {
+            pss::SimulatedNetwork network({.seed = 1, .restart_after = 2});
+            OneTask t;
+            CHECK(t.send().ok());
+            network.crash(t.ps);
+            CHECK(t.send().message == task + "is down (a simulated crash; it starts again after 2 more requests)");
+            CHECK(t.send().message == task + "is down (a simulated crash; it starts again after 1 more requests)");
+            CHECK(t.send().ok());
+            CHECK(t.runs == 2);
+            CHECK(t.crashes == 1);
+            std::vector<std::string> events;
+            for (const auto& e : network.events()) events.push_back(e.to_string());
+            CHECK(events == std::vector<std::string>{"/job:ps/replica:0/task:0 #1 crashed (crash())",
+                                                     "/job:ps/replica:0/task:0 #2 started again (read)"});
+            CHECK_THROWS_WITH_AS(network.crash({"ps", 3}),
+                                 "pss: SimulatedNetwork::crash: no SimulatedTransport serves task /job:ps/replica:0/task:3 "
+                                 "on this network",
+                                 pss::InvalidArgumentError);
+        }
+        SUBCASE("faults off: nothing is injected") {
+            pss::SimulatedNetwork network({.seed = 1, .drop_request = 1});
+            network.inject(false);
+            OneTask t;
+            CHECK(t.send().ok());
+            CHECK(network.events().empty());
+        }
+        SUBCASE("refusals") {
+            CHECK_THROWS_WITH_AS(pss::SimulatedNetwork({.drop_reply = 1.5}),
+                                 "pss: SimulatedFaults::drop_reply is 1.500000; a probability is in [0, 1]",
+                                 pss::InvalidArgumentError);
+            pss::SimulatedNetwork network;
+            CHECK_THROWS_WITH_AS(pss::SimulatedNetwork(), "pss: SimulatedNetwork: another one is installed; one network at a time",
+                                 pss::FailedPreconditionError);
+        }
+    }
+
+    /// The outcome of one training run on a SimulatedNetwork (see train_with_faults).
+    struct Run {
+        std::vector<pss::SimulatedEvent> events;
+        std::optional<std::string> error;  // the UnavailableError that ended it
+        xt::xarray<float> table;
+    };
+
+    constexpr std::size_t rows = 32, epochs = 4, per_epoch = 4;  // closures write rows r and r + 16, r < 16
+
+    /// Trains with recover_ps_from on a 32 x 2 table split over 2 ps tasks: each closure k of epoch e
+    /// writes row 4e + k (ps 0) and row 16 + 4e + k (ps 1) as their number + 1, idempotent, so a closure
+    /// run twice leaves what it leaves once; faults are injected while closures run; after each epoch the
+    /// rows a recovery took back to the last checkpoint are written again (the steps since the
+    /// checkpoint), and a checkpoint is saved. Returns the faults and the table, or the error.
+    Run train_with_faults(pss::SimulatedFaults faults, int workers_used, std::optional<std::int64_t> crash_ps1_at = {}) {
+        Run run;
+        TempDir dir;
+        pss::SimulatedNetwork network(faults);
+        network.inject(false);
+        pss::Timeouts timeouts = pss::Timeouts::from_environment();
+        timeouts.startup = std::chrono::milliseconds(300);
+        Simulated strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1), timeouts);
+        pss::Checkpoint checkpoint(strategy);
+        pss::CheckpointManager manager(checkpoint, dir / "ckpt");
+        pss::ClusterCoordinator coordinator(strategy);
+        coordinator.recover_ps_from(manager);
+        pss::Variable table = [&] {
+            auto scope = strategy.scope();
+            return pss::Variable(xt::xarray<float>(xt::zeros<float>({rows, std::size_t{2}})), "table");
+        }();
+        (void)manager.save();
+        auto write = [&](std::int64_t row) {
+            auto step = [table, row, crash = crash_ps1_at == row, &network]() mutable {
+                if (std::exchange(crash, false)) network.crash({"ps", 1});  // a chosen point, once: before this update
+                const float v = static_cast<float>(row + 1);
+                table.scatter_update(std::vector<std::int64_t>{row, row + 16}, xt::xarray<float>{{v, v}, {v + 16, v + 16}});
+                return row;
+            };
+            return workers_used == 1 ? coordinator.schedule_on(0, step) : coordinator.schedule(step);
+        };
+        try {
+            for (std::size_t e = 0; e < epochs; ++e) {
+                std::vector<std::int64_t> epoch;
+                for (std::size_t k = 0; k < per_epoch; ++k) epoch.push_back(static_cast<std::int64_t>(e * per_epoch + k));
+                auto todo = epoch;
+                for (int round = 0; !todo.empty(); ++round) {
+                    REQUIRE(round < 10);
+                    network.inject(true);
+                    std::vector<pss::RemoteValue<std::int64_t>> values;
+                    for (std::int64_t row : todo) values.push_back(write(row));
+                    coordinator.join();
+                    network.inject(false);
+                    for (std::size_t i = 0; i < todo.size(); ++i) CHECK(values[i].fetch() == todo[i]);
+                    const auto now = table.read<float>();
+                    std::vector<std::int64_t> lost;  // taken back to the checkpoint by a recovery (in any round)
+                    for (std::int64_t row : epoch)
+                        if (now(row, 0) != static_cast<float>(row + 1) || now(row + 16, 1) != static_cast<float>(row + 17))
+                            lost.push_back(row);
+                    todo = std::move(lost);
+                }
+                (void)manager.save();
+            }
+        } catch (const pss::UnavailableError& e) {
+            run.error = e.what();
+        }
+        network.inject(false);
+        run.events = network.events();
+        if (!run.error) run.table = table.read<float>();
+        return run;
+    }
+
+    /// The table every complete run ends with: row r holds r + 1, as its closure wrote it.
+    xt::xarray<float> trained_table() {
+        xt::xarray<float> t = xt::zeros<float>({rows, std::size_t{2}});
+        for (std::size_t r = 0; r < rows; ++r) t(r, 0) = t(r, 1) = static_cast<float>(r + 1);
+        return t;
+    }
+
+    pss::SimulatedFaults random_faults(std::uint64_t seed) {
+        return {.seed = seed, .drop_request = 0.02, .drop_reply = 0.02, .duplicate = 0.03, .delay = 0.1,
+                .max_delay = std::chrono::microseconds(300), .crash = 0.01,
+                .restart_after = seed % 10 == 3 ? 0 : static_cast<int>(1 + seed % 3)};
+    }
+
+    /// The ps task that crashed and never started again, by the events.
+    std::optional<int> never_restarted(const std::vector<pss::SimulatedEvent>& events) {
+        std::map<int, bool> down;
+        for (const auto& e : events) {
+            if (e.what == "crashed") down[e.task.index] = true;
+            if (e.what == "started again") down[e.task.index] = false;
+        }
+        for (const auto& [task, is_down] : down)
+            if (is_down) return task;
+        return std::nullopt;
+    }
+
+    TEST_CASE("SimulatedTransport: a ps crashed at a chosen point is recovered from the checkpoint, and the "
+              "steps since it run again") {
+        const Run run = train_with_faults({.restart_after = 2}, 1, 6);  // in epoch 1, after ckpt-2
+        CHECK_FALSE(run.error);
+        CHECK(run.table == trained_table());
+        std::vector<std::string> events;
+        for (const auto& e : run.events) events.push_back(e.to_string());
+        // ps 1's messages: create, save, 4 updates, read, save, 2 updates; then 2 heartbeats find it down
+        CHECK(events == std::vector<std::string>{"/job:ps/replica:0/task:1 #10 crashed (crash())",
+                                                 "/job:ps/replica:0/task:1 #11 started again (heartbeat)"});
+    }
+
+    TEST_CASE("SimulatedTransport: a seed reproduces its run, event for event, with one worker sending") {
+        const auto faults = random_faults(11);
+        const Run a = train_with_faults(faults, 1), b = train_with_faults(faults, 1);
+        CHECK(a.events.size() >= 3);
+        CHECK(a.events == b.events);
+        CHECK(a.error == b.error);
+        CHECK(train_with_faults(random_faults(12), 1).events != a.events);
+    }
+
+    TEST_CASE("SimulatedTransport: 200 seeds of training with random faults each finish with every step or "
+              "fail naming the ps task that never started again") {
+        // PSS_SIMULATED_SEED=<n> runs one seed alone (a failing seed is printed), <first>-<last> a range.
+        std::uint64_t first = 1, last = 200;
+        if (const char* seeds = std::getenv("PSS_SIMULATED_SEED")) {
+            const std::string text = seeds;
+            const auto dash = text.find('-');
+            first = std::stoull(text.substr(0, dash));
+            last = dash == std::string::npos ? first : std::stoull(text.substr(dash + 1));
+        }
+        int completed = 0, failed = 0, faults_seen = 0;
+        for (std::uint64_t seed = first; seed <= last; ++seed) {
+            CAPTURE(seed);
+            const Run run = train_with_faults(random_faults(seed), 2);
+            std::string events;
+            for (const auto& e : run.events) events += e.to_string() + "\n";
+            CAPTURE(events);
+            faults_seen += static_cast<int>(run.events.size());
+            const auto lost = never_restarted(run.events);
+            if (run.error) {
+                ++failed;
+                CAPTURE(*run.error);
+                REQUIRE(lost);
+                CAPTURE(*run.error);
+                CHECK(run.error->starts_with("pss: /job:ps/replica:0/task:" + std::to_string(*lost) +
+                                             " was lost and did not start again within 0.3 s (PSS_STARTUP_TIMEOUT)"));
+            } else {
+                ++completed;
+                std::ostringstream table;
+                table << run.table;
+                CAPTURE(table.str());
+                CHECK(run.table == trained_table());
+            }
+        }
+        MESSAGE(completed << " runs completed, " << failed << " failed as expected, " << faults_seen << " faults injected");
+        if (last - first > 100) {
+            CHECK(completed > 150);
+            CHECK(faults_seen > 1000);
+        }
     }
 }

@@ -191,6 +191,28 @@ namespace detail {
 
 /// The workers' threads, queues and error state of a ClusterCoordinator: shared by every
 /// ClusterCoordinator of one strategy.
+/// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none for
+/// any other error.
+inline std::set<int> unavailable_ps_tasks(const std::exception_ptr& error) {
+    std::string message;
+    try {
+        std::rethrow_exception(error);
+    } catch (const UnavailableError& e) {
+        message = e.what();
+    } catch (...) {
+        return {};
+    }
+    constexpr std::string_view prefix = "/job:ps/replica:0/task:";
+    std::set<int> tasks;
+    for (auto at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at + 1)) {
+        std::size_t end = at + prefix.size();
+        while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
+        if (const auto task = detail::parse_int(std::string_view(message).substr(at + prefix.size(), end - at - prefix.size())))
+            tasks.insert(*task);
+    }
+    return tasks;
+}
+
 class CoordinatorPool {
 public:
     /// Starts one thread per worker of `strategy`.
@@ -500,28 +522,6 @@ private:
         finished_.notify_all();
         space_.notify_all();
         work_.notify_all();
-    }
-
-    /// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none
-    /// for any other error.
-    static std::set<int> unavailable_ps_tasks(const std::exception_ptr& error) {
-        std::string message;
-        try {
-            std::rethrow_exception(error);
-        } catch (const UnavailableError& e) {
-            message = e.what();
-        } catch (...) {
-            return {};
-        }
-        constexpr std::string_view prefix = "/job:ps/replica:0/task:";
-        std::set<int> tasks;
-        for (auto at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at + 1)) {
-            std::size_t end = at + prefix.size();
-            while (end < message.size() && message[end] >= '0' && message[end] <= '9') ++end;
-            if (const auto task = detail::parse_int(std::string_view(message).substr(at + prefix.size(), end - at - prefix.size())))
-                tasks.insert(*task);
-        }
-        return tasks;
     }
 
     /// True when `tasks` (the ps tasks a failure named) is not empty and none of them has failed
@@ -871,6 +871,7 @@ public:
     template <class Manager>
         requires requires(Manager& m, int task) {
             { m.checkpoint().strategy().recreate_shards(task) } -> std::convertible_to<std::size_t>;
+            { m.checkpoint().strategy().timeouts().startup } -> std::convertible_to<std::chrono::milliseconds>;
             { m.restore_or_initialize() } -> std::same_as<std::optional<std::string>>;
             { m.directory() } -> std::convertible_to<std::string>;
         }
@@ -887,12 +888,35 @@ public:
             const std::string ps = "/job:ps/replica:0/task:" + std::to_string(task);
             std::fprintf(stderr, "pss: %s was lost; waiting for it to start again, then restoring every variable "
                                  "from the latest checkpoint in %s\n", ps.c_str(), std::string(manager.directory()).c_str());
-            const std::size_t created = manager.checkpoint().strategy().recreate_shards(task);
-            if (created == 0) {
+            // A message lost while the task is recovered (to it or to another ps) fails that attempt
+            // alone: it is made again, with every variable restored again, until the start-up timeout.
+            // Another ps task lost meanwhile is made to serve again in the same way.
+            auto& strategy = manager.checkpoint().strategy();
+            const auto started = std::chrono::steady_clock::now();
+            // An attempt that failed may have created shards whose replies were lost: the variables are
+            // restored then, as when shards were created.
+            std::set<int> lost{task};
+            std::size_t created = 0;
+            bool failed = false;
+            std::optional<std::string> restored;
+            for (;;) {
+                try {
+                    for (const int t : lost) created += strategy.recreate_shards(t);
+                    if (created == 0 && !failed) break;
+                    restored = manager.restore_or_initialize();
+                    break;
+                } catch (const UnavailableError&) {
+                    failed = true;
+                    const auto limit = strategy.timeouts().startup;
+                    if (limit.count() > 0 && std::chrono::steady_clock::now() - started >= limit) throw;
+                    const std::set<int> named = detail::unavailable_ps_tasks(std::current_exception());
+                    lost.insert(named.begin(), named.end());
+                }
+            }
+            if (created == 0 && !failed) {
                 std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", ps.c_str());
                 return;
             }
-            const auto restored = manager.restore_or_initialize();
             if (!restored)
                 throw UnavailableError("pss: " + ps + " started again without its shards, and " +
                                        std::string(manager.directory()) +

@@ -39,6 +39,7 @@
 
 #include <pss/transport/auto.hpp>
 #include <pss/transport/in_process.hpp>
+#include <pss/transport/simulated.hpp>
 #include <pss/transport/tcp.hpp>
 
 #include <pss/checkpoint.hpp>

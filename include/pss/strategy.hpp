@@ -81,21 +81,55 @@ public:
     virtual void greet_again(int /*task*/) {}
 };
 
+/// What a ps task started again after a loss answers an operation until the chief reaches it.
+inline std::string started_again(const TaskId& ps) {
+    return "pss: " + ps.to_string() + " started again and holds no shard of this run: the chief has not reached it since";
+}
+
+/// Asks `task` for a heartbeat through `send` every `interval` until it answers.
+/// @throws UnavailableError naming the task when it does not answer within the start-up timeout
+template <class Send>
+void await_answer(const TaskId& task, const Timeouts& timeouts, std::chrono::milliseconds interval, Send&& send) {
+    const auto started = std::chrono::steady_clock::now();
+    for (;;) {
+        Request probe;
+        probe.kind = RequestKind::heartbeat;
+        Reply answer = send(task, std::move(probe)).get();
+        if (answer.ok()) return;
+        if (timeouts.startup.count() > 0 && std::chrono::steady_clock::now() - started >= timeouts.startup)
+            throw UnavailableError("pss: " + task.to_string() + " was lost and did not start again within " +
+                                   format_seconds(timeouts.startup) + " (PSS_STARTUP_TIMEOUT); last: " + answer.message);
+        std::this_thread::sleep_for(interval);
+    }
+}
+
 /// The whole cluster in this process: its transport and the servers of every ps task.
 template <Transport TransportPolicy, Optimizer OptimizerPolicy>
 class TransportChannel final : public StrategyChannel {
 public:
-    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync)
-        : transport_(spec), synchronous_(sync.synchronous) {
+    TransportChannel(const ClusterSpec& spec, const OptimizerPolicy& optimizer, SyncOptions sync, const Timeouts& timeouts)
+        : transport_(spec), synchronous_(sync.synchronous), timeouts_(timeouts),
+          lost_(std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(spec.num_tasks("ps")))) {
         const int num_ps = spec.num_tasks("ps");
         servers_.reserve(static_cast<std::size_t>(num_ps));
         const ServerOptions options = ServerOptions::from_environment();
         for (int i = 0; i < num_ps; ++i) {
             servers_.push_back(std::make_unique<ParameterServer<OptimizerPolicy>>(optimizer, sync, options));
             auto* server = servers_.back().get();
-            transport_.serve(TaskId{"ps", i}, [server](Request&& r, Responder respond) {
+            const TaskId task{"ps", i};
+            transport_.serve(task, [this, server, task](Request&& r, Responder respond) {
+                if (r.kind == RequestKind::operation && lost_[static_cast<std::size_t>(task.index)].load())
+                    return respond(Reply::error(ErrorCode::unavailable, started_again(task)));
                 server->handle(std::move(r), std::move(respond));
             });
+            // A transport whose tasks can crash (SimulatedTransport) tells when one did: its shards are
+            // lost, and it holds none of this run until greet_again (ClusterCoordinator::recover_ps_from).
+            if constexpr (requires(std::function<void()> f) { transport_.on_crash(task, std::move(f)); })
+                transport_.on_crash(task, [this, server, task] {
+                    lost_[static_cast<std::size_t>(task.index)].store(true);
+                    server->release_held();
+                    server->clear("the task crashed");
+                });
         }
     }
     ~TransportChannel() override { shutdown(); }
@@ -116,9 +150,20 @@ public:
         for (auto& server : servers_) server->release_held();  // a pull waiting for a step gets unavailable
     }
 
+    /// A task that crashed (a transport that can crash them): waits for it to answer a heartbeat (asked
+    /// every millisecond, for the start-up timeout), then takes its operations again; recreate_shards
+    /// creates its shards next.
+    void greet_again(int task) override {
+        await_answer(TaskId{"ps", task}, timeouts_, std::chrono::milliseconds(1),
+                     [this](const TaskId& to, Request r) { return transport_.send(to, std::move(r)); });
+        lost_[static_cast<std::size_t>(task)].store(false);
+    }
+
 private:
     TransportPolicy transport_;
     bool synchronous_;
+    Timeouts timeouts_;
+    std::unique_ptr<std::atomic<bool>[]> lost_;  // per ps task: crashed, not greeted again since
     std::vector<std::unique_ptr<ParameterServer<OptimizerPolicy>>> servers_;  // outlive the transport's threads
 };
 
@@ -261,10 +306,7 @@ public:
                 // after a loss, and a worker still working on the last run's shards is told so (it is the
                 // ps's loss, not a missing variable; ClusterCoordinator::recover_ps_from waits for it).
                 if (!ps_run_ && r.kind == RequestKind::operation)
-                    return respond(Reply::error(ErrorCode::unavailable,
-                                                "pss: " + self_.to_string() +
-                                                    " started again and holds no shard of this run: the chief "
-                                                    "has not reached it since"));
+                    return respond(Reply::error(ErrorCode::unavailable, started_again(self_)));
                 // A shard drawn from its initializer is drawn on a thread of its own: a GiB takes seconds
                 // (mostly page faults), and this strand answers the heartbeats that keep this task alive
                 // in the chief's eyes. Nothing uses the shard before its create is answered.
@@ -347,19 +389,8 @@ public:
     /// @throws UnavailableError naming the task when it does not answer in time
     void greet_again(int task) override {
         const TaskId ps{"ps", task};
-        const auto interval = std::max(timeouts_.heartbeat_interval, std::chrono::milliseconds(100));
-        const auto started = std::chrono::steady_clock::now();
-        for (;;) {
-            Request probe;
-            probe.kind = RequestKind::heartbeat;
-            Reply answer = client_->send(ps, std::move(probe)).get();
-            if (answer.ok()) break;
-            if (timeouts_.startup.count() > 0 && std::chrono::steady_clock::now() - started >= timeouts_.startup)
-                throw UnavailableError("pss: " + ps.to_string() + " was lost and did not start again within " +
-                                       format_seconds(timeouts_.startup) + " (PSS_STARTUP_TIMEOUT); last: " +
-                                       answer.message);
-            std::this_thread::sleep_for(interval);
-        }
+        await_answer(ps, timeouts_, std::max(timeouts_.heartbeat_interval, std::chrono::milliseconds(100)),
+                     [this](const TaskId& to, Request r) { return client_->send(to, std::move(r)); });
         Reply r = greet(task).get();
         if (!r.ok()) throw_error(r.code, r.message);
     }
@@ -760,6 +791,9 @@ public:
     }
 
     [[nodiscard]] const ClusterSpec& cluster_spec() const noexcept { return spec_; }
+    /// @brief The timeouts this strategy was given (the embedded cluster uses the start-up timeout only:
+    /// how long recreate_shards waits for a lost ps task to answer again).
+    [[nodiscard]] const Timeouts& timeouts() const noexcept { return timeouts_; }
     [[nodiscard]] const ClusterResolverPolicy& cluster_resolver() const noexcept { return resolver_; }
     [[nodiscard]] const PartitionerPolicy& variable_partitioner() const noexcept { return partitioner_; }
     [[nodiscard]] const OptimizerPolicy& optimizer() const noexcept { return optimizer_; }
@@ -851,6 +885,7 @@ private:
     OptimizerPolicy optimizer_;
     ClusterSpec spec_;
     TaskId task_;
+    Timeouts timeouts_;
     bool distributed_ = false;
     std::shared_ptr<detail::StrategyChannel> channel_;
     std::once_flag joined_;
@@ -890,12 +925,13 @@ ParameterServerStrategy<TransportPolicy, PartitionerPolicy, OptimizerPolicy, Clu
                         ConsistencyPolicy>::ParameterServerStrategy(ClusterResolverPolicy cluster_resolver,
                                                                     PartitionerPolicy variable_partitioner,
                                                                     OptimizerPolicy optimizer,
-                                                                    [[maybe_unused]] Timeouts timeouts)
+                                                                    Timeouts timeouts)
     : resolver_(std::move(cluster_resolver)),
       partitioner_(std::move(variable_partitioner)),
       optimizer_(std::move(optimizer)),
       spec_(validated(resolver_.cluster_spec())),
-      task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())} {
+      task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())},
+      timeouts_(timeouts) {
     const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
                            ConsistencyPolicy::staleness};
     // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded
@@ -916,7 +952,7 @@ ParameterServerStrategy<TransportPolicy, PartitionerPolicy, OptimizerPolicy, Clu
         }
     }
     task_ = TaskId{"chief", 0};
-    channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync);
+    channel_ = std::make_shared<detail::TransportChannel<TransportPolicy, OptimizerPolicy>>(spec_, optimizer_, sync, timeouts_);
 }
 
 

@@ -76,7 +76,12 @@ concept transport_crosses_processes = requires {
 ///
 /// @par Models
 /// InProcessTransport (threads in one process), TcpTransport (processes, over TCP), AutoTransport (either,
-/// by the kind of address).
+/// by the kind of address), SimulatedTransport (threads in one process, on a seeded network that loses,
+/// repeats and delays messages and crashes tasks).
+///
+/// Optional: `t.on_crash(task, f)`, for a transport whose tasks can lose their state (SimulatedTransport):
+/// `f` runs on the task's thread when it crashed, and the embedded cluster then drops that ps task's
+/// shards and answers its operations `unavailable` until ClusterCoordinator::recover_ps_from recovers it.
 template <class T>
 concept Transport = detail::transport_is_constructible_from_cluster_spec<T> && detail::transport_has_serve_with_responder<T> &&
                     detail::transport_has_send_returning_future_reply<T> && detail::transport_has_shutdown<T>;
