@@ -135,6 +135,12 @@ public:
     ~TransportChannel() override { shutdown(); }
 
     std::future<Reply> send(int task, Request request) override {
+        // A synchronous push from a closure names its worker, as TLS proves a worker process's: the ps
+        // takes one push a step from it, so a closure run again after a lost reply (or a message its
+        // transport delivered twice) does not count twice. The chief's own pushes name no one.
+        if (synchronous_ && request.step != 0 && !request.sender)
+            if (const auto* closure = ClosureContext::current(); closure != nullptr && closure->worker >= 0)
+                request.sender = TaskId{"worker", closure->worker};
         return transport_.send(TaskId{"ps", task}, std::move(request));
     }
     [[nodiscard]] std::string device(int task) const override {
