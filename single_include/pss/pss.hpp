@@ -14495,8 +14495,6 @@ public:
 
 namespace detail {
 
-/// The workers' threads, queues and error state of a ClusterCoordinator: shared by every
-/// ClusterCoordinator of one strategy.
 /// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none for
 /// any other error.
 inline std::set<int> unavailable_ps_tasks(const std::exception_ptr& error) {
@@ -14519,6 +14517,8 @@ inline std::set<int> unavailable_ps_tasks(const std::exception_ptr& error) {
     return tasks;
 }
 
+/// The workers' threads, queues and error state of a ClusterCoordinator: shared by every
+/// ClusterCoordinator of one strategy.
 class CoordinatorPool {
 public:
     /// Starts one thread per worker of `strategy`.
@@ -15196,11 +15196,10 @@ public:
                                  "from the latest checkpoint in %s\n", ps.c_str(), std::string(manager.directory()).c_str());
             // A message lost while the task is recovered (to it or to another ps) fails that attempt
             // alone: it is made again, with every variable restored again, until the start-up timeout.
-            // Another ps task lost meanwhile is made to serve again in the same way.
+            // Another ps task lost meanwhile is made to serve again in the same way. An attempt that
+            // failed may have created shards whose replies were lost, so a restore always follows it.
             auto& strategy = manager.checkpoint().strategy();
             const auto started = std::chrono::steady_clock::now();
-            // An attempt that failed may have created shards whose replies were lost: the variables are
-            // restored then, as when shards were created.
             std::set<int> lost{task};
             std::size_t created = 0;
             bool failed = false;
