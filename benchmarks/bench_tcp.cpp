@@ -644,7 +644,8 @@ void gather(benchmark::State& state) {
 
 /// 1,000 single pushes of 1 KB in flight: each an assign_add request of its own, all sent through the
 /// channel's asynchronous send before the first reply is waited for (each reply hands its buffer back),
-/// beside 1,000 raw pushes written back to back and their acks read.
+/// beside 1,000 raw pushes written back to back and their acks read, 1,000 Variable::assign_add in a
+/// pss::Group, and the same 1,000 each waiting for its reply.
 void pushes_in_flight(benchmark::State& state) {
     auto& s = SweepFixture::get();
     auto& raw = RawFixture::get();
@@ -663,7 +664,19 @@ void pushes_in_flight(benchmark::State& state) {
             s.payloads[i] = std::move(reply.payload);
         }
     };
-    alternate(state, {{"raw", [&] { raw.pushes(); }}, {"pss", pss_pushes}},
+    // The same pushes as a user writes them: Variable::assign_add in a pss::Group, waited for as one
+    // (each push a new gradient tensor, as a training step makes).
+    const pss::Tensor gradient = pss::Tensor(xt::xarray<float>(xt::ones<float>({row_floats})));
+    const auto group_pushes = [&] {
+        pss::Group group;
+        for (std::size_t i = 0; i < sweep_count; ++i) s.pushed.assign_add(gradient);
+        group.wait();
+    };
+    // And one by one, each waiting for its reply: what a Group saves.
+    const auto each_push = [&] {
+        for (std::size_t i = 0; i < sweep_count; ++i) s.pushed.assign_add(gradient);
+    };
+    alternate(state, {{"raw", [&] { raw.pushes(); }}, {"pss", pss_pushes}, {"group", group_pushes}, {"each", each_push}},
               static_cast<double>(sweep_count * row_bytes), static_cast<double>(sweep_count));
 }
 
@@ -742,7 +755,12 @@ int main(int argc, char** argv) {
     };
     ratios.push_back(pslite("1,000 rows of 1 KB, 1 call vs ps-lite", gathered, 1.5, "pss_items_per_second",
                             pslite_rows_per_second));
-    ratios.push_back(pslite("1,000 pushes in flight vs ps-lite", pushed, 1.5, "pss_items_per_second",
+    ratios.push_back(pslite("1,000 pushes in flight vs ps-lite", pushed, 0.0, "pss_items_per_second",
+                            pslite_pushes_per_second));
+    ratios.push_back(against("1,000 pushes in a Group vs raw", pushed, 0.0, "group_items_per_second", "raw_items_per_second"));
+    ratios.push_back(against("1,000 pushes in a Group vs one by one", pushed, 0.0, "group_items_per_second",
+                             "each_items_per_second"));
+    ratios.push_back(pslite("1,000 pushes in a Group vs ps-lite", pushed, 1.5, "group_items_per_second",
                             pslite_pushes_per_second));
     ratios.push_back(pslite("pull 16 MB vs ps-lite", run_name("pull/16777216", calls_for(16 * MB)), 0.0,
                             "pss_bytes_per_second", pslite_pull_16mb));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -122,6 +123,87 @@ struct RawClient {
         return out;
     }
 };
+
+
+/// A Group's writes on `strategy`'s 2 ps tasks (each variable split in 2), waited for as one: exact values,
+/// a read in the group sees the writes before it, a call's own error is raised by the call, a ps's error
+/// by wait() after every write ran, groups nest, and another thread's writes are not the group's.
+template <class Strategy>
+void check_group(Strategy& strategy) {
+    const xt::xarray<float> ones = xt::ones<float>({6, 2});
+    const xt::xarray<std::int64_t> add_one = {1, 1, 1, 1};
+    auto scope = strategy.scope();
+    pss::Variable table(xt::xarray<float>(xt::reshape_view(xt::arange<float>(12), {6, 2})), "table");  // row r: 2r, 2r + 1
+    pss::Variable counts(xt::xarray<std::int64_t>{10, 20, 30, 40}, "counts");
+    REQUIRE(table.shard_tasks() == std::vector<int>{0, 1});
+    REQUIRE(counts.num_shards() == 2);
+    {
+        pss::Group group;
+        CHECK(pss::Group::current() == &group);
+        table.assign_add(ones);
+        table.scatter_add(Ids{0, 5, 0}, xt::xarray<float>{{1, 1}, {2, 2}, {4, 4}});
+        counts.assign_sub(xt::xarray<std::int64_t>{1, 2, 3, 4});
+        table.apply_gradient(xt::xarray<float>(ones * 2.0f));  // SGD 0.5: minus 1
+        CHECK(group.pending() == 8);  // one request per shard reached
+        CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{9, 18, 27, 36});
+        CHECK(group.pending() == 8);  // the read was not the group's
+        CHECK_THROWS_WITH_AS(counts.assign(xt::xarray<std::int64_t>{1, 2}), doctest::Contains("shape"),
+                             pss::InvalidArgumentError);
+        CHECK(group.pending() == 8);  // nothing of it was sent
+        group.wait();
+        CHECK(group.pending() == 0);
+    }
+    CHECK(pss::Group::current() == nullptr);
+    CHECK(table.read<float>() == xt::xarray<float>{{5, 6}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {12, 13}});
+    {
+        // A gradient the ps of shard 1 refuses: wait() raises its error, after every write of the group ran.
+        pss::Group group;
+        counts.assign_add(add_one);
+        xt::xarray<float> bad = xt::zeros<float>({6, 2});
+        bad(4, 1) = std::numeric_limits<float>::quiet_NaN();
+        table.apply_gradient(bad);
+        counts.assign_add(add_one);
+        CHECK_THROWS_WITH_AS(group.wait(), doctest::Contains("'table/part_1': the gradient holds 1 non-finite value"),
+                             pss::InvalidArgumentError);
+        CHECK(group.pending() == 0);
+        CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{11, 20, 29, 38});
+        CHECK(table.read<float>() == xt::xarray<float>{{5, 6}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {12, 13}});
+        group.wait();  // nothing more to raise
+    }
+    {
+        pss::Group outer;
+        counts.assign_add(add_one);
+        {
+            pss::Group inner;
+            CHECK(pss::Group::current() == &inner);
+            counts.assign_add(add_one);
+            counts.assign_add(add_one);
+            CHECK(inner.pending() == 4);
+            CHECK(outer.pending() == 2);
+        }  // waits for its writes
+        CHECK(pss::Group::current() == &outer);
+        CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{14, 23, 32, 41});
+        std::thread([&] {
+            CHECK(pss::Group::current() == nullptr);
+            counts.assign_add(add_one);  // waited for on its own thread
+        }).join();
+        CHECK(outer.pending() == 2);
+        outer.wait();
+    }
+    CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{15, 24, 33, 42});
+
+    // Reads in flight together: each future's get() gives its value; an error of the call is raised by the call.
+    pss::TensorFuture whole = table.read_value_async();
+    pss::TensorFuture rows = table.sparse_read_async(Ids{5, 0, 3});
+    pss::TensorFuture none = counts.sparse_read_async(Ids{});
+    CHECK_THROWS_WITH_AS((void)counts.sparse_read_async(Ids{4}), doctest::Contains("id 4 is out of range"),
+                         pss::InvalidArgumentError);
+    CHECK(rows.get().get<float>() == xt::xarray<float>{{12, 13}, {5, 6}, {6, 7}});
+    CHECK(whole.get().get<float>() == xt::xarray<float>{{5, 6}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {12, 13}});
+    CHECK(none.get().shape() == pss::Shape{0});
+    CHECK(!rows.valid());
+    CHECK_THROWS_WITH_AS((void)rows.get(), doctest::Contains("get() was called already"), pss::FailedPreconditionError);
+}
 
 }  // namespace
 
@@ -854,6 +936,39 @@ TEST_SUITE("net") {
         CHECK(names.sparse_read(Ids{1, 0}).get<std::string>() == xt::xarray<std::string>{"beta", "alpha"});
         names.assign(xt::xarray<std::string>{"", "", "c"});
         CHECK(names.read<std::string>() == xt::xarray<std::string>{"", "", "c"});
+    }
+    TEST_CASE("Group and TensorFuture: writes to variables on 2 ps tasks over loopback sockets, waited for as one, "
+              "and reads in flight together, end exact" *
+              doctest::timeout(30)) {
+        pss::ParameterServerStrategy<pss::TcpTransport, pss::FixedShardsPartitioner, pss::SGD, pss::SimpleClusterResolver>
+            strategy(pss::SimpleClusterResolver(pss::ClusterSpec{{"ps", {"127.0.0.1:0", "127.0.0.1:0"}},
+                                                                 {"worker", {"127.0.0.1:0"}}}),
+                     pss::FixedShardsPartitioner(2), pss::SGD(0.5));
+        check_group(strategy);
+    }
+    TEST_CASE("Group: the same writes on the embedded cluster, and on one whose transport answers by futures, end "
+              "exact" * doctest::timeout(30)) {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<2, 1>>
+            embedded({}, pss::FixedShardsPartitioner(2), pss::SGD(0.5));
+        check_group(embedded);
+        // SimulatedTransport fills no reply slot: its futures are waited for instead.
+        pss::SimulatedNetwork network({.seed = 1});
+        pss::ParameterServerStrategy<pss::SimulatedTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                     pss::LocalClusterResolver<2, 1>>
+            simulated({}, pss::FixedShardsPartitioner(2), pss::SGD(0.5));
+        check_group(simulated);
+        // A variable outside any scope lives on the coordinator, whose store answers at once.
+        pss::Variable local(xt::xarray<double>{1, 2}, "local");
+        pss::Group group;
+        local.assign_add(xt::xarray<double>{1, 1});
+        local.assign_add(xt::xarray<double>{1, 1});
+        CHECK(group.pending() == 2);
+        group.wait();
+        CHECK(local.read<double>() == xt::xarray<double>{3, 4});
+        pss::TensorFuture read = local.read_value_async(), gathered = local.sparse_read_async(Ids{1, 1});
+        CHECK(gathered.get().get<double>() == xt::xarray<double>{4, 4});
+        CHECK(read.get().get<double>() == xt::xarray<double>{3, 4});
     }
     TEST_CASE("TcpTransport: a table drawn on 2 ps tasks over loopback sockets holds the bits 3 in-process shards draw" *
               doctest::timeout(30)) {

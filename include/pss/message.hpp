@@ -2,6 +2,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -112,6 +113,17 @@ struct Values {
     std::vector<Tensor> tensors;
 };
 
+namespace detail {
+class ReplyBatch;
+
+/// A slot of a ReplyBatch, where a request's reply goes instead of a future (Request::in_process.reply_to).
+struct ReplySlot {
+    std::shared_ptr<ReplyBatch> batch;
+    std::size_t index = 0;
+    [[nodiscard]] explicit operator bool() const noexcept { return batch != nullptr; }
+};
+}  // namespace detail
+
 /// @brief A request to one task. Moving a Request moves its tensors; nothing in it is copied in transit.
 struct Request {
     RequestKind kind = RequestKind::operation;
@@ -141,6 +153,10 @@ struct Request {
         std::vector<std::size_t> into_rows;
         /// Its sender validated it against the whole variable: the ps does not again.
         bool checked = false;
+        /// Where the reply goes, when the sender waits on a batch of requests: a transport that delivers
+        /// it there (detail::ReplyTarget) returns an invalid future from `send`; one that returns a
+        /// valid future leaves the reply to it.
+        detail::ReplySlot reply_to;
     };
     InProcess in_process;
 };

@@ -5,11 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <concepts>
+#include <cstdio>
 #include <exception>
 #include <thread>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <limits>
 #include <memory>
@@ -31,6 +33,7 @@
 #include <pss/initializer.hpp>
 #include <pss/message.hpp>
 #include <pss/detail/closure_context.hpp>
+#include <pss/detail/reply_batch.hpp>
 #include <pss/detail/request_rules.hpp>
 #include <pss/partitioner/shard_rows.hpp>
 #include <pss/tensor.hpp>
@@ -38,6 +41,7 @@
 PSS_NAMESPACE_BEGIN
 
 class Variable;
+class TensorFuture;
 
 namespace detail {
 
@@ -60,6 +64,37 @@ public:
     /// True when the ps tasks run in this process (the embedded transport, the coordinator's own store):
     /// a gather then writes its rows straight into the caller's result (Request::into).
     [[nodiscard]] virtual bool shares_memory() const noexcept { return false; }
+};
+
+/// Sends `request` to `task` through `channel`, its reply into a new slot of `batch`; returns the slot.
+inline std::size_t send_into(const std::shared_ptr<ReplyBatch>& batch, Channel& channel, int task, Request request) {
+    const std::size_t slot = batch->add();
+    request.in_process.reply_to = {batch, slot};
+    if (auto future = channel.send(task, std::move(request)); future.valid()) batch->attach(slot, std::move(future));
+    return slot;
+}
+
+struct VariableInfo;
+
+/// The requests of one Variable operation in flight: where each went, the batch their replies come to,
+/// and each request as it is sent again when its ps answers "not ready" (a synchronous pull the ps
+/// cannot hold). Variable::post sends them; finish waits for the replies.
+struct Exchange {
+    std::shared_ptr<const VariableInfo> variable;
+    Op op = Op::read;
+    bool pull = false;
+    bool checked = false;
+    std::shared_ptr<ReplyBatch> batch = std::make_shared<ReplyBatch>();
+    std::vector<int> tasks;
+    std::vector<std::size_t> slots;
+    std::vector<Request> again;  // each request without its payload
+
+    /// Sends request `i` (again).
+    void post(std::size_t i, Request r);
+    /// Waits for every reply and returns their payloads, asking again (after a growing pause) where a
+    /// ps was not ready; raises the first error once every reply arrived, or CancelledError when the
+    /// closure waiting on a held pull was cancelled.
+    std::vector<Tensor> finish();
 };
 
 /// Where one shard lives and which rows of the whole variable it holds. Its ps task knows it by the
@@ -215,6 +250,9 @@ public:
     /// @param step in synchronous training, the step this pull is for: it waits until the steps it
     /// must see are applied (see consistency.hpp); 0 reads whatever is there.
     [[nodiscard]] Tensor read_value(std::uint64_t step = 0) const;
+    /// @brief read_value without waiting: the reads are sent now, and the future's get() waits for
+    /// their replies (so a step reads many variables in one round trip, not one each).
+    [[nodiscard]] TensorFuture read_value_async(std::uint64_t step = 0) const;
     /// @brief The whole value as an xarray of the variable's element type (std::string for DType::string).
     /// @throws InvalidArgumentError when T is not the variable's dtype.
     template <TensorElement T>
@@ -287,6 +325,9 @@ public:
     /// shard touched, issued in parallel.
     /// @throws InvalidArgumentError naming the id and the shape when an id is outside [0, shape[0]).
     [[nodiscard]] Tensor sparse_read(std::span<const std::int64_t> ids, std::uint64_t step = 0) const;
+    /// @brief sparse_read without waiting: validated (an error of the call is raised here) and sent
+    /// now; the future's get() waits for the rows. The ids are copied: `ids` may go at once.
+    [[nodiscard]] TensorFuture sparse_read_async(std::span<const std::int64_t> ids, std::uint64_t step = 0) const;
 
     /// @brief Elements [begin[d], end[d]) along each axis d, as TensorFlow's `v[1:3, 0:2]` on a
     /// ShardedVariable: only the rows [begin[0], end[0]) travel, from the shards that hold them (one
@@ -409,8 +450,27 @@ private:
 
     /// Sends each request to its task (all in flight at once) and returns the replies' payloads in the
     /// same order. A synchronous pull that is not ready yet is asked again, with a growing pause. The
-    /// first error is thrown after every reply has arrived, so no request is left running.
+    /// first error is thrown after every reply has arrived, so no request is left running. In a Group,
+    /// a write's requests are sent and the group waits for them: its payloads are empty.
     std::vector<Tensor> exchange(std::vector<std::pair<int, Request>> outgoing) const;
+    /// Sends each request to its task; Exchange::finish waits for the replies.
+    detail::Exchange post(std::vector<std::pair<int, Request>> outgoing) const;
+    /// read_value and read_value_async: the reads sent, and the whole value made of their replies.
+    detail::Exchange post_read(std::uint64_t step) const;
+    Tensor assemble_read(std::vector<Tensor> parts) const;
+    /// sparse_read and sparse_read_async: a gather in flight, and what makes its result.
+    struct Gather {
+        detail::Exchange sent;
+        std::size_t rows = 0;
+        ByShard grouped;
+        std::vector<std::size_t> asked;  // the shards asked, in the order of the requests
+        bool in_place = false;           // the ps tasks write into *out
+        std::shared_ptr<Tensor> out;     // the result (null: one shard, whose reply is the result)
+    };
+    Gather post_gather(std::span<const std::int64_t> ids, std::uint64_t step) const;
+    Tensor finish_gather(Gather& g) const;
+    /// Raises CancelledError for `op` when the closure running on this thread was cancelled.
+    void refuse_if_cancelled(Op op) const;
 
 
     static const InitializerSpec& described(const std::optional<InitializerSpec>& spec, const std::string& name) {
@@ -429,6 +489,120 @@ private:
 
 /// @brief TensorFlow's ShardedVariable: in pss one Variable type covers one shard or many.
 using ShardedVariable = Variable;
+
+/// @brief A value a Variable operation reads, still in flight (Variable::read_value_async,
+/// Variable::sparse_read_async): its requests were sent when it was made; get() waits for their
+/// replies and returns the value, or raises the operation's error. A future dropped without get()
+/// leaves its replies to nobody. Move-only, as std::future.
+///
+/// @par Example
+/// @code
+/// pss::TensorFuture a = w1.read_value_async(), b = w2.read_value_async();  // both in flight
+/// pss::Tensor x = a.get(), y = b.get();
+/// @endcode
+class TensorFuture {
+public:
+    TensorFuture() = default;
+    TensorFuture(TensorFuture&&) noexcept = default;
+    TensorFuture& operator=(TensorFuture&&) noexcept = default;
+    TensorFuture(const TensorFuture&) = delete;
+    TensorFuture& operator=(const TensorFuture&) = delete;
+
+    /// @brief True until get() was called (false for a default-constructed one).
+    [[nodiscard]] bool valid() const noexcept { return static_cast<bool>(finish_); }
+
+    /// @brief Waits for the replies and returns the value; raises what the operation would.
+    /// @throws FailedPreconditionError when there is no value to get (get() was called already).
+    [[nodiscard]] Tensor get() {
+        if (!finish_)
+            throw FailedPreconditionError("pss: TensorFuture::get: no value to get (get() was called already, or the "
+                                          "future was made empty)");
+        auto finish = std::exchange(finish_, nullptr);
+        return finish();
+    }
+
+private:
+    friend class Variable;
+    explicit TensorFuture(std::function<Tensor()> finish) : finish_(std::move(finish)) {}
+    std::function<Tensor()> finish_;
+};
+
+/// @brief Variable operations sent together and waited for as one, as tf.group groups operations.
+///
+/// While a Group is the innermost one of its thread, every operation that changes a variable (assign,
+/// assign_add, assign_sub, the scatters, apply_gradient, apply_sparse_gradient) is validated (an error
+/// of the call is raised by the call, before anything is sent), sent, and returns at once: an empty
+/// Tensor, since its payload is not handed back. `wait()` waits for all of them as one (the thread
+/// sleeps once, not once per reply) and raises the first error among their replies, in the order they
+/// were sent. A read in a Group waits for its own reply, as outside one; a ps task takes one thread's
+/// requests in order, so it sees the writes sent to its shards before it.
+///
+/// The requests of a Group to one ps task leave together: the TCP transport writes the requests queued
+/// for a connection in one system call, and the ps writes their replies together.
+///
+/// A Group belongs to the thread that made it; groups nest (the inner one takes the writes while it
+/// lives). Its destructor waits for what was not waited for; an error it then finds is printed to
+/// stderr, since a destructor cannot raise it: call `wait()`.
+///
+/// @par Example
+/// @code
+/// pss::Group group;
+/// for (std::size_t i = 0; i < weights.size(); ++i) weights[i].apply_gradient(std::move(gradients[i]));
+/// group.wait();  // every push applied, or the first error raised
+/// @endcode
+class Group {
+public:
+    Group() : previous_(std::exchange(current_slot(), this)) {}
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+    ~Group() {
+        current_slot() = previous_;
+        if (pending() == 0) return;
+        try {
+            wait();
+        } catch (const std::exception& e) {
+            if (std::uncaught_exceptions() == 0)
+                std::fprintf(stderr, "pss: a Group was destroyed before its wait() raised this error: %s\n", e.what());
+        }
+    }
+
+    /// @brief Waits for every operation sent in this group since the last wait, then raises the first
+    /// error among their replies (an Error subclass, as the operation would have raised). The group
+    /// can be used again after.
+    void wait() {
+        batch_->wait();
+        const std::size_t n = batch_->size();
+        std::exception_ptr error;
+        for (std::size_t i = 0; i < n; ++i) {
+            Reply reply = batch_->take(i);
+            if (!reply.ok() && !error) try {
+                    (void)reply.take();
+                } catch (...) {
+                    error = std::current_exception();
+                }
+        }
+        batch_->clear();
+        if (error) std::rethrow_exception(error);
+    }
+
+    /// @brief The number of requests sent in this group and not yet waited for (one per shard an
+    /// operation reached).
+    [[nodiscard]] std::size_t pending() const { return batch_->size(); }
+
+    /// @brief The innermost group of the calling thread, or null.
+    [[nodiscard]] static Group* current() noexcept { return current_slot(); }
+
+private:
+    friend class Variable;
+
+    static Group*& current_slot() noexcept {
+        static thread_local Group* group = nullptr;
+        return group;
+    }
+
+    std::shared_ptr<detail::ReplyBatch> batch_ = std::make_shared<detail::ReplyBatch>();
+    Group* previous_;
+};
 
 /// @brief Rows `ids` of `params` (tf.nn.embedding_lookup).
 [[nodiscard]] inline Tensor embedding_lookup(const Variable& params, std::span<const std::int64_t> ids) {
@@ -591,71 +765,50 @@ inline std::vector<Variable> Variable::shards() const {
     return out;
 }
 
-inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request>> outgoing) const {
-    // Profiled (when a benchmark enables it) as a pull or a push by what the first request does.
-    const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
-    const bool pull = first_op == Op::read || first_op == Op::gather;
-    const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
-                      is_scatter(first_op) || first_op == Op::apply_dense || first_op == Op::apply_sparse;
-    const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
-                                           pull || push);
-    // A closure running when another failed is cancelled cooperatively, as TensorFlow's are: its next
-    // variable operation raises, before anything is sent.
-    if (const auto* running = detail::ClosureContext::current(); running != nullptr && running->cancelled())
-        throw CancelledError("pss: " + describe(first_op) +
-                             " was not sent: another closure failed, and the closures running meanwhile are "
-                             "cancelled (their RemoteValues give this error); reschedule it");
-    std::vector<std::future<Reply>> futures(outgoing.size());
-    std::vector<Request> again(outgoing.size());  // what to send if the reply is "not ready"
-    std::vector<Tensor> out(outgoing.size());
-    std::vector<std::size_t> waiting;
-    // Every operation sent from here was validated against the whole variable (or needs nothing); a ps
-    // in this process need not do it again, when this handle's shapes are its own.
-    const bool checked = shapes_trusted();
-    auto post = [&](std::size_t i, Request r) {
-        r.in_process.checked = checked;
-        again[i].op = r.op;  // the request without its payload
-        again[i].key = r.key;
-        again[i].ids = r.ids;
-        again[i].step = r.step;
-        again[i].in_process = r.in_process;
-        futures[i] = info().channel->send(outgoing[i].first, std::move(r));
-    };
-    for (std::size_t i = 0; i < outgoing.size(); ++i) {
-        post(i, std::move(outgoing[i].second));
-        waiting.push_back(i);
-    }
+namespace detail {
+
+inline void Exchange::post(std::size_t i, Request r) {
+    r.in_process.checked = checked;
+    again[i].op = r.op;  // the request without its payload
+    again[i].key = r.key;
+    again[i].ids = r.ids;
+    again[i].step = r.step;
+    again[i].in_process = r.in_process;
+    slots[i] = send_into(batch, *variable->channel, tasks[i], std::move(r));
+}
+
+inline std::vector<Tensor> Exchange::finish() {
+    std::vector<Tensor> out(tasks.size());
+    std::vector<std::size_t> waiting(tasks.size());
+    for (std::size_t i = 0; i < waiting.size(); ++i) waiting[i] = i;
     std::exception_ptr error;
-    const detail::ClosureContext* closure = detail::ClosureContext::current();
+    const ClosureContext* closure = ClosureContext::current();
     auto cancelled = [closure] { return closure != nullptr && closure->cancelled(); };
     auto abandon = [&](std::size_t i) {
         return std::make_exception_ptr(CancelledError(
-            "pss: " + describe(again[i].op) + " for step " + std::to_string(again[i].step) +
-            " was abandoned: another closure failed, so the step may never complete"));
+            "pss: " + std::string(op_name(again[i].op)) + " on variable '" + variable->name + ":0' for step " +
+            std::to_string(again[i].step) + " was abandoned: another closure failed, so the step may never complete"));
     };
     // A ps holds a synchronous pull until its step is applied, so the reply may take a whole step of the
     // slowest worker: such a wait wakes every millisecond to see whether the coordinator gave up on it.
-    auto wait = [&](std::size_t i) {
-        // Spin briefly before blocking: an in-process reply often comes within microseconds, and a
-        // sleeping thread's wake-up costs more (without the spin, bench_ctr's synchronous 2 workers ran
-        // 430 to 480 steps/s against 665 to 741 with it, on a loaded 2-core machine).
-        for (int spin = 0; spin < 200 && futures[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready; ++spin)
-            std::this_thread::yield();
-        // Only a pull is held; a push is answered at once, and its effect stands whether or not it is awaited.
-        const bool held = again[i].step != 0 && (again[i].op == Op::read || again[i].op == Op::gather);
-        if (!held || closure == nullptr || closure->failures == nullptr) return futures[i].wait(), true;
-        while (futures[i].wait_for(std::chrono::milliseconds(1)) != std::future_status::ready)
+    // Only a pull is held; a push is answered at once, and its effect stands whether or not it is awaited.
+    auto wait = [&] {
+        const bool held = pull && again[waiting.front()].step != 0;
+        if (!held || closure == nullptr || closure->failures == nullptr) return batch->wait(), true;
+        while (!batch->wait_for(std::chrono::milliseconds(1)))
             if (cancelled()) return false;
         return true;
     };
     for (auto pause = std::chrono::microseconds(20); !waiting.empty(); pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
+        // The replies still to come when a wait is given up are not waited for: nobody will read them.
+        const bool all_in = wait();
         std::vector<std::size_t> retry;
         for (std::size_t i : waiting) {
-            if (!wait(i)) {  // the replies still to come are not waited for: nobody will read them
+            if (!all_in && !batch->ready(slots[i])) {
                 if (!error) error = abandon(i);
                 break;
             }
-            Reply reply = futures[i].get();
+            Reply reply = batch->take(slots[i]);
             if (reply.code == ErrorCode::not_ready && !error) {
                 retry.push_back(i);
                 again[i].payload = std::move(reply.payload);
@@ -678,17 +831,80 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     return out;
 }
 
-inline Tensor Variable::read_value(std::uint64_t step) const {
-    const auto& shards = info().shards;
+}  // namespace detail
+
+inline void Variable::refuse_if_cancelled(Op op) const {
+    // A closure running when another failed is cancelled cooperatively, as TensorFlow's are: its next
+    // variable operation raises, before anything is sent.
+    if (const auto* running = detail::ClosureContext::current(); running != nullptr && running->cancelled())
+        throw CancelledError("pss: " + describe(op) +
+                             " was not sent: another closure failed, and the closures running meanwhile are "
+                             "cancelled (their RemoteValues give this error); reschedule it");
+}
+
+inline detail::Exchange Variable::post(std::vector<std::pair<int, Request>> outgoing) const {
+    const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
+    refuse_if_cancelled(first_op);
+    detail::Exchange x;
+    x.variable = info_;
+    x.op = first_op;
+    x.pull = first_op == Op::read || first_op == Op::gather;
+    // Every operation sent from here was validated against the whole variable (or needs nothing); a ps
+    // in this process need not do it again, when this handle's shapes are its own.
+    x.checked = shapes_trusted();
+    x.tasks.reserve(outgoing.size());
+    for (auto& [task, r] : outgoing) x.tasks.push_back(task);
+    x.slots.resize(outgoing.size());
+    x.again.resize(outgoing.size());
+    for (std::size_t i = 0; i < outgoing.size(); ++i) x.post(i, std::move(outgoing[i].second));
+    return x;
+}
+
+inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request>> outgoing) const {
+    // Profiled (when a benchmark enables it) as a pull or a push by what the first request does.
+    const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
+    const bool pull = first_op == Op::read || first_op == Op::gather;
+    const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
+                      is_scatter(first_op) || first_op == Op::apply_dense || first_op == Op::apply_sparse;
+    const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
+                                           pull || push);
+    // A write in a Group is sent, and waited for by the group: its replies go to the group's batch.
+    if (Group* group = Group::current(); group != nullptr && push) {
+        refuse_if_cancelled(first_op);
+        const bool checked = shapes_trusted();
+        for (auto& [task, r] : outgoing) {
+            r.in_process.checked = checked;
+            detail::send_into(group->batch_, *info().channel, task, std::move(r));
+        }
+        return std::vector<Tensor>(outgoing.size());
+    }
+    return post(std::move(outgoing)).finish();
+}
+
+inline detail::Exchange Variable::post_read(std::uint64_t step) const {
     std::vector<std::pair<int, Request>> outgoing;
-    for (const auto& s : shards) outgoing.emplace_back(s.task, request(Op::read, s, step));
-    auto parts = exchange(std::move(outgoing));
+    for (const auto& s : info().shards) outgoing.emplace_back(s.task, request(Op::read, s, step));
+    return post(std::move(outgoing));
+}
+
+inline Tensor Variable::assemble_read(std::vector<Tensor> parts) const {
+    const auto& shards = info().shards;
     for (std::size_t i = 0; i < parts.size(); ++i) check_reply(Op::read, parts[i], shards[i].shape, shards[i].index);
     if (parts.size() == 1) return std::move(parts.front());
     Tensor whole = Tensor::uninitialized(dtype(), shape());
     for (std::size_t i = 0; i < parts.size(); ++i)
         detail::RowCopy(whole, parts[i])(shards[i].row_offset, 0, shards[i].shape[0]);
     return whole;
+}
+
+inline Tensor Variable::read_value(std::uint64_t step) const {
+    const detail::StepProfile::Timer timer(detail::StepProfile::Counter::pull);
+    return assemble_read(post_read(step).finish());
+}
+
+inline TensorFuture Variable::read_value_async(std::uint64_t step) const {
+    auto sent = std::make_shared<detail::Exchange>(post_read(step));
+    return TensorFuture([variable = *this, sent] { return variable.assemble_read(sent->finish()); });
 }
 
 template <Element T>
@@ -784,47 +1000,66 @@ inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_
     return detail::slice_block(picked, from, to);
 }
 
-inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {
+inline Variable::Gather Variable::post_gather(std::span<const std::int64_t> ids, std::uint64_t step) const {
     detail::validate_request(Op::gather, info().name, shape(), dtype(), {}, ids, ":0");
     const auto& shards = info().shards;
-    if (ids.empty()) return Tensor::uninitialized(dtype(), detail::rows_shape(shape(), 0));  // no shard is asked
-    auto requests = [&](std::size_t s) { return request(Op::gather, shards[s], step); };
-    if (shards.size() == 1) {
-        std::vector<std::pair<int, Request>> outgoing;
-        outgoing.emplace_back(shards.front().task, requests(0));
-        outgoing.front().second.ids.assign(ids.begin(), ids.end());
-        Tensor part = std::move(exchange(std::move(outgoing)).front());
-        check_reply(Op::gather, part, detail::rows_shape(shards.front().shape, ids.size()), shards.front().index);
-        return part;
-    }
-    ByShard grouped = group_by_shard(ids);
-    // A ps in this process writes its rows straight into the result; one elsewhere answers with them.
-    const bool in_place = shapes_trusted();
-    auto out = std::make_shared<Tensor>(Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size())));
+    Gather g;
+    g.rows = ids.size();
     std::vector<std::pair<int, Request>> outgoing;
-    std::vector<std::size_t> asked;
-    for (std::size_t s = 0; s < shards.size(); ++s) {
-        if (grouped.rows[s].empty()) continue;
-        Request r = requests(s);
-        r.ids = std::move(grouped.rows[s]);
-        if (in_place) {
-            r.in_process.into = out;
-            r.in_process.into_rows = std::move(grouped.positions[s]);
+    if (ids.empty()) {  // no shard is asked
+        g.out = std::make_shared<Tensor>(Tensor::uninitialized(dtype(), detail::rows_shape(shape(), 0)));
+    } else if (shards.size() == 1) {
+        outgoing.emplace_back(shards.front().task, request(Op::gather, shards.front(), step));
+        outgoing.front().second.ids.assign(ids.begin(), ids.end());
+    } else {
+        g.grouped = group_by_shard(ids);
+        // A ps in this process writes its rows straight into the result; one elsewhere answers with them.
+        g.in_place = shapes_trusted();
+        g.out = std::make_shared<Tensor>(Tensor::uninitialized(dtype(), detail::rows_shape(shape(), ids.size())));
+        for (std::size_t s = 0; s < shards.size(); ++s) {
+            if (g.grouped.rows[s].empty()) continue;
+            Request r = request(Op::gather, shards[s], step);
+            r.ids = std::move(g.grouped.rows[s]);
+            if (g.in_place) {
+                r.in_process.into = g.out;
+                r.in_process.into_rows = std::move(g.grouped.positions[s]);
+            }
+            outgoing.emplace_back(shards[s].task, std::move(r));
+            g.asked.push_back(s);
         }
-        outgoing.emplace_back(shards[s].task, std::move(r));
-        asked.push_back(s);
     }
-    auto parts = exchange(std::move(outgoing));
-    if (!in_place) {
+    g.sent = post(std::move(outgoing));
+    return g;
+}
+
+inline Tensor Variable::finish_gather(Gather& g) const {
+    auto parts = g.sent.finish();
+    const auto& shards = info().shards;
+    if (!g.out) {  // one shard, which answered with the rows
+        check_reply(Op::gather, parts.front(), detail::rows_shape(shards.front().shape, g.rows), shards.front().index);
+        return std::move(parts.front());
+    }
+    if (!g.in_place) {
         for (std::size_t p = 0; p < parts.size(); ++p) {
-            const auto& positions = grouped.positions[asked[p]];
-            check_reply(Op::gather, parts[p], detail::rows_shape(shards[asked[p]].shape, positions.size()),
-                        shards[asked[p]].index);
-            const detail::RowCopy copy(*out, parts[p]);
+            const auto& positions = g.grouped.positions[g.asked[p]];
+            check_reply(Op::gather, parts[p], detail::rows_shape(shards[g.asked[p]].shape, positions.size()),
+                        shards[g.asked[p]].index);
+            const detail::RowCopy copy(*g.out, parts[p]);
             for (std::size_t j = 0; j < positions.size(); ++j) copy(positions[j], j);
         }
     }
-    return std::move(*out);
+    return std::move(*g.out);
+}
+
+inline Tensor Variable::sparse_read(std::span<const std::int64_t> ids, std::uint64_t step) const {
+    const detail::StepProfile::Timer timer(detail::StepProfile::Counter::pull);
+    Gather g = post_gather(ids, step);
+    return finish_gather(g);
+}
+
+inline TensorFuture Variable::sparse_read_async(std::span<const std::int64_t> ids, std::uint64_t step) const {
+    auto g = std::make_shared<Gather>(post_gather(ids, step));
+    return TensorFuture([variable = *this, g] { return variable.finish_gather(*g); });
 }
 
 PSS_NAMESPACE_END

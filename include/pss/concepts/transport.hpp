@@ -72,6 +72,11 @@ concept transport_crosses_processes = requires {
 /// - `send` never throws for a remote failure: an unreachable task, or one that has shut down, gives a
 ///   Reply with `ErrorCode::unavailable`; a handler's error comes back as its Reply.
 /// - Payload tensors are moved, never copied, where the transport can (in-process always).
+/// - A request may name a slot of a batch its reply should go to (`request.in_process.reply_to`: the
+///   shards of one Variable operation, or a Group's writes, waited for as one). A transport that
+///   delivers there (through detail::ReplyTarget, as InProcessTransport and TcpTransport do) returns an
+///   invalid future; one that ignores the slot returns a valid future as always, and pss waits on it.
+///   Either is a Transport; filling slots saves the sender a wake-up per reply.
 /// - After `shutdown()`, `send` answers with `ErrorCode::unavailable` and no handler runs again.
 ///
 /// @par Models

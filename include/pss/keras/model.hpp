@@ -691,6 +691,10 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
         const ClosureContext uncancelled = ClosureContext::uncancelled();
         std::optional<ClosureContext::Guard> pushing;  // see above
         if (synchronous && ClosureContext::current() != nullptr) pushing.emplace(uncancelled);
+        // Asynchronous pushes go as one Group, waited for once after the last. A synchronous step waits
+        // for each push: a refused one must be known to complete the step with an empty push.
+        std::optional<Group> pushes;
+        if (!synchronous) pushes.emplace();
         graph.backward(std::move(grad), [&](VariableGradient& g) {
             Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
                                                                    : convert_tensor(g.values, g.variable.dtype());
@@ -700,6 +704,10 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
                 (void)g.variable.apply_gradient(std::move(values), step);
             if (synchronous) pushed.push_back(g.variable.id());
         });
+        if (pushes) {
+            const StepProfile::Timer timer(StepProfile::Counter::push);
+            pushes->wait();
+        }
         return out;
     } catch (const UnavailableError&) {
         throw;  // a lost task: the coordinator runs the closure again (its pushes complete the step), or raises

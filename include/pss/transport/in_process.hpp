@@ -15,6 +15,7 @@
 
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/reply_batch.hpp>
 #include <pss/message.hpp>
 
 PSS_NAMESPACE_BEGIN
@@ -56,9 +57,11 @@ public:
             std::lock_guard lock(tasks_mutex_);
             if (auto it = tasks_.find(key(task)); it != tasks_.end()) box = it->second;
         }
-        if (box == nullptr) return unavailable(task);
-        auto future = box->post(std::move(request));
-        return future ? std::move(*future) : unavailable(task);
+        auto [target, future] = detail::ReplyTarget::of(request);
+        if (box == nullptr || !box->post(std::move(request), target))
+            target(Reply::error(ErrorCode::unavailable,
+                                "pss: task " + task.to_string() + " is not serving (never started, or shut down)"));
+        return std::move(future);
     }
 
     /// @brief Hands the requests already queued to their handlers, then stops every task's thread.
@@ -82,24 +85,22 @@ private:
         explicit Mailbox(RequestHandler handler) : handler_(std::move(handler)), thread_([this] { run(); }) {}
         ~Mailbox() { close(); }
 
-        /// Empty when the mailbox is closed: the request was not taken.
-        std::optional<std::future<Reply>> post(Request request) {
-            std::promise<Reply> promise;
-            auto future = promise.get_future();
+        /// False when the mailbox is closed: the request was not taken, and `target` is left to answer.
+        bool post(Request request, detail::ReplyTarget& target) {
             {
                 std::unique_lock lock(mutex_);
-                if (closed_) return std::nullopt;
+                if (closed_) return false;
                 if (!queue_.empty() || busy_ || !runs_on_sender(request)) {
-                    queue_.emplace_back(std::move(request), std::move(promise));
+                    queue_.emplace_back(std::move(request), std::move(target));
                     pending_.store(true, std::memory_order_release);
                     lock.unlock();
                     ready_.notify_one();
-                    return future;
+                    return true;
                 }
                 busy_ = true;
             }
-            handle(std::move(request), std::move(promise));
-            return future;
+            handle(std::move(request), std::move(target));
+            return true;
         }
 
         void close() {
@@ -132,7 +133,7 @@ private:
         }
 
         /// Runs one request (busy_ is set), then lets the next one run.
-        void handle(Request&& request, std::promise<Reply>&& promise) {
+        void handle(Request&& request, detail::ReplyTarget&& target) {
             struct Done {  // also when the handler throws
                 Mailbox& box;
                 ~Done() {
@@ -145,9 +146,7 @@ private:
                     if (wake) box.ready_.notify_all();
                 }
             } done{*this};
-            handler_(std::move(request), Responder([promise = std::move(promise)](Reply&& reply) mutable {
-                         promise.set_value(std::move(reply));
-                     }));
+            handler_(std::move(request), Responder(std::move(target)));
         }
 
         void run() {
@@ -161,19 +160,19 @@ private:
                 std::unique_lock lock(mutex_);
                 ready_.wait(lock, [&] { return (!queue_.empty() && !busy_) || (closed_ && queue_.empty()); });
                 if (queue_.empty()) return;  // closed, and everything queued has been handled
-                auto [request, promise] = std::move(queue_.front());
+                auto [request, target] = std::move(queue_.front());
                 queue_.pop_front();
                 pending_.store(!queue_.empty(), std::memory_order_release);
                 busy_ = true;
                 lock.unlock();
-                handle(std::move(request), std::move(promise));
+                handle(std::move(request), std::move(target));
             }
         }
 
         RequestHandler handler_;
         std::mutex mutex_;
         std::condition_variable ready_;
-        std::deque<std::pair<Request, std::promise<Reply>>> queue_;
+        std::deque<std::pair<Request, detail::ReplyTarget>> queue_;
         bool closed_ = false;
         bool busy_ = false;                 // a request is running, on this thread or on its sender's
         std::atomic<bool> pending_{false};  // the queue is not empty; read without the lock while spinning
@@ -182,13 +181,6 @@ private:
     };
 
     static std::string key(const TaskId& task) { return task.type + ":" + std::to_string(task.index); }
-
-    static std::future<Reply> unavailable(const TaskId& task) {
-        std::promise<Reply> p;
-        p.set_value(Reply::error(ErrorCode::unavailable,
-                                 "pss: task " + task.to_string() + " is not serving (never started, or shut down)"));
-        return p.get_future();
-    }
 
     ClusterSpec spec_;
     std::mutex tasks_mutex_;

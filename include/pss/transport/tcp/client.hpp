@@ -25,6 +25,7 @@
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
+#include <pss/detail/reply_batch.hpp>
 #include <pss/message.hpp>
 #include <pss/tensor.hpp>
 #include <pss/transport/tcp/buffers.hpp>
@@ -92,8 +93,9 @@ public:
     /// Hands `request` to the strand, which writes it once the connection is up.
     std::future<Reply> send(Request request) {
         auto out = std::make_shared<Outgoing>();
+        auto [target, future] = detail::ReplyTarget::of(request);
         out->request = std::move(request);
-        auto future = out->promise.get_future();
+        out->target = std::move(target);
         bool first = false;
         {
             std::unique_lock lock(inbox_mutex_);
@@ -101,13 +103,13 @@ public:
                 const std::string reason = closed_reason_for_senders_;
                 lock.unlock();
                 out->answer(Reply::error(ErrorCode::unavailable, reason));
-                return future;
+                return std::move(future);
             }
             first = inbox_.empty();
             inbox_.push_back(std::move(out));
         }
         if (first) asio::post(strand_, [self = shared_from_this()] { self->take_inbox(); });
-        return future;
+        return std::move(future);
     }
 
     /// Answers every waiting request with `reason` (unavailable) and closes the socket (strand, or after
@@ -142,25 +144,17 @@ public:
 private:
     enum class State { connecting, connected, closed };
 
-    /// A request on its way: its frame points into it, and its promise is answered exactly once.
+    /// A request on its way: its frame points into it, and its target (the future send returned, or
+    /// the caller's ReplyBatch) is answered exactly once.
     struct Outgoing {
         Request request;
         OutgoingFrame frame;
         std::uint64_t id = 0;
-        std::promise<Reply> promise;
-        bool answered = false;
+        detail::ReplyTarget target;
 
-        void answer(Reply reply) {
-            if (answered) return;
-            answered = true;
-            promise.set_value(std::move(reply));
-        }
+        void answer(Reply reply) { target(std::move(reply)); }
         /// Dropped unanswered (its transport stopped before the strand took it): answered unavailable.
-        ~Outgoing() {
-            if (!answered)
-                promise.set_value(Reply::error(ErrorCode::unavailable,
-                                               "pss: TcpTransport: the transport stopped before the request was sent"));
-        }
+        ~Outgoing() { answer(Reply::error(ErrorCode::unavailable, "pss: TcpTransport: the transport stopped before the request was sent")); }
     };
 
     struct Pending {
