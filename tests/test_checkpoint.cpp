@@ -1299,13 +1299,22 @@ TEST_SUITE("simulated") {
             CHECK(t.runs == 1);
             CHECK(network.events()[0].what.starts_with("delayed "));
         }
+        SUBCASE("restart_after 0: a crashed task never starts again") {
+            pss::SimulatedNetwork network({.seed = 1, .restart_after = 0});
+            OneTask t;
+            network.crash(t.ps);
+            for (int i = 0; i < 3; ++i)
+                CHECK(t.send().message ==
+                      task + "is down (a simulated crash; it never starts again: SimulatedFaults::restart_after is 0)");
+            CHECK(t.runs == 0);
+        }
         SUBCASE("a crash: the state is lost, the task is down for restart_after requests, then starts again") {
             pss::SimulatedNetwork network({.seed = 1, .restart_after = 2});
             OneTask t;
             CHECK(t.send().ok());
             network.crash(t.ps);
             CHECK(t.send().message == task + "is down (a simulated crash; it starts again after 2 more requests)");
-            CHECK(t.send().message == task + "is down (a simulated crash; it starts again after 1 more requests)");
+            CHECK(t.send().message == task + "is down (a simulated crash; it starts again after 1 more request)");
             CHECK(t.send().ok());
             CHECK(t.runs == 2);
             CHECK(t.crashes == 1);

@@ -60,7 +60,9 @@ class SimulatedTransport;
 
 /// @brief The network every SimulatedTransport constructed while it lives runs on: its faults, its
 /// seed and the log of what it injected. One is installed per process at a time (the Transport concept
-/// constructs a transport from the cluster spec alone, so the strategy's transport finds it here).
+/// constructs a transport from the cluster spec alone, so the strategy's transport finds it here). It
+/// must outlive the transports (and so the strategies) made while it was installed: they keep a
+/// pointer to it. Declare it before the strategy.
 ///
 /// @par Example
 /// @code
@@ -285,8 +287,12 @@ private:
             }
             const std::uint64_t number = next_message_++;
             if (down_) {
-                promise.set_value(unavailable(task_, "is down (a simulated crash; it starts again after " +
-                                                         std::to_string(attempts_left_) + " more requests)"));
+                promise.set_value(unavailable(
+                    task_, "is down (a simulated crash; " +
+                               (attempts_left_ == 0 ? std::string("it never starts again: SimulatedFaults::restart_after is 0")
+                                                    : "it starts again after " + std::to_string(attempts_left_) +
+                                                          (attempts_left_ == 1 ? " more request" : " more requests")) +
+                               ")"));
                 if (attempts_left_ > 0 && --attempts_left_ == 0) {
                     down_ = false;
                     lock.unlock();
