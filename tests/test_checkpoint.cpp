@@ -1182,6 +1182,61 @@ TEST_SUITE("keras/model.hpp") {
         check_resume_after_two_of_four(pss::Adam(pss::ExponentialDecay(0.05, 2, 0.5)));
     }
 
+    TEST_CASE("Sequential::fit with BackupAndRestore and recover_lost_ps, synchronous: ps 1 crashed as epoch 3 begins is "
+              "started again, every variable restored from the backup of epoch 2, and the fit ends with the losses and "
+              "bits of 4 epochs never stopped") {
+        TempDir dir;
+        const Data d;
+        const pss::Adam optimizer(0.05);
+        KerasStrategy2 s1({}, pss::FixedShardsPartitioner(2), optimizer);
+        auto straight = make_model(s1);
+        straight.compile(optimizer, "mse");
+        const auto full = straight.fit(d.x, d.y, 4, 5, true, false);
+
+        using SimulatedSync = pss::ParameterServerStrategy<pss::SimulatedTransport, pss::FixedShardsPartitioner, pss::Adam,
+                                                           pss::LocalClusterResolver<2, 2>, pss::Synchronous>;
+        pss::SimulatedNetwork network({.seed = 1, .restart_after = 3});
+        pss::BackupAndRestore backup(dir / "backup");
+        pss::LambdaCallback crash;
+        int epochs_begun = 0;
+        crash.on_epoch_begin_fn = [&](int epoch, const pss::Logs&) {
+            ++epochs_begun;
+            if (epoch == 2 && epochs_begun == 3) network.crash({"ps", 1});
+        };
+        const pss::FitOptions options{.batch_size = 5, .epochs = 4, .verbose = 1, .callbacks = {backup, crash}};
+        // Without recover_lost_ps the loss is raised, naming the task.
+        std::ostringstream ignored;
+        {
+            SimulatedSync s2({}, pss::FixedShardsPartitioner(2), optimizer);
+            auto model = make_model(s2);
+            model.compile(optimizer, "mse");
+            pss::FitOptions raising = options;
+            raising.out = &ignored;
+            CHECK_THROWS_WITH_AS((void)model.fit(d.x, d.y, raising), doctest::Contains("/job:ps/replica:0/task:1"),
+                                 pss::UnavailableError);
+        }
+        fs::remove_all(dir / "backup");
+        SimulatedSync s3({}, pss::FixedShardsPartitioner(2), optimizer);
+        auto recovered = make_model(s3);
+        recovered.compile(optimizer, "mse");
+        backup.recover_lost_ps = true;
+        epochs_begun = 0;
+        std::ostringstream out;
+        pss::FitOptions recovering = options;
+        recovering.out = &out;
+        const auto h = recovered.fit(d.x, d.y, recovering);
+        CHECK(epochs_begun == 5);  // epoch 3 began twice
+        CHECK(out.str().find("Restored the backup of epoch 2 from " + dir / "backup" + "\nEpoch 3/4\n") != std::string::npos);
+        CHECK(h.epoch == std::vector<int>{2, 3});
+        CHECK(h.loss[0] == full.loss[2]);
+        CHECK(h.loss[1] == full.loss[3]);
+        CHECK(same_weights(straight.get_weights(), recovered.get_weights()));
+        std::vector<std::string> events;
+        for (const auto& e : network.events()) events.push_back(e.what);
+        CHECK(events.front() == "crashed");
+        CHECK(std::count(events.begin(), events.end(), "crashed") == 2);  // once per fit
+    }
+
     TEST_CASE("Sequential::fit with BackupAndRestore every 4 batches: a process that dies after the backup at epoch 2 "
               "batch 2 is resumed there and ends with the bits and losses of a fit that never stopped") {
         TempDir dir;

@@ -1067,6 +1067,13 @@ public:
     /// 0: back up at the end of every epoch (Keras' `save_freq="epoch"`); N: after every N batches, counted
     /// across epochs (Keras' integer `save_freq`). A backup waits for the batches in flight to finish.
     std::size_t save_freq = 0;
+    /// Beyond Keras (whose job is started again): a ps task lost during the fit is waited for (the
+    /// start-up timeout: started again by `pss-launch --restart-failed`, Kubernetes or Slurm), made to
+    /// serve again, every variable is restored from the latest backup and the fit goes on from it, in
+    /// synchronous training too: the steps since the backup run again, so the fit ends with the weights
+    /// of one never stopped. The History returned holds the epochs run after the last recovery. Off:
+    /// the fit raises the loss (UnavailableError naming the task).
+    bool recover_lost_ps = false;
 };
 
 PSS_NAMESPACE_END
@@ -7186,10 +7193,11 @@ private:
             return on_worker(detail::keras_remote_step_function, remote_->id, std::move(xs), std::move(ys), std::move(ws),
                              step, scale);
         return on_worker(
-            [this, step, scale, started](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
+            // The batch is copied, not moved, into the step: a closure that failed on a lost ps runs again
+            // (TensorFlow's transient ps failures), with the same arguments.
+            [this, step, scale, started](Replica& replica, const std::vector<Tensor>& x, const Tensor& y, const Tensor& w) {
                 started->store(true);
-                return detail::keras_train_step(replica.graph, *loss_, *metrics_, std::move(x), std::move(y), w, step,
-                                                scale);
+                return detail::keras_train_step(replica.graph, *loss_, *metrics_, x, y, w, step, scale);
             },
             *replicas_, std::move(xs), std::move(ys), std::move(ws));
     }
@@ -7201,8 +7209,8 @@ private:
             return coordinator_->schedule(detail::keras_remote_test_step_function, remote_->id, std::move(xs),
                                           std::move(ys), std::move(ws));
         return coordinator_->schedule(
-            [this](Replica& replica, std::vector<Tensor>& x, Tensor& y, Tensor& w) {
-                return detail::keras_test_step(replica.graph, *loss_, *metrics_, std::move(x), std::move(y), w);
+            [this](Replica& replica, const std::vector<Tensor>& x, const Tensor& y, const Tensor& w) {
+                return detail::keras_test_step(replica.graph, *loss_, *metrics_, x, y, w);  // copied: see schedule_step
             },
             *replicas_, std::move(xs), std::move(ys), std::move(ws));
     }
@@ -7321,12 +7329,14 @@ History Model<StrategyType>::fit(const ModelInputs& x, const xt::xarray<float>& 
     prepare_inputs(x, "fit");  // builds the model: its weights must exist to be restored
     Checkpoint<StrategyType> checkpoint(*strategy_, weights());
     CheckpointManager<StrategyType> manager(checkpoint, backup->backup_dir, 1);
-    if (manager.restore_or_initialize()) {
+    // Where the latest backup stands: the epoch and batch to go on from, the shuffling, the step count.
+    const auto resume_from_backup = [&] {
         const auto& meta = checkpoint.metadata();
         try {
             start.epoch = detail::json_integer<int>(meta.at("epoch"), "\"epoch\"");
             start.batch = meta.contains("batch") ? detail::json_integer<std::size_t>(meta.at("batch"), "\"batch\"") : 0;
             start.loss_sum = meta.value("loss_sum", 0.0);
+            start.metric_state.clear();
             if (meta.contains("metric_state"))
                 start.metric_state = meta.at("metric_state").template get<std::vector<double>>();
             std::istringstream state(meta.at("shuffle_rng").template get<std::string>());
@@ -7345,20 +7355,40 @@ History Model<StrategyType>::fit(const ModelInputs& x, const xt::xarray<float>& 
             if (start.batch > 0) out << ", batch " << start.batch;
             out << " from " << backup->backup_dir << "\n";
         }
+    };
+    if (manager.restore_or_initialize()) resume_from_backup();
+    const auto save_backup = [&](const FitPoint& point) {
+        std::ostringstream state;
+        state << point.shuffle_rng;
+        checkpoint.set_step(step_);
+        checkpoint.set_metadata({{"epoch", point.epoch},
+                                 {"batch", point.batch},
+                                 {"loss_sum", point.loss_sum},
+                                 {"metric_state", point.metric_state},
+                                 {"shuffle_rng", state.str()},
+                                 {"model", get_config()}});
+        manager.save();
+    };
+    History history;
+    for (;;) {
+        try {
+            history = fit_epochs(x, y, options, start, {backup->save_freq, save_backup});
+            break;
+        } catch (const UnavailableError&) {
+            // recover_lost_ps: a lost ps task is waited for, made to serve again and every variable is
+            // restored from the latest backup (the other tasks' shards too: in synchronous training their
+            // steps in flight are dropped), and the fit goes on from the backup.
+            if constexpr (requires(StrategyType& st) { st.recreate_shards(0); }) {
+                if (!backup->recover_lost_ps) throw;
+                const std::set<int> lost = detail::unavailable_ps_tasks(std::current_exception());
+                if (lost.empty()) throw;
+                (void)detail::recover_ps(manager, lost, /*restore_anyway=*/true);
+                resume_from_backup();
+            } else {
+                throw;
+            }
+        }
     }
-    History history = fit_epochs(x, y, options, start,
-                                 {backup->save_freq, [&](const FitPoint& point) {
-                                      std::ostringstream state;
-                                      state << point.shuffle_rng;
-                                      checkpoint.set_step(step_);
-                                      checkpoint.set_metadata({{"epoch", point.epoch},
-                                                               {"batch", point.batch},
-                                                               {"loss_sum", point.loss_sum},
-                                                               {"metric_state", point.metric_state},
-                                                               {"shuffle_rng", state.str()},
-                                                               {"model", get_config()}});
-                                      manager.save();
-                                  }});
     if (backup->delete_checkpoint) detail::remove_tree_quietly(backup->backup_dir);
     return history;
     } else {

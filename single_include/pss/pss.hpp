@@ -15482,6 +15482,54 @@ private:
     std::vector<std::thread> workers_;  // last: started after everything they use
 };
 
+/// Makes the lost ps tasks `lost` serve this run again: waits for each to answer (the start-up timeout),
+/// greets it, creates its shards again and restores every variable from `manager`'s latest checkpoint,
+/// so that the model is the checkpoint's whole. A message lost meanwhile (to them or to another ps)
+/// fails that attempt alone: it is made again, with every variable restored again, until the start-up
+/// timeout; another ps task lost meanwhile is made to serve again in the same way. An attempt that
+/// failed may have created shards whose replies were lost, so a restore always follows it. Prints one
+/// line as it starts and one when done. Returns false when every task answered holding its shards
+/// (its link broke for a moment) and `restore_anyway` is false: nothing was restored.
+/// @throws UnavailableError when a task does not come back within the start-up timeout, or when the
+/// manager holds no checkpoint; the handshake's and the restore's errors
+template <class Manager>
+bool recover_ps(Manager& manager, std::set<int> lost, bool restore_anyway = false) {
+    std::string names;
+    for (const int t : lost) names += (names.empty() ? "" : ", ") + ("/job:ps/replica:0/task:" + std::to_string(t));
+    std::fprintf(stderr, "pss: %s was lost; waiting for it to start again, then restoring every variable from the "
+                         "latest checkpoint in %s\n", names.c_str(), std::string(manager.directory()).c_str());
+    auto& strategy = manager.checkpoint().strategy();
+    const auto started = std::chrono::steady_clock::now();
+    std::size_t created = 0;
+    bool failed = false;
+    std::optional<std::string> restored;
+    for (;;) {
+        try {
+            for (const int t : lost) created += strategy.recreate_shards(t);
+            if (created == 0 && !failed && !restore_anyway) break;
+            restored = manager.restore_or_initialize();
+            break;
+        } catch (const UnavailableError&) {
+            failed = true;
+            const auto limit = strategy.timeouts().startup;
+            if (limit.count() > 0 && std::chrono::steady_clock::now() - started >= limit) throw;
+            const std::set<int> named = unavailable_ps_tasks(std::current_exception());
+            lost.insert(named.begin(), named.end());
+        }
+    }
+    if (created == 0 && !failed && !restore_anyway) {
+        std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", names.c_str());
+        return false;
+    }
+    if (!restored)
+        throw UnavailableError("pss: " + names + " started again without its shards, and " +
+                               std::string(manager.directory()) +
+                               " holds no checkpoint to restore them from (CheckpointManager::save one before a loss)");
+    std::fprintf(stderr, "pss: %s is back: %zu shard%s created again, every variable restored from %s; training goes on\n",
+                 names.c_str(), created, created == 1 ? "" : "s", restored->c_str());
+    return true;
+}
+
 }  // namespace detail
 
 /// @brief Schedules closures (steps) on the workers of a strategy's cluster (tf ClusterCoordinator).
@@ -15613,47 +15661,7 @@ public:
         if (static_cast<Strategy*>(&manager.checkpoint().strategy()) != pool_->strategy())
             throw InvalidArgumentError("pss: ClusterCoordinator::recover_ps_from: the checkpoint manager's strategy "
                                        "is not this coordinator's");
-        pool_->set_ps_recovery([&manager](int task) {
-            const std::string ps = "/job:ps/replica:0/task:" + std::to_string(task);
-            std::fprintf(stderr, "pss: %s was lost; waiting for it to start again, then restoring every variable "
-                                 "from the latest checkpoint in %s\n", ps.c_str(), std::string(manager.directory()).c_str());
-            // A message lost while the task is recovered (to it or to another ps) fails that attempt
-            // alone: it is made again, with every variable restored again, until the start-up timeout.
-            // Another ps task lost meanwhile is made to serve again in the same way. An attempt that
-            // failed may have created shards whose replies were lost, so a restore always follows it.
-            auto& strategy = manager.checkpoint().strategy();
-            const auto started = std::chrono::steady_clock::now();
-            std::set<int> lost{task};
-            std::size_t created = 0;
-            bool failed = false;
-            std::optional<std::string> restored;
-            for (;;) {
-                try {
-                    for (const int t : lost) created += strategy.recreate_shards(t);
-                    if (created == 0 && !failed) break;
-                    restored = manager.restore_or_initialize();
-                    break;
-                } catch (const UnavailableError&) {
-                    failed = true;
-                    const auto limit = strategy.timeouts().startup;
-                    if (limit.count() > 0 && std::chrono::steady_clock::now() - started >= limit) throw;
-                    const std::set<int> named = detail::unavailable_ps_tasks(std::current_exception());
-                    lost.insert(named.begin(), named.end());
-                }
-            }
-            if (created == 0 && !failed) {
-                std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", ps.c_str());
-                return;
-            }
-            if (!restored)
-                throw UnavailableError("pss: " + ps + " started again without its shards, and " +
-                                       std::string(manager.directory()) +
-                                       " holds no checkpoint to restore them from (CheckpointManager::save one "
-                                       "before a loss)");
-            std::fprintf(stderr, "pss: %s is back: %zu shard%s created again, every variable restored from %s; "
-                                 "training goes on\n", ps.c_str(), created, created == 1 ? "" : "s",
-                         restored->c_str());
-        });
+        pool_->set_ps_recovery([&manager](int task) { (void)detail::recover_ps(manager, {task}); });
     }
 
     /// @brief TensorFlow's per-worker variable (`tf.Variable(..., per_worker_variable=True)` in a

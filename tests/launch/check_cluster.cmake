@@ -5,7 +5,8 @@
 #   [-DARGS=<program arguments, ;-separated>] [-DEXPECT_LOST_WORKER=ON: the chief announces one lost worker]
 #   [-DLAUNCH_ARGS=<more pss-launch options>] [-DEXPECT_REJOIN=ON: worker:1 is killed, started again by the
 #   launcher, and announced back on the chief] [-DEXPECT_PS_RECOVERY=ON: ps:1 is killed, started again by the
-#   launcher, and restored by the chief from its checkpoint ckpt-1] [-DEXPECT_NO_LOSS=ON: no task is lost]
+#   launcher, and restored by the chief from its checkpoint ckpt-1] [-DEXPECT_SYNC_PS_RECOVERY=ON: the same,
+#   restored from a fit's backup] [-DEXPECT_NO_LOSS=ON: no task is lost]
 #   [-DRUN_TIMEOUT=<seconds the launched run may take; 150>]
 cmake_minimum_required(VERSION 3.21)
 include("${CMAKE_CURRENT_LIST_DIR}/chief_lines.cmake")
@@ -52,10 +53,19 @@ endif()
 if(MODE STREQUAL "launched" AND EXPECT_NO_LOSS AND err MATCHES "pss: lost ")
   message(FATAL_ERROR "launched run: a task was lost:\n${err}")
 endif()
-if(MODE STREQUAL "launched" AND EXPECT_PS_RECOVERY)
+# ps:1 killed and started again by the launcher, restored by the chief: from its checkpoint ckpt-1 (a
+# coordinator's recover_ps_from), or from a fit's latest backup (BackupAndRestore's recover_lost_ps).
+if(MODE STREQUAL "launched" AND (EXPECT_PS_RECOVERY OR EXPECT_SYNC_PS_RECOVERY))
+  if(EXPECT_SYNC_PS_RECOVERY)
+    set(directory "backup")
+    set(restored "[0-9]+ shards? created again, every variable restored from [^\n]*/backup/ckpt-[23]")
+  else()
+    set(directory "ckpt")
+    set(restored "1 shard created again, every variable restored from [^\n]*/ckpt/ckpt-1")
+  endif()
   foreach(line "pss-launch: ps:1 was killed by signal 9 \\(Killed\\); starting it again \\(1 of [0-9]+ restarts\\)"
-               "\\[chief\\] pss: /job:ps/replica:0/task:1 was lost; waiting for it to start again, then restoring every variable from the latest checkpoint in [^\n]*/ckpt\n"
-               "\\[chief\\] pss: /job:ps/replica:0/task:1 is back: 1 shard created again, every variable restored from [^\n]*/ckpt/ckpt-1; training goes on\n")
+               "\\[chief\\] pss: /job:ps/replica:0/task:1 was lost; waiting for it to start again, then restoring every variable from the latest checkpoint in [^\n]*/${directory}\n"
+               "\\[chief\\] pss: /job:ps/replica:0/task:1 is back: ${restored}; training goes on\n")
     if(NOT err MATCHES "${line}")
       message(FATAL_ERROR "launched run: stderr has no line matching ${line}\nstderr:\n${err}")
     endif()

@@ -15,6 +15,10 @@
 // cluster): the same bits, unless the worker died between two pushes of a step; then its step runs again
 // on values that are one step newer where the step was complete (as an asynchronous step would see them),
 // and the weights must be within 1e-2 (a learning rate; 1.3e-3 seen).
+// `lose-ps` (under `pss-launch --restart-failed`, golden file sync_ps_recovery.expected): ps 1 kills itself
+// (SIGKILL) as soon as the backup of epoch 2 is committed; the launcher starts it again, and the chief's
+// fit (BackupAndRestore with recover_lost_ps) waits for it, restores every variable from the backup and
+// goes on from it: the weights must be the bits of the same fit never stopped.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -91,7 +95,7 @@ void print(const std::vector<pss::Variable>& vars, const char* when) {
 /// Returns the weights read for step `read_step` (0: as they are).
 template <class S>
 std::vector<pss::Tensor> fit_model(S& strategy, const std::filesystem::path& work, bool verbose,
-                                   std::uint64_t read_step) {
+                                   std::uint64_t read_step, bool recover_lost_ps = false) {
     constexpr std::size_t examples = 512;
     xt::xarray<float> x = xt::xarray<float>::from_shape({examples, 4});
     xt::xarray<float> y = xt::xarray<float>::from_shape({examples, 1});
@@ -106,13 +110,15 @@ std::vector<pss::Tensor> fit_model(S& strategy, const std::filesystem::path& wor
     pss::Sequential model(strategy, {pss::Dense(8, "relu"), pss::Dense(1)}, /*seed=*/7);
     model.compile(pss::Adam(0.01), "mse");
     std::ofstream(work / "go") << "go\n";
-    (void)model.fit(x, y, 4, 16, pss::BackupAndRestore{(work / "backup").string()}, true, verbose, std::cout);
+    pss::BackupAndRestore backup((work / "backup").string());
+    backup.recover_lost_ps = recover_lost_ps;
+    (void)model.fit(x, y, 4, 16, backup, true, verbose, std::cout);
     std::vector<pss::Tensor> weights;
     for (const auto& v : model.weights()) weights.push_back(v.read_value(read_step));
     return weights;
 }
 
-/// `fit DIR once|whole|lose-worker`: see the top of this file.
+/// `fit DIR once|whole|lose-worker|lose-ps`: see the top of this file.
 int run_fit(const std::string& dir, const std::string& mode) {
     pss::ClusterStrategy<pss::FixedShardsPartitioner, pss::Adam, pss::Synchronous> strategy(
         {}, pss::FixedShardsPartitioner(2), pss::Adam(0.01));
@@ -129,24 +135,44 @@ int run_fit(const std::string& dir, const std::string& mode) {
             std::raise(SIGKILL);
         }).detach();
     }
-    if (!strategy.is_chief()) {
-        strategy.join();
-        return 0;
-    }
-    if (mode == "once" && !std::filesystem::exists(work / "first_chief_died")) {
-        std::thread([work] {
+    // The kill waits for the backup that the chief writes when epoch 2 ends (the ps tasks write their
+    // shards' files first, the chief the "latest" file last).
+    const auto once_backup_of_epoch_2 = [work](std::string marker) {
+        std::thread([work, marker] {
             const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
             while (std::chrono::steady_clock::now() < give_up) {
                 std::ifstream latest(work / "backup" / "latest");
                 const auto json = nlohmann::json::parse(latest, nullptr, false);
                 if (!json.is_discarded() && json.value("latest", "") == "ckpt-2") {
-                    std::ofstream(work / "first_chief_died") << "1\n";
+                    std::ofstream(work / marker) << "1\n";
                     std::raise(SIGKILL);
                 }
                 std::this_thread::sleep_for(std::chrono::microseconds(200));
             }
         }).detach();
+    };
+    if (mode == "lose-ps" && strategy.task() == pss::TaskId{"ps", 1} && !std::filesystem::exists(work / "ps1_killed"))
+        once_backup_of_epoch_2("ps1_killed");
+    if (!strategy.is_chief()) {
+        strategy.join();
+        return 0;
     }
+    if (mode == "lose-ps") {
+        const auto weights = fit_model(strategy, work, false, 0, /*recover_lost_ps=*/true);
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::Adam,
+                                     pss::LocalClusterResolver<2, 2>, pss::Synchronous>
+            embedded({}, pss::FixedShardsPartitioner(2), pss::Adam(0.01));
+        const auto reference = fit_model(embedded, work / "reference", false, 0);
+        bool same_bits = weights.size() == reference.size();
+        for (std::size_t i = 0; same_bits && i < weights.size(); ++i)
+            same_bits = weights[i].get<float>() == reference[i].get<float>();
+        std::cout << "ps 1 lost after the backup of epoch 2, restored, and the weights the bits of a fit never "
+                     "stopped: "
+                  << same_bits << std::endl;
+        strategy.join();
+        return 0;
+    }
+    if (mode == "once" && !std::filesystem::exists(work / "first_chief_died")) once_backup_of_epoch_2("first_chief_died");
     if (mode == "lose-worker") {
         // A step run again after its worker was lost may report the loss of the weights after it: only
         // the weights are compared.
@@ -187,7 +213,7 @@ int run_fit(const std::string& dir, const std::string& mode) {
 int main(int argc, char** argv) {
     if (argc == 4 && std::string(argv[1]) == "fit") return run_fit(argv[2], argv[3]);
     if (argc != 4) {
-        std::cerr << "usage: checkpoint_program save|restore DIR SHARDS, or fit DIR once|whole|lose-worker\n";
+        std::cerr << "usage: checkpoint_program save|restore DIR SHARDS, or fit DIR once|whole|lose-worker|lose-ps\n";
         return 2;
     }
     const std::string mode = argv[1], dir = argv[2];

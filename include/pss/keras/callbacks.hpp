@@ -589,6 +589,13 @@ public:
     /// 0: back up at the end of every epoch (Keras' `save_freq="epoch"`); N: after every N batches, counted
     /// across epochs (Keras' integer `save_freq`). A backup waits for the batches in flight to finish.
     std::size_t save_freq = 0;
+    /// Beyond Keras (whose job is started again): a ps task lost during the fit is waited for (the
+    /// start-up timeout: started again by `pss-launch --restart-failed`, Kubernetes or Slurm), made to
+    /// serve again, every variable is restored from the latest backup and the fit goes on from it, in
+    /// synchronous training too: the steps since the backup run again, so the fit ends with the weights
+    /// of one never stopped. The History returned holds the epochs run after the last recovery. Off:
+    /// the fit raises the loss (UnavailableError naming the task).
+    bool recover_lost_ps = false;
 };
 
 PSS_NAMESPACE_END
