@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <set>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -1666,6 +1667,44 @@ TEST_SUITE("simulated") {
         if (last - first > 100) {
             CHECK(completed > 150);
             CHECK(faults_seen > 1000);
+        }
+    }
+
+    TEST_CASE("SimulatedTransport: 200 seeds of training that loses workers mid-closure (and messages) each finish "
+              "with every step, the lost workers' closures run on the others, or raise that every worker is lost") {
+        const auto [first, last] = seeds();
+        int completed = 0, all_lost = 0, workers_lost = 0;
+        for (std::uint64_t seed = first; seed <= last; ++seed) {
+            CAPTURE(seed);
+            const Run run = train_with_faults(
+                {.seed = seed, .drop_request = 0.01, .drop_reply = 0.01, .lose_worker = 0.02}, 2);
+            std::string events;
+            std::set<int> lost;
+            for (const auto& e : run.events) {
+                events += e.to_string() + "\n";
+                if (e.task.type == "worker") lost.insert(e.task.index);
+            }
+            CAPTURE(events);
+            workers_lost += static_cast<int>(lost.size());
+            if (run.error) {
+                ++all_lost;
+                CAPTURE(*run.error);
+                CHECK(lost == std::set<int>{0, 1});
+                CHECK(run.error->starts_with("pss: ClusterCoordinator: every worker is lost and "));
+            } else {
+                ++completed;
+                CHECK(lost.size() <= 1);
+                std::ostringstream table;
+                table << run.table;
+                CAPTURE(table.str());
+                CHECK(run.table == trained_table());
+            }
+        }
+        MESSAGE(completed << " runs completed, " << all_lost << " lost every worker, " << workers_lost << " workers lost");
+        if (last - first > 100) {
+            CHECK(completed > 100);
+            CHECK(all_lost > 0);
+            CHECK(workers_lost > completed / 2);  // most runs that completed lost a worker on the way
         }
     }
 }

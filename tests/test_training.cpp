@@ -403,11 +403,15 @@ TEST_SUITE("ClusterCoordinator") {
                                      pss::LocalClusterResolver<1, 1>>
             strategy;
         pss::ClusterCoordinator coordinator(strategy);
-        coordinator.schedule([] { pss::ClusterCoordinator::testing_lose_current_worker(); });
+        auto lost = coordinator.schedule([] { pss::ClusterCoordinator::testing_lose_current_worker(); });
         CHECK_THROWS_WITH_AS(coordinator.join(),
                              "pss: ClusterCoordinator: every worker is lost and 1 closures are waiting; no worker is "
                              "left to run them",
                              pss::UnavailableError);
+        // A worker of this process never comes back: the closure failed with the error, and nothing waits.
+        CHECK_THROWS_WITH_AS(lost.fetch(), doctest::Contains("every worker is lost"), pss::UnavailableError);
+        CHECK(coordinator.done());
+        coordinator.join();
     }
     TEST_CASE("ClusterCoordinator: a per-worker dataset gives each closure its own worker's value") {
         pss::ParameterServerStrategy<> strategy;

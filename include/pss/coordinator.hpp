@@ -180,13 +180,6 @@ private:
     std::vector<std::exception_ptr> errors_;  // empty, or one per worker: null where its value was made
 };
 
-/// @brief Thrown inside a closure by ClusterCoordinator::testing_lose_current_worker(): the worker is
-/// gone, and the closure is put back to run on another worker (at-least-once execution).
-class WorkerLostError : public UnavailableError {
-public:
-    using UnavailableError::UnavailableError;
-};
-
 namespace detail {
 
 /// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none for
@@ -438,7 +431,8 @@ private:
     }
 
     /// Every worker is lost and closures wait (under the lock): waits the start-up timeout for a worker
-    /// process to come back, as a task waits for another to start. Workers of this process never come back.
+    /// process to come back, as a task waits for another to start. Workers of this process never come
+    /// back: their waiting closures fail with the error raised.
     /// @throws UnavailableError when none comes back in time
     void await_a_worker(std::unique_lock<std::mutex>& lock) {
         const auto waiting = [&] { return alive_ == 0 && queued_ != 0 && !error_; };
@@ -452,8 +446,20 @@ private:
         if (remote_ != nullptr)
             why = " (none came back within the start-up timeout of " + startup_timeout_text() +
                   "; PSS_STARTUP_TIMEOUT sets it)";
-        throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
-                               " closures are waiting; no worker is left to run them" + why);
+        const UnavailableError error("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
+                                     " closures are waiting; no worker is left to run them" + why);
+        if (remote_ == nullptr) {
+            // Workers of this process never come back: the closures waiting for one fail with the error
+            // (their fetch raises it), so that nothing waits for them for ever.
+            std::deque<Closure> abandoned = take_queued();
+            unfinished_ -= abandoned.size();
+            lock.unlock();
+            for (auto& c : abandoned) c->fail(std::make_exception_ptr(error));
+            lock.lock();
+            finished_.notify_all();
+            space_.notify_all();
+        }
+        throw error;
     }
 
     /// A lost worker of another process (without the lock): probes it every heartbeat interval until it

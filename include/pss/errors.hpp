@@ -53,6 +53,14 @@ PSS_DEFINE_ERROR(InternalError, internal)
 
 #undef PSS_DEFINE_ERROR
 
+/// @brief The worker running a closure is gone (its process died, it was cut off, or a simulated network
+/// lost it; ClusterCoordinator::testing_lose_current_worker() throws it inside a closure): the closure is
+/// put back to run on another worker (at-least-once execution).
+class WorkerLostError : public UnavailableError {
+public:
+    using UnavailableError::UnavailableError;
+};
+
 /// @brief Throws the Error subclass that matches `code`; `message` is used as it is.
 [[noreturn]] inline void throw_error(ErrorCode code, const std::string& message) {
     switch (code) {

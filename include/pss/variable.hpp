@@ -70,7 +70,12 @@ public:
 inline std::size_t send_into(const std::shared_ptr<ReplyBatch>& batch, Channel& channel, int task, Request request) {
     const std::size_t slot = batch->add();
     request.in_process.reply_to = {batch, slot};
-    if (auto future = channel.send(task, std::move(request)); future.valid()) batch->attach(slot, std::move(future));
+    try {
+        if (auto future = channel.send(task, std::move(request)); future.valid()) batch->attach(slot, std::move(future));
+    } catch (...) {  // a channel that raises (a simulated worker lost): the slot is answered, nobody waits for ever
+        batch->deliver(slot, Reply::of_current_exception());
+        throw;
+    }
     return slot;
 }
 

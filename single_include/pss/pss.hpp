@@ -148,6 +148,14 @@ PSS_DEFINE_ERROR(InternalError, internal)
 
 #undef PSS_DEFINE_ERROR
 
+/// @brief The worker running a closure is gone (its process died, it was cut off, or a simulated network
+/// lost it; ClusterCoordinator::testing_lose_current_worker() throws it inside a closure): the closure is
+/// put back to run on another worker (at-least-once execution).
+class WorkerLostError : public UnavailableError {
+public:
+    using UnavailableError::UnavailableError;
+};
+
 /// @brief Throws the Error subclass that matches `code`; `message` is used as it is.
 [[noreturn]] inline void throw_error(ErrorCode code, const std::string& message) {
     switch (code) {
@@ -4869,9 +4877,11 @@ public:
         return slots_.size() - 1;
     }
 
-    /// Stores the reply of slot `index`, and wakes the waiting thread when it was the last.
+    /// Stores the reply of slot `index`, and wakes the waiting thread when it was the last. A slot
+    /// answered already keeps its first reply.
     void deliver(std::size_t index, Reply&& reply) noexcept {
         std::lock_guard lock(mutex_);
+        if (slots_[index].ready || slots_[index].future.valid()) return;
         slots_[index].reply = std::move(reply);
         slots_[index].ready = true;
         if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1 && waiting_) done_.notify_all();
@@ -8818,6 +8828,79 @@ PSS_NAMESPACE_END
 #include <utility>
 #include <vector>
 
+// pss/detail/closure_context.hpp: what a closure's variable operations know about the closure running them.
+
+#include <atomic>
+#include <cstdint>
+
+PSS_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// @brief The closure running on this thread: set by whoever runs it (a ClusterCoordinator's worker
+/// thread, or a worker process serving a call) for the duration of the call, read by worker_index()
+/// and by a synchronous pull deciding whether to go on waiting.
+struct ClosureContext {
+    int worker = -1;  ///< the worker task running the closure
+    /// Failures of the coordinator's closures: a synchronous pull gives up when the count moves past
+    /// `failures_seen` (another closure failed, so the step it waits for may never complete).
+    const std::atomic<std::uint64_t>* failures = nullptr;
+    std::uint64_t failures_seen = 0;
+
+    [[nodiscard]] bool cancelled() const noexcept {
+        return failures != nullptr && failures->load(std::memory_order_relaxed) != failures_seen;
+    }
+
+    /// The context of the closure running on this thread, or nullptr.
+    [[nodiscard]] static const ClosureContext*& current() noexcept {
+        thread_local const ClosureContext* context = nullptr;
+        return context;
+    }
+
+    /// The running closure's worker, never cancelled: what a closure finishing a synchronous step
+    /// others wait for runs its pushes under (another closure's failure must not stop them part-way).
+    [[nodiscard]] static ClosureContext uncancelled() noexcept {
+        const ClosureContext* running = current();
+        return {running != nullptr ? running->worker : -1, nullptr, 0};
+    }
+
+    /// Makes `context` current on this thread until the guard is destroyed.
+    class [[nodiscard]] Guard {
+    public:
+        explicit Guard(const ClosureContext& context) : previous_(current()) { current() = &context; }
+        Guard(const Guard&) = delete;
+        Guard& operator=(const Guard&) = delete;
+        ~Guard() { current() = previous_; }
+
+    private:
+        const ClosureContext* previous_;
+    };
+};
+
+}  // namespace detail
+
+/// @brief The index of the worker running the current closure, or -1 outside a closure (on the
+/// coordinator). Use it to shard data by worker.
+[[nodiscard]] inline int worker_index() noexcept {
+    const auto* context = detail::ClosureContext::current();
+    return context != nullptr ? context->worker : -1;
+}
+
+/// @brief TensorFlow's `tf.distribute.coordinator.experimental_get_current_worker_index()`: the index
+/// of the worker running the current closure, or the dataset function of
+/// `ClusterCoordinator::create_per_worker_dataset` for that worker.
+/// @throws FailedPreconditionError on the coordinator, outside both, as TensorFlow raises there
+[[nodiscard]] inline int get_current_worker_index() {
+    const int worker = worker_index();
+    if (worker < 0)
+        throw FailedPreconditionError(
+            "pss: get_current_worker_index() was called outside a worker: call it inside a function that "
+            "ClusterCoordinator::schedule runs, or a dataset function of create_per_worker_dataset");
+    return worker;
+}
+
+PSS_NAMESPACE_END
+
 PSS_NAMESPACE_BEGIN
 
 /// @brief The faults a SimulatedNetwork injects. Each is drawn per message from the seed, the task the
@@ -8833,6 +8916,11 @@ struct SimulatedFaults {
     double crash = 0;         ///< the task crashes as the request reaches it: its state is lost, what it queued fails
     /// A crashed task starts again, empty, once this many requests found it down (0: it never does).
     int restart_after = 3;
+    /// A worker lost as its closure sends a variable operation (drawn per worker and per message of its
+    /// closures): the closure raises WorkerLostError and runs again on another worker, and the lost one
+    /// takes no more closures (a worker thread of the embedded cluster does not come back; once every
+    /// worker is lost, join raises after the start-up timeout).
+    double lose_worker = 0;
 };
 
 /// @brief One fault a SimulatedNetwork injected: task `task`'s `message`-th message (from 0), what
@@ -8918,18 +9006,26 @@ private:
         std::chrono::microseconds delay{0};
     };
 
-    Fate draw(const TaskId& task, std::uint64_t message) const {
-        Fate fate;
-        std::lock_guard lock(mutex_);
-        if (!inject_) return fate;
-        std::uint64_t state = faults_.seed ^ (std::hash<std::string>{}(task.type) * 0x9e3779b97f4a7c15ull) ^
-                              (static_cast<std::uint64_t>(task.index) << 48) ^ (message * 0xbf58476d1ce4e5b9ull);
-        auto uniform = [&state] {  // splitmix64: a fixed sequence per (seed, task, message)
+    /// Numbers in [0, 1) drawn from (seed, task, message): splitmix64, a fixed sequence for each.
+    struct Uniforms {
+        std::uint64_t state;
+        double operator()() {
             std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
             z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
             return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-        };
+        }
+    };
+    Uniforms uniforms(const TaskId& task, std::uint64_t message) const {
+        return {faults_.seed ^ (std::hash<std::string>{}(task.type) * 0x9e3779b97f4a7c15ull) ^
+                (static_cast<std::uint64_t>(task.index) << 48) ^ (message * 0xbf58476d1ce4e5b9ull)};
+    }
+
+    Fate draw(const TaskId& task, std::uint64_t message) const {
+        Fate fate;
+        std::lock_guard lock(mutex_);
+        if (!inject_) return fate;
+        auto uniform = uniforms(task, message);
         fate.crash = uniform() < faults_.crash;
         fate.drop_request = uniform() < faults_.drop_request;
         fate.duplicate = uniform() < faults_.duplicate;
@@ -8938,6 +9034,17 @@ private:
         if (delayed < faults_.delay)
             fate.delay = std::chrono::microseconds(static_cast<std::int64_t>(how_long * static_cast<double>(faults_.max_delay.count())));
         return fate;
+    }
+
+    /// Whether `worker` is lost as its closure sends `request`, its next message (numbered per worker,
+    /// injecting or not); a loss is logged as the worker's event "lost".
+    bool lose_worker(int worker, const std::string& request) {
+        const TaskId task{"worker", worker};
+        std::lock_guard lock(mutex_);
+        const std::uint64_t message = worker_messages_[worker]++;
+        if (!inject_ || !(uniforms(task, message)() < faults_.lose_worker)) return false;
+        events_.push_back({task, message, "lost", request});
+        return true;
     }
 
     void record(const TaskId& task, std::uint64_t message, std::string what, std::string request) {
@@ -8957,7 +9064,7 @@ private:
     static SimulatedFaults checked(SimulatedFaults faults) {
         for (const auto& [name, p] : {std::pair{"drop_request", faults.drop_request}, std::pair{"drop_reply", faults.drop_reply},
                                       std::pair{"duplicate", faults.duplicate}, std::pair{"delay", faults.delay},
-                                      std::pair{"crash", faults.crash}})
+                                      std::pair{"crash", faults.crash}, std::pair{"lose_worker", faults.lose_worker}})
             if (!(p >= 0 && p <= 1))
                 throw InvalidArgumentError("pss: SimulatedFaults::" + std::string(name) + " is " + std::to_string(p) +
                                            "; a probability is in [0, 1]");
@@ -8979,6 +9086,7 @@ private:
     mutable std::mutex mutex_;
     bool inject_ = true;
     std::vector<SimulatedEvent> events_;
+    std::map<int, std::uint64_t> worker_messages_;  // per worker: the messages its closures sent
     std::vector<SimulatedTransport*> transports_;
 };
 
@@ -9023,7 +9131,16 @@ public:
         if (auto node = find(task)) node->set_on_crash(std::move(on_crash));
     }
 
+    /// @throws WorkerLostError when the network loses the worker whose closure sends `request` (a
+    /// variable operation; SimulatedFaults::lose_worker): the closure ends there, as on a worker process
+    /// that died.
     std::future<Reply> send(const TaskId& task, Request request) {
+        if (network_ != nullptr && network_->faults().lose_worker > 0 && moves_a_variable(request))
+            if (const auto* closure = detail::ClosureContext::current(); closure != nullptr && closure->worker >= 0)
+                if (network_->lose_worker(closure->worker, describe(request)))
+                    throw WorkerLostError("pss: worker " + std::to_string(closure->worker) +
+                                          " was lost (simulated) as its closure sent " + describe(request) + " to " +
+                                          task.to_string());
         auto node = find(task);
         if (node == nullptr) return ready(unavailable(task, "is not serving (never started, or shut down)"));
         return node->post(std::move(request));
@@ -9048,6 +9165,20 @@ private:
         std::promise<Reply> p;
         p.set_value(std::move(reply));
         return p.get_future();
+    }
+    /// A pull or a push: what a closure sends (not the creation, checkpoint and recovery requests).
+    static bool moves_a_variable(const Request& r) {
+        if (r.kind != RequestKind::operation) return false;
+        switch (r.op) {
+            case Op::read:
+            case Op::gather:
+            case Op::assign:
+            case Op::assign_add:
+            case Op::assign_sub:
+            case Op::apply_dense:
+            case Op::apply_sparse: return true;
+            default: return is_scatter(r.op);
+        }
     }
     static std::string describe(const Request& r) {
         switch (r.kind) {
@@ -10319,79 +10450,6 @@ private:
 
 PSS_NAMESPACE_END
 
-// pss/detail/closure_context.hpp: what a closure's variable operations know about the closure running them.
-
-#include <atomic>
-#include <cstdint>
-
-PSS_NAMESPACE_BEGIN
-
-namespace detail {
-
-/// @brief The closure running on this thread: set by whoever runs it (a ClusterCoordinator's worker
-/// thread, or a worker process serving a call) for the duration of the call, read by worker_index()
-/// and by a synchronous pull deciding whether to go on waiting.
-struct ClosureContext {
-    int worker = -1;  ///< the worker task running the closure
-    /// Failures of the coordinator's closures: a synchronous pull gives up when the count moves past
-    /// `failures_seen` (another closure failed, so the step it waits for may never complete).
-    const std::atomic<std::uint64_t>* failures = nullptr;
-    std::uint64_t failures_seen = 0;
-
-    [[nodiscard]] bool cancelled() const noexcept {
-        return failures != nullptr && failures->load(std::memory_order_relaxed) != failures_seen;
-    }
-
-    /// The context of the closure running on this thread, or nullptr.
-    [[nodiscard]] static const ClosureContext*& current() noexcept {
-        thread_local const ClosureContext* context = nullptr;
-        return context;
-    }
-
-    /// The running closure's worker, never cancelled: what a closure finishing a synchronous step
-    /// others wait for runs its pushes under (another closure's failure must not stop them part-way).
-    [[nodiscard]] static ClosureContext uncancelled() noexcept {
-        const ClosureContext* running = current();
-        return {running != nullptr ? running->worker : -1, nullptr, 0};
-    }
-
-    /// Makes `context` current on this thread until the guard is destroyed.
-    class [[nodiscard]] Guard {
-    public:
-        explicit Guard(const ClosureContext& context) : previous_(current()) { current() = &context; }
-        Guard(const Guard&) = delete;
-        Guard& operator=(const Guard&) = delete;
-        ~Guard() { current() = previous_; }
-
-    private:
-        const ClosureContext* previous_;
-    };
-};
-
-}  // namespace detail
-
-/// @brief The index of the worker running the current closure, or -1 outside a closure (on the
-/// coordinator). Use it to shard data by worker.
-[[nodiscard]] inline int worker_index() noexcept {
-    const auto* context = detail::ClosureContext::current();
-    return context != nullptr ? context->worker : -1;
-}
-
-/// @brief TensorFlow's `tf.distribute.coordinator.experimental_get_current_worker_index()`: the index
-/// of the worker running the current closure, or the dataset function of
-/// `ClusterCoordinator::create_per_worker_dataset` for that worker.
-/// @throws FailedPreconditionError on the coordinator, outside both, as TensorFlow raises there
-[[nodiscard]] inline int get_current_worker_index() {
-    const int worker = worker_index();
-    if (worker < 0)
-        throw FailedPreconditionError(
-            "pss: get_current_worker_index() was called outside a worker: call it inside a function that "
-            "ClusterCoordinator::schedule runs, or a dataset function of create_per_worker_dataset");
-    return worker;
-}
-
-PSS_NAMESPACE_END
-
 // pss/detail/request_rules.hpp: what makes a variable operation valid, and the row arithmetic it uses;
 // shared by the client handle (Variable), which checks before sending, and the ps, which checks again.
 
@@ -10565,7 +10623,12 @@ public:
 inline std::size_t send_into(const std::shared_ptr<ReplyBatch>& batch, Channel& channel, int task, Request request) {
     const std::size_t slot = batch->add();
     request.in_process.reply_to = {batch, slot};
-    if (auto future = channel.send(task, std::move(request)); future.valid()) batch->attach(slot, std::move(future));
+    try {
+        if (auto future = channel.send(task, std::move(request)); future.valid()) batch->attach(slot, std::move(future));
+    } catch (...) {  // a channel that raises (a simulated worker lost): the slot is answered, nobody waits for ever
+        batch->deliver(slot, Reply::of_current_exception());
+        throw;
+    }
     return slot;
 }
 
@@ -14909,13 +14972,6 @@ private:
     std::vector<std::exception_ptr> errors_;  // empty, or one per worker: null where its value was made
 };
 
-/// @brief Thrown inside a closure by ClusterCoordinator::testing_lose_current_worker(): the worker is
-/// gone, and the closure is put back to run on another worker (at-least-once execution).
-class WorkerLostError : public UnavailableError {
-public:
-    using UnavailableError::UnavailableError;
-};
-
 namespace detail {
 
 /// The ps tasks an UnavailableError names (TensorFlow tells a ps failure so, by its message); none for
@@ -15167,7 +15223,8 @@ private:
     }
 
     /// Every worker is lost and closures wait (under the lock): waits the start-up timeout for a worker
-    /// process to come back, as a task waits for another to start. Workers of this process never come back.
+    /// process to come back, as a task waits for another to start. Workers of this process never come
+    /// back: their waiting closures fail with the error raised.
     /// @throws UnavailableError when none comes back in time
     void await_a_worker(std::unique_lock<std::mutex>& lock) {
         const auto waiting = [&] { return alive_ == 0 && queued_ != 0 && !error_; };
@@ -15181,8 +15238,20 @@ private:
         if (remote_ != nullptr)
             why = " (none came back within the start-up timeout of " + startup_timeout_text() +
                   "; PSS_STARTUP_TIMEOUT sets it)";
-        throw UnavailableError("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
-                               " closures are waiting; no worker is left to run them" + why);
+        const UnavailableError error("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
+                                     " closures are waiting; no worker is left to run them" + why);
+        if (remote_ == nullptr) {
+            // Workers of this process never come back: the closures waiting for one fail with the error
+            // (their fetch raises it), so that nothing waits for them for ever.
+            std::deque<Closure> abandoned = take_queued();
+            unfinished_ -= abandoned.size();
+            lock.unlock();
+            for (auto& c : abandoned) c->fail(std::make_exception_ptr(error));
+            lock.lock();
+            finished_.notify_all();
+            space_.notify_all();
+        }
+        throw error;
     }
 
     /// A lost worker of another process (without the lock): probes it every heartbeat interval until it

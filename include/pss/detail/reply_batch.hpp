@@ -35,9 +35,11 @@ public:
         return slots_.size() - 1;
     }
 
-    /// Stores the reply of slot `index`, and wakes the waiting thread when it was the last.
+    /// Stores the reply of slot `index`, and wakes the waiting thread when it was the last. A slot
+    /// answered already keeps its first reply.
     void deliver(std::size_t index, Reply&& reply) noexcept {
         std::lock_guard lock(mutex_);
+        if (slots_[index].ready || slots_[index].future.valid()) return;
         slots_[index].reply = std::move(reply);
         slots_[index].ready = true;
         if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1 && waiting_) done_.notify_all();

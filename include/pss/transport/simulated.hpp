@@ -22,6 +22,7 @@
 
 #include <pss/cluster/cluster_spec.hpp>
 #include <pss/config.hpp>
+#include <pss/detail/closure_context.hpp>
 #include <pss/errors.hpp>
 #include <pss/message.hpp>
 
@@ -40,6 +41,11 @@ struct SimulatedFaults {
     double crash = 0;         ///< the task crashes as the request reaches it: its state is lost, what it queued fails
     /// A crashed task starts again, empty, once this many requests found it down (0: it never does).
     int restart_after = 3;
+    /// A worker lost as its closure sends a variable operation (drawn per worker and per message of its
+    /// closures): the closure raises WorkerLostError and runs again on another worker, and the lost one
+    /// takes no more closures (a worker thread of the embedded cluster does not come back; once every
+    /// worker is lost, join raises after the start-up timeout).
+    double lose_worker = 0;
 };
 
 /// @brief One fault a SimulatedNetwork injected: task `task`'s `message`-th message (from 0), what
@@ -125,18 +131,26 @@ private:
         std::chrono::microseconds delay{0};
     };
 
-    Fate draw(const TaskId& task, std::uint64_t message) const {
-        Fate fate;
-        std::lock_guard lock(mutex_);
-        if (!inject_) return fate;
-        std::uint64_t state = faults_.seed ^ (std::hash<std::string>{}(task.type) * 0x9e3779b97f4a7c15ull) ^
-                              (static_cast<std::uint64_t>(task.index) << 48) ^ (message * 0xbf58476d1ce4e5b9ull);
-        auto uniform = [&state] {  // splitmix64: a fixed sequence per (seed, task, message)
+    /// Numbers in [0, 1) drawn from (seed, task, message): splitmix64, a fixed sequence for each.
+    struct Uniforms {
+        std::uint64_t state;
+        double operator()() {
             std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
             z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
             return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-        };
+        }
+    };
+    Uniforms uniforms(const TaskId& task, std::uint64_t message) const {
+        return {faults_.seed ^ (std::hash<std::string>{}(task.type) * 0x9e3779b97f4a7c15ull) ^
+                (static_cast<std::uint64_t>(task.index) << 48) ^ (message * 0xbf58476d1ce4e5b9ull)};
+    }
+
+    Fate draw(const TaskId& task, std::uint64_t message) const {
+        Fate fate;
+        std::lock_guard lock(mutex_);
+        if (!inject_) return fate;
+        auto uniform = uniforms(task, message);
         fate.crash = uniform() < faults_.crash;
         fate.drop_request = uniform() < faults_.drop_request;
         fate.duplicate = uniform() < faults_.duplicate;
@@ -145,6 +159,17 @@ private:
         if (delayed < faults_.delay)
             fate.delay = std::chrono::microseconds(static_cast<std::int64_t>(how_long * static_cast<double>(faults_.max_delay.count())));
         return fate;
+    }
+
+    /// Whether `worker` is lost as its closure sends `request`, its next message (numbered per worker,
+    /// injecting or not); a loss is logged as the worker's event "lost".
+    bool lose_worker(int worker, const std::string& request) {
+        const TaskId task{"worker", worker};
+        std::lock_guard lock(mutex_);
+        const std::uint64_t message = worker_messages_[worker]++;
+        if (!inject_ || !(uniforms(task, message)() < faults_.lose_worker)) return false;
+        events_.push_back({task, message, "lost", request});
+        return true;
     }
 
     void record(const TaskId& task, std::uint64_t message, std::string what, std::string request) {
@@ -164,7 +189,7 @@ private:
     static SimulatedFaults checked(SimulatedFaults faults) {
         for (const auto& [name, p] : {std::pair{"drop_request", faults.drop_request}, std::pair{"drop_reply", faults.drop_reply},
                                       std::pair{"duplicate", faults.duplicate}, std::pair{"delay", faults.delay},
-                                      std::pair{"crash", faults.crash}})
+                                      std::pair{"crash", faults.crash}, std::pair{"lose_worker", faults.lose_worker}})
             if (!(p >= 0 && p <= 1))
                 throw InvalidArgumentError("pss: SimulatedFaults::" + std::string(name) + " is " + std::to_string(p) +
                                            "; a probability is in [0, 1]");
@@ -186,6 +211,7 @@ private:
     mutable std::mutex mutex_;
     bool inject_ = true;
     std::vector<SimulatedEvent> events_;
+    std::map<int, std::uint64_t> worker_messages_;  // per worker: the messages its closures sent
     std::vector<SimulatedTransport*> transports_;
 };
 
@@ -230,7 +256,16 @@ public:
         if (auto node = find(task)) node->set_on_crash(std::move(on_crash));
     }
 
+    /// @throws WorkerLostError when the network loses the worker whose closure sends `request` (a
+    /// variable operation; SimulatedFaults::lose_worker): the closure ends there, as on a worker process
+    /// that died.
     std::future<Reply> send(const TaskId& task, Request request) {
+        if (network_ != nullptr && network_->faults().lose_worker > 0 && moves_a_variable(request))
+            if (const auto* closure = detail::ClosureContext::current(); closure != nullptr && closure->worker >= 0)
+                if (network_->lose_worker(closure->worker, describe(request)))
+                    throw WorkerLostError("pss: worker " + std::to_string(closure->worker) +
+                                          " was lost (simulated) as its closure sent " + describe(request) + " to " +
+                                          task.to_string());
         auto node = find(task);
         if (node == nullptr) return ready(unavailable(task, "is not serving (never started, or shut down)"));
         return node->post(std::move(request));
@@ -255,6 +290,20 @@ private:
         std::promise<Reply> p;
         p.set_value(std::move(reply));
         return p.get_future();
+    }
+    /// A pull or a push: what a closure sends (not the creation, checkpoint and recovery requests).
+    static bool moves_a_variable(const Request& r) {
+        if (r.kind != RequestKind::operation) return false;
+        switch (r.op) {
+            case Op::read:
+            case Op::gather:
+            case Op::assign:
+            case Op::assign_add:
+            case Op::assign_sub:
+            case Op::apply_dense:
+            case Op::apply_sparse: return true;
+            default: return is_scatter(r.op);
+        }
     }
     static std::string describe(const Request& r) {
         switch (r.kind) {
