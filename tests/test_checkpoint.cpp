@@ -1670,6 +1670,75 @@ TEST_SUITE("simulated") {
         }
     }
 
+    /// Trains the table of train_with_faults (each closure writes its two rows, idempotent; a checkpoint
+    /// after each epoch, its epoch in the metadata) on a network that loses the chief as it sends one of
+    /// its own requests (creating the table, restoring, saving, reading). Each time, a chief is started
+    /// again (a new strategy, whose ps tasks hold nothing: as ps tasks that dropped the last run's shards
+    /// when a new chief reached them), restores the latest checkpoint and goes on from its epoch. Returns
+    /// the final table and the losses.
+    std::pair<xt::xarray<float>, std::vector<pss::SimulatedEvent>> train_with_chief_losses(std::uint64_t seed) {
+        TempDir dir;
+        pss::SimulatedNetwork network({.seed = seed, .lose_chief = 0.1});
+        for (int incarnation = 0;; ++incarnation) {
+            REQUIRE(incarnation < 60);
+            try {
+                Simulated strategy({}, pss::FixedShardsPartitioner(2), pss::SGD(0.1));
+                pss::Checkpoint checkpoint(strategy);
+                pss::CheckpointManager manager(checkpoint, dir / "ckpt");
+                pss::ClusterCoordinator coordinator(strategy);
+                pss::Variable table = [&] {
+                    auto scope = strategy.scope();
+                    return pss::Variable(xt::xarray<float>(xt::zeros<float>({rows, std::size_t{2}})), "table");
+                }();
+                std::size_t first_epoch = 0;
+                if (manager.restore_or_initialize()) first_epoch = checkpoint.metadata().at("epoch").get<std::size_t>();
+                for (std::size_t e = first_epoch; e < epochs; ++e) {
+                    for (std::size_t k = 0; k < per_epoch; ++k) {
+                        const auto row = static_cast<std::int64_t>(e * per_epoch + k);
+                        coordinator.schedule([table, row]() mutable {
+                            const float v = static_cast<float>(row + 1);
+                            table.scatter_update(std::vector<std::int64_t>{row, row + 16},
+                                                 xt::xarray<float>{{v, v}, {v + 16, v + 16}});
+                        });
+                    }
+                    coordinator.join();
+                    checkpoint.set_metadata({{"epoch", e + 1}});
+                    (void)manager.save();
+                }
+                network.inject(false);
+                return {table.read<float>(), network.events()};
+            } catch (const pss::SimulatedChiefCrash& crash) {
+                CHECK(std::string_view(crash.what()).starts_with("pss: the chief was lost (simulated) as it sent "));
+            }
+        }
+    }
+
+    TEST_CASE("SimulatedTransport: 200 seeds of training whose chief is lost as it creates, restores, saves or reads, "
+              "and started again from the latest checkpoint, each end with every step") {
+        const auto [first, last] = seeds();
+        int runs_with_losses = 0;
+        std::map<std::string, int> lost_sending;  // losses by the request the chief was sending
+        for (std::uint64_t seed = first; seed <= last; ++seed) {
+            CAPTURE(seed);
+            const auto [table, losses] = train_with_chief_losses(seed);
+            std::ostringstream text;
+            text << table;
+            CAPTURE(text.str());
+            CHECK(table == trained_table());
+            for (const auto& e : losses) ++lost_sending[e.request];
+            runs_with_losses += !losses.empty();
+        }
+        std::string by_request;
+        for (const auto& [request, n] : lost_sending) by_request += " " + request + " " + std::to_string(n);
+        MESSAGE(runs_with_losses << " runs lost the chief; as it sent:" << by_request);
+        if (last - first > 100) {
+            CHECK(runs_with_losses > 100);
+            CHECK(lost_sending["save_shard"] > 10);  // mid-save: the checkpoint before it is the one restored
+            CHECK(lost_sending["restore_shard"] > 10);
+            CHECK(lost_sending["commit_restore"] > 10);  // mid-restore: some shards restored, others not
+        }
+    }
+
     TEST_CASE("SimulatedTransport: 200 seeds of training that loses workers mid-closure (and messages) each finish "
               "with every step, the lost workers' closures run on the others, or raise that every worker is lost") {
         const auto [first, last] = seeds();

@@ -8819,6 +8819,7 @@ PSS_NAMESPACE_END
 #include <future>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -8921,6 +8922,18 @@ struct SimulatedFaults {
     /// takes no more closures (a worker thread of the embedded cluster does not come back; once every
     /// worker is lost, join raises after the start-up timeout).
     double lose_worker = 0;
+    /// The chief lost as it sends a variable operation of its own (not a closure's: creating, reading,
+    /// saving or restoring; drawn per chief message): `send` throws SimulatedChiefCrash, which no pss
+    /// code catches, so the program ends there as a killed chief would; a test then starts a chief again
+    /// (a new strategy) that restores the latest checkpoint.
+    double lose_chief = 0;
+};
+
+/// @brief What SimulatedTransport throws on the chief's thread when the network loses the chief
+/// (SimulatedFaults::lose_chief). Not a pss::Error: nothing in pss takes it for a failure to recover from.
+class SimulatedChiefCrash : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
 };
 
 /// @brief One fault a SimulatedNetwork injected: task `task`'s `message`-th message (from 0), what
@@ -9036,13 +9049,12 @@ private:
         return fate;
     }
 
-    /// Whether `worker` is lost as its closure sends `request`, its next message (numbered per worker,
-    /// injecting or not); a loss is logged as the worker's event "lost".
-    bool lose_worker(int worker, const std::string& request) {
-        const TaskId task{"worker", worker};
+    /// Whether `task` (a worker whose closure sends, or the chief) is lost as it sends `request`, its next
+    /// message (numbered per task, injecting or not); a loss is logged as the task's event "lost".
+    bool lose_sender(const TaskId& task, double probability, const std::string& request) {
         std::lock_guard lock(mutex_);
-        const std::uint64_t message = worker_messages_[worker]++;
-        if (!inject_ || !(uniforms(task, message)() < faults_.lose_worker)) return false;
+        const std::uint64_t message = sender_messages_[task]++;
+        if (!inject_ || !(uniforms(task, message)() < probability)) return false;
         events_.push_back({task, message, "lost", request});
         return true;
     }
@@ -9064,7 +9076,8 @@ private:
     static SimulatedFaults checked(SimulatedFaults faults) {
         for (const auto& [name, p] : {std::pair{"drop_request", faults.drop_request}, std::pair{"drop_reply", faults.drop_reply},
                                       std::pair{"duplicate", faults.duplicate}, std::pair{"delay", faults.delay},
-                                      std::pair{"crash", faults.crash}, std::pair{"lose_worker", faults.lose_worker}})
+                                      std::pair{"crash", faults.crash}, std::pair{"lose_worker", faults.lose_worker},
+                                      std::pair{"lose_chief", faults.lose_chief}})
             if (!(p >= 0 && p <= 1))
                 throw InvalidArgumentError("pss: SimulatedFaults::" + std::string(name) + " is " + std::to_string(p) +
                                            "; a probability is in [0, 1]");
@@ -9086,7 +9099,7 @@ private:
     mutable std::mutex mutex_;
     bool inject_ = true;
     std::vector<SimulatedEvent> events_;
-    std::map<int, std::uint64_t> worker_messages_;  // per worker: the messages its closures sent
+    std::map<TaskId, std::uint64_t> sender_messages_;  // per worker or chief: the messages it sent
     std::vector<SimulatedTransport*> transports_;
 };
 
@@ -9132,15 +9145,24 @@ public:
     }
 
     /// @throws WorkerLostError when the network loses the worker whose closure sends `request` (a
-    /// variable operation; SimulatedFaults::lose_worker): the closure ends there, as on a worker process
-    /// that died.
+    /// pull or a push; SimulatedFaults::lose_worker): the closure ends there, as on a worker process that
+    /// died. SimulatedChiefCrash when it loses the chief as it sends an operation of its own.
     std::future<Reply> send(const TaskId& task, Request request) {
-        if (network_ != nullptr && network_->faults().lose_worker > 0 && moves_a_variable(request))
-            if (const auto* closure = detail::ClosureContext::current(); closure != nullptr && closure->worker >= 0)
-                if (network_->lose_worker(closure->worker, describe(request)))
+        if (network_ != nullptr && request.kind == RequestKind::operation) {
+            const auto* closure = detail::ClosureContext::current();
+            const auto& faults = network_->faults();
+            if (closure != nullptr && closure->worker >= 0) {
+                if (faults.lose_worker > 0 && moves_a_variable(request) &&
+                    network_->lose_sender({"worker", closure->worker}, faults.lose_worker, describe(request)))
                     throw WorkerLostError("pss: worker " + std::to_string(closure->worker) +
                                           " was lost (simulated) as its closure sent " + describe(request) + " to " +
                                           task.to_string());
+            } else if (faults.lose_chief > 0 && request.op != Op::destroy &&  // a destroy comes from a destructor
+                       network_->lose_sender({"chief", 0}, faults.lose_chief, describe(request))) {
+                throw SimulatedChiefCrash("pss: the chief was lost (simulated) as it sent " + describe(request) + " to " +
+                                          task.to_string());
+            }
+        }
         auto node = find(task);
         if (node == nullptr) return ready(unavailable(task, "is not serving (never started, or shut down)"));
         return node->post(std::move(request));
