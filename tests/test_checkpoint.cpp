@@ -1739,6 +1739,33 @@ TEST_SUITE("simulated") {
         }
     }
 
+    TEST_CASE("SimulatedTransport: 200 seeds of training whose lost workers start again 0.2 ms later and take "
+              "closures again each finish with every step") {
+        const auto [first, last] = seeds();
+        int lost_again = 0, workers_lost = 0;
+        for (std::uint64_t seed = first; seed <= last; ++seed) {
+            CAPTURE(seed);
+            const Run run = train_with_faults({.seed = seed, .drop_request = 0.01, .drop_reply = 0.01, .lose_worker = 0.03,
+                                               .worker_back_after = std::chrono::microseconds(200)},
+                                              2);
+            std::string events;
+            std::map<int, int> losses;
+            for (const auto& e : run.events) {
+                events += e.to_string() + "\n";
+                if (e.task.type == "worker") ++losses[e.task.index];
+            }
+            CAPTURE(events);
+            REQUIRE_FALSE(run.error);
+            CHECK(run.table == trained_table());
+            for (const auto& [worker, n] : losses) {
+                workers_lost += n;
+                lost_again += n > 1;  // lost, back, and lost again
+            }
+        }
+        MESSAGE(workers_lost << " workers lost, " << lost_again << " of them lost again after they came back");
+        if (last - first > 100) CHECK(lost_again > 10);
+    }
+
     TEST_CASE("SimulatedTransport: 200 seeds of training that loses workers mid-closure (and messages) each finish "
               "with every step, the lost workers' closures run on the others, or raise that every worker is lost") {
         const auto [first, last] = seeds();

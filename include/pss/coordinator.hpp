@@ -436,6 +436,7 @@ private:
     /// @throws UnavailableError when none comes back in time
     void await_a_worker(std::unique_lock<std::mutex>& lock) {
         const auto waiting = [&] { return alive_ == 0 && queued_ != 0 && !error_; };
+        finished_.wait(lock, [&] { return !waiting() || restarting_ == 0; });  // a worker starting again
         if (remote_ != nullptr) {
             const auto limit = remote_->timeouts().startup;
             if (limit.count() == 0) finished_.wait(lock, [&] { return !waiting(); });
@@ -648,7 +649,8 @@ private:
             try {
                 if (remote_ != nullptr) closure->run_remote(*remote_, index);
                 else closure->run(index);
-            } catch (const WorkerLostError&) {
+            } catch (const WorkerLostError& lost) {
+                const auto back_after = lost.back_after();
                 lock.lock();
                 // At least once: another worker runs it, and the closures that were this worker's; unless
                 // an error is pending, which cancels what has not run (as TensorFlow's put_back does).
@@ -668,15 +670,30 @@ private:
                 }
                 pinned.lost = true;
                 --alive_;
+                // A worker process started again with the same task identity rejoins (TensorFlow's
+                // workers reconnect after preemption); one of this process comes back only when the error
+                // says when (a simulated network's), and meanwhile a coordinator whose every worker is
+                // lost waits for it (await_a_worker).
+                const bool restarts = remote_ == nullptr && back_after.has_value();
+                if (restarts) ++restarting_;
                 if (--running_ == 0) idle_.notify_all();
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
                 space_.notify_all();
-                // A worker process started again with the same task identity rejoins (TensorFlow's
-                // workers reconnect after preemption); one of this process never comes back.
-                if (remote_ == nullptr || !await_rejoin(index)) return;
-                lock.lock();
+                if (remote_ != nullptr) {
+                    if (!await_rejoin(index)) return;
+                    lock.lock();
+                } else {
+                    if (!restarts) return;
+                    lock.lock();
+                    const bool stopped = work_.wait_for(lock, *back_after, [&] { return stopping_; });
+                    --restarting_;
+                    if (stopped) {
+                        finished_.notify_all();
+                        return;
+                    }
+                }
                 pinned.lost = false;
                 ++alive_;
                 finished_.notify_all();
@@ -740,6 +757,7 @@ private:
     std::size_t unfinished_ = 0;
     std::size_t running_ = 0;  // closures a worker thread runs now
     std::size_t alive_;
+    std::size_t restarting_ = 0;  // lost workers of this process that start again (WorkerLostError::back_after)
     struct Pinned {
         std::deque<Closure> queue;
         bool lost = false;  // its worker is gone: closures for it go to queue_

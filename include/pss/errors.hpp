@@ -1,6 +1,8 @@
 // pss/errors.hpp: the exception types pss throws, mirroring TensorFlow's tf.errors.
 #pragma once
 
+#include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -59,6 +61,16 @@ PSS_DEFINE_ERROR(InternalError, internal)
 class WorkerLostError : public UnavailableError {
 public:
     using UnavailableError::UnavailableError;
+    /// @brief A worker of this process that starts again after `back_after` (a simulated network's):
+    /// its thread takes closures again then.
+    WorkerLostError(const std::string& message, std::chrono::microseconds back_after)
+        : UnavailableError(message), back_after_(back_after) {}
+    /// @brief When a worker of this process starts again; none: it does not (a worker process's rejoin is
+    /// its own: ClusterCoordinator probes for it).
+    [[nodiscard]] std::optional<std::chrono::microseconds> back_after() const noexcept { return back_after_; }
+
+private:
+    std::optional<std::chrono::microseconds> back_after_;
 };
 
 /// @brief Throws the Error subclass that matches `code`; `message` is used as it is.

@@ -98,6 +98,8 @@ PSS_NAMESPACE_END
 
 // pss/errors.hpp: the exception types pss throws, mirroring TensorFlow's tf.errors.
 
+#include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -154,6 +156,16 @@ PSS_DEFINE_ERROR(InternalError, internal)
 class WorkerLostError : public UnavailableError {
 public:
     using UnavailableError::UnavailableError;
+    /// @brief A worker of this process that starts again after `back_after` (a simulated network's):
+    /// its thread takes closures again then.
+    WorkerLostError(const std::string& message, std::chrono::microseconds back_after)
+        : UnavailableError(message), back_after_(back_after) {}
+    /// @brief When a worker of this process starts again; none: it does not (a worker process's rejoin is
+    /// its own: ClusterCoordinator probes for it).
+    [[nodiscard]] std::optional<std::chrono::microseconds> back_after() const noexcept { return back_after_; }
+
+private:
+    std::optional<std::chrono::microseconds> back_after_;
 };
 
 /// @brief Throws the Error subclass that matches `code`; `message` is used as it is.
@@ -8920,8 +8932,11 @@ struct SimulatedFaults {
     /// A worker lost as its closure sends a variable operation (drawn per worker and per message of its
     /// closures): the closure raises WorkerLostError and runs again on another worker, and the lost one
     /// takes no more closures (a worker thread of the embedded cluster does not come back; once every
-    /// worker is lost, join raises after the start-up timeout).
+    /// worker is lost, join raises), unless worker_back_after says when it starts again.
     double lose_worker = 0;
+    /// A lost worker starts again after this, and takes closures again (as a worker process started
+    /// again rejoins); none: it does not.
+    std::optional<std::chrono::microseconds> worker_back_after = std::nullopt;
     /// The chief lost as it sends a variable operation of its own (not a closure's: creating, reading,
     /// saving or restoring; drawn per chief message): `send` throws SimulatedChiefCrash, which no pss
     /// code catches, so the program ends there as a killed chief would; a test then starts a chief again
@@ -9081,8 +9096,10 @@ private:
             if (!(p >= 0 && p <= 1))
                 throw InvalidArgumentError("pss: SimulatedFaults::" + std::string(name) + " is " + std::to_string(p) +
                                            "; a probability is in [0, 1]");
-        if (faults.max_delay.count() < 0 || faults.restart_after < 0)
-            throw InvalidArgumentError("pss: SimulatedFaults: max_delay and restart_after must not be negative");
+        if (faults.max_delay.count() < 0 || faults.restart_after < 0 ||
+            (faults.worker_back_after && faults.worker_back_after->count() < 0))
+            throw InvalidArgumentError(
+                "pss: SimulatedFaults: max_delay, restart_after and worker_back_after must not be negative");
         return faults;
     }
 
@@ -9154,9 +9171,13 @@ public:
             if (closure != nullptr && closure->worker >= 0) {
                 if (faults.lose_worker > 0 && moves_a_variable(request) &&
                     network_->lose_sender({"worker", closure->worker}, faults.lose_worker, describe(request)))
-                    throw WorkerLostError("pss: worker " + std::to_string(closure->worker) +
-                                          " was lost (simulated) as its closure sent " + describe(request) + " to " +
-                                          task.to_string());
+                {
+                    const std::string what = "pss: worker " + std::to_string(closure->worker) +
+                                             " was lost (simulated) as its closure sent " + describe(request) + " to " +
+                                             task.to_string();
+                    if (faults.worker_back_after) throw WorkerLostError(what, *faults.worker_back_after);
+                    throw WorkerLostError(what);
+                }
             } else if (faults.lose_chief > 0 && request.op != Op::destroy &&  // a destroy comes from a destructor
                        network_->lose_sender({"chief", 0}, faults.lose_chief, describe(request))) {
                 throw SimulatedChiefCrash("pss: the chief was lost (simulated) as it sent " + describe(request) + " to " +
@@ -15250,6 +15271,7 @@ private:
     /// @throws UnavailableError when none comes back in time
     void await_a_worker(std::unique_lock<std::mutex>& lock) {
         const auto waiting = [&] { return alive_ == 0 && queued_ != 0 && !error_; };
+        finished_.wait(lock, [&] { return !waiting() || restarting_ == 0; });  // a worker starting again
         if (remote_ != nullptr) {
             const auto limit = remote_->timeouts().startup;
             if (limit.count() == 0) finished_.wait(lock, [&] { return !waiting(); });
@@ -15462,7 +15484,8 @@ private:
             try {
                 if (remote_ != nullptr) closure->run_remote(*remote_, index);
                 else closure->run(index);
-            } catch (const WorkerLostError&) {
+            } catch (const WorkerLostError& lost) {
+                const auto back_after = lost.back_after();
                 lock.lock();
                 // At least once: another worker runs it, and the closures that were this worker's; unless
                 // an error is pending, which cancels what has not run (as TensorFlow's put_back does).
@@ -15482,15 +15505,30 @@ private:
                 }
                 pinned.lost = true;
                 --alive_;
+                // A worker process started again with the same task identity rejoins (TensorFlow's
+                // workers reconnect after preemption); one of this process comes back only when the error
+                // says when (a simulated network's), and meanwhile a coordinator whose every worker is
+                // lost waits for it (await_a_worker).
+                const bool restarts = remote_ == nullptr && back_after.has_value();
+                if (restarts) ++restarting_;
                 if (--running_ == 0) idle_.notify_all();
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
                 space_.notify_all();
-                // A worker process started again with the same task identity rejoins (TensorFlow's
-                // workers reconnect after preemption); one of this process never comes back.
-                if (remote_ == nullptr || !await_rejoin(index)) return;
-                lock.lock();
+                if (remote_ != nullptr) {
+                    if (!await_rejoin(index)) return;
+                    lock.lock();
+                } else {
+                    if (!restarts) return;
+                    lock.lock();
+                    const bool stopped = work_.wait_for(lock, *back_after, [&] { return stopping_; });
+                    --restarting_;
+                    if (stopped) {
+                        finished_.notify_all();
+                        return;
+                    }
+                }
                 pinned.lost = false;
                 ++alive_;
                 finished_.notify_all();
@@ -15554,6 +15592,7 @@ private:
     std::size_t unfinished_ = 0;
     std::size_t running_ = 0;  // closures a worker thread runs now
     std::size_t alive_;
+    std::size_t restarting_ = 0;  // lost workers of this process that start again (WorkerLostError::back_after)
     struct Pinned {
         std::deque<Closure> queue;
         bool lost = false;  // its worker is gone: closures for it go to queue_

@@ -45,8 +45,11 @@ struct SimulatedFaults {
     /// A worker lost as its closure sends a variable operation (drawn per worker and per message of its
     /// closures): the closure raises WorkerLostError and runs again on another worker, and the lost one
     /// takes no more closures (a worker thread of the embedded cluster does not come back; once every
-    /// worker is lost, join raises after the start-up timeout).
+    /// worker is lost, join raises), unless worker_back_after says when it starts again.
     double lose_worker = 0;
+    /// A lost worker starts again after this, and takes closures again (as a worker process started
+    /// again rejoins); none: it does not.
+    std::optional<std::chrono::microseconds> worker_back_after = std::nullopt;
     /// The chief lost as it sends a variable operation of its own (not a closure's: creating, reading,
     /// saving or restoring; drawn per chief message): `send` throws SimulatedChiefCrash, which no pss
     /// code catches, so the program ends there as a killed chief would; a test then starts a chief again
@@ -206,8 +209,10 @@ private:
             if (!(p >= 0 && p <= 1))
                 throw InvalidArgumentError("pss: SimulatedFaults::" + std::string(name) + " is " + std::to_string(p) +
                                            "; a probability is in [0, 1]");
-        if (faults.max_delay.count() < 0 || faults.restart_after < 0)
-            throw InvalidArgumentError("pss: SimulatedFaults: max_delay and restart_after must not be negative");
+        if (faults.max_delay.count() < 0 || faults.restart_after < 0 ||
+            (faults.worker_back_after && faults.worker_back_after->count() < 0))
+            throw InvalidArgumentError(
+                "pss: SimulatedFaults: max_delay, restart_after and worker_back_after must not be negative");
         return faults;
     }
 
@@ -279,9 +284,13 @@ public:
             if (closure != nullptr && closure->worker >= 0) {
                 if (faults.lose_worker > 0 && moves_a_variable(request) &&
                     network_->lose_sender({"worker", closure->worker}, faults.lose_worker, describe(request)))
-                    throw WorkerLostError("pss: worker " + std::to_string(closure->worker) +
-                                          " was lost (simulated) as its closure sent " + describe(request) + " to " +
-                                          task.to_string());
+                {
+                    const std::string what = "pss: worker " + std::to_string(closure->worker) +
+                                             " was lost (simulated) as its closure sent " + describe(request) + " to " +
+                                             task.to_string();
+                    if (faults.worker_back_after) throw WorkerLostError(what, *faults.worker_back_after);
+                    throw WorkerLostError(what);
+                }
             } else if (faults.lose_chief > 0 && request.op != Op::destroy &&  // a destroy comes from a destructor
                        network_->lose_sender({"chief", 0}, faults.lose_chief, describe(request))) {
                 throw SimulatedChiefCrash("pss: the chief was lost (simulated) as it sent " + describe(request) + " to " +
