@@ -15282,20 +15282,21 @@ private:
         if (remote_ != nullptr)
             why = " (none came back within the start-up timeout of " + startup_timeout_text() +
                   "; PSS_STARTUP_TIMEOUT sets it)";
-        const UnavailableError error("pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
-                                     " closures are waiting; no worker is left to run them" + why);
+        const std::string message = "pss: ClusterCoordinator: every worker is lost and " + std::to_string(queued_) +
+                                    " closures are waiting; no worker is left to run them" + why;
         if (remote_ == nullptr) {
             // Workers of this process never come back: the closures waiting for one fail with the error
-            // (their fetch raises it), so that nothing waits for them for ever.
+            // (their fetch raises it), so that nothing waits for them for ever. Each its own copy of the
+            // message: an exception's text is shared by its copies, and they end on other threads.
             std::deque<Closure> abandoned = take_queued();
             unfinished_ -= abandoned.size();
             lock.unlock();
-            for (auto& c : abandoned) c->fail(std::make_exception_ptr(error));
+            for (auto& c : abandoned) c->fail(std::make_exception_ptr(UnavailableError(std::string(message))));
             lock.lock();
             finished_.notify_all();
             space_.notify_all();
         }
-        throw error;
+        throw UnavailableError(message);
     }
 
     /// A lost worker of another process (without the lock): probes it every heartbeat interval until it
@@ -15512,6 +15513,8 @@ private:
                 const bool restarts = remote_ == nullptr && back_after.has_value();
                 if (restarts) ++restarting_;
                 if (--running_ == 0) idle_.notify_all();
+                // Dropped under the lock: whoever ends the closure later (and its error) does so after this.
+                closure.reset();
                 lock.unlock();
                 work_.notify_all();
                 finished_.notify_all();
