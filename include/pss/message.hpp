@@ -70,6 +70,16 @@ enum class RequestKind : std::uint8_t {
            op == Op::scatter_div || op == Op::scatter_min || op == Op::scatter_max;
 }
 
+/// @brief True for a pull: an operation that reads values (read, gather).
+[[nodiscard]] constexpr bool is_pull(Op op) noexcept { return op == Op::read || op == Op::gather; }
+
+/// @brief True for a push: an operation that changes values from its payload (assign, assign_add,
+/// assign_sub, the scatters, apply_gradient, apply_sparse_gradient).
+[[nodiscard]] constexpr bool is_push(Op op) noexcept {
+    return op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense ||
+           op == Op::apply_sparse || is_scatter(op);
+}
+
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
     switch (op) {

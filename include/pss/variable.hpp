@@ -853,7 +853,7 @@ inline detail::Exchange Variable::post(std::vector<std::pair<int, Request>> outg
     detail::Exchange x;
     x.variable = info_;
     x.op = first_op;
-    x.pull = first_op == Op::read || first_op == Op::gather;
+    x.pull = is_pull(first_op);
     // Every operation sent from here was validated against the whole variable (or needs nothing); a ps
     // in this process need not do it again, when this handle's shapes are its own.
     x.checked = shapes_trusted();
@@ -868,9 +868,8 @@ inline detail::Exchange Variable::post(std::vector<std::pair<int, Request>> outg
 inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request>> outgoing) const {
     // Profiled (when a benchmark enables it) as a pull or a push by what the first request does.
     const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
-    const bool pull = first_op == Op::read || first_op == Op::gather;
-    const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
-                      is_scatter(first_op) || first_op == Op::apply_dense || first_op == Op::apply_sparse;
+    const bool pull = is_pull(first_op);
+    const bool push = is_push(first_op);
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
     // A write in a Group is sent, and waited for by the group: its replies go to the group's batch.

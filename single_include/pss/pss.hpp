@@ -1478,6 +1478,16 @@ enum class RequestKind : std::uint8_t {
            op == Op::scatter_div || op == Op::scatter_min || op == Op::scatter_max;
 }
 
+/// @brief True for a pull: an operation that reads values (read, gather).
+[[nodiscard]] constexpr bool is_pull(Op op) noexcept { return op == Op::read || op == Op::gather; }
+
+/// @brief True for a push: an operation that changes values from its payload (assign, assign_add,
+/// assign_sub, the scatters, apply_gradient, apply_sparse_gradient).
+[[nodiscard]] constexpr bool is_push(Op op) noexcept {
+    return op == Op::assign || op == Op::assign_add || op == Op::assign_sub || op == Op::apply_dense ||
+           op == Op::apply_sparse || is_scatter(op);
+}
+
 /// @brief The name of an operation as the public API spells it, for error messages.
 [[nodiscard]] constexpr std::string_view op_name(Op op) noexcept {
     switch (op) {
@@ -5136,17 +5146,7 @@ private:
         /// What a sender may run itself: variable operations that touch memory only. Checkpoint files,
         /// creation and calls stay on the task's thread (the ps tasks save their shards in parallel).
         static bool runs_on_sender(const Request& request) noexcept {
-            if (request.kind != RequestKind::operation) return false;
-            switch (request.op) {
-                case Op::read:
-                case Op::gather:
-                case Op::assign:
-                case Op::assign_add:
-                case Op::assign_sub:
-                case Op::apply_dense:
-                case Op::apply_sparse: return true;
-                default: return is_scatter(request.op);
-            }
+            return request.kind == RequestKind::operation && (is_pull(request.op) || is_push(request.op));
         }
 
         /// Runs one request (busy_ is set), then lets the next one run.
@@ -9169,7 +9169,7 @@ public:
             const auto* closure = detail::ClosureContext::current();
             const auto& faults = network_->faults();
             if (closure != nullptr && closure->worker >= 0) {
-                if (faults.lose_worker > 0 && moves_a_variable(request) &&
+                if (faults.lose_worker > 0 && (is_pull(request.op) || is_push(request.op)) &&
                     network_->lose_sender({"worker", closure->worker}, faults.lose_worker, describe(request)))
                 {
                     const std::string what = "pss: worker " + std::to_string(closure->worker) +
@@ -9208,20 +9208,6 @@ private:
         std::promise<Reply> p;
         p.set_value(std::move(reply));
         return p.get_future();
-    }
-    /// A pull or a push: what a closure sends (not the creation, checkpoint and recovery requests).
-    static bool moves_a_variable(const Request& r) {
-        if (r.kind != RequestKind::operation) return false;
-        switch (r.op) {
-            case Op::read:
-            case Op::gather:
-            case Op::assign:
-            case Op::assign_add:
-            case Op::assign_sub:
-            case Op::apply_dense:
-            case Op::apply_sparse: return true;
-            default: return is_scatter(r.op);
-        }
     }
     static std::string describe(const Request& r) {
         switch (r.kind) {
@@ -11449,7 +11435,7 @@ inline detail::Exchange Variable::post(std::vector<std::pair<int, Request>> outg
     detail::Exchange x;
     x.variable = info_;
     x.op = first_op;
-    x.pull = first_op == Op::read || first_op == Op::gather;
+    x.pull = is_pull(first_op);
     // Every operation sent from here was validated against the whole variable (or needs nothing); a ps
     // in this process need not do it again, when this handle's shapes are its own.
     x.checked = shapes_trusted();
@@ -11464,9 +11450,8 @@ inline detail::Exchange Variable::post(std::vector<std::pair<int, Request>> outg
 inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request>> outgoing) const {
     // Profiled (when a benchmark enables it) as a pull or a push by what the first request does.
     const Op first_op = outgoing.empty() ? Op::create : outgoing.front().second.op;
-    const bool pull = first_op == Op::read || first_op == Op::gather;
-    const bool push = first_op == Op::assign || first_op == Op::assign_add || first_op == Op::assign_sub ||
-                      is_scatter(first_op) || first_op == Op::apply_dense || first_op == Op::apply_sparse;
+    const bool pull = is_pull(first_op);
+    const bool push = is_push(first_op);
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
     // A write in a Group is sent, and waited for by the group: its replies go to the group's batch.

@@ -119,17 +119,7 @@ private:
         /// What a sender may run itself: variable operations that touch memory only. Checkpoint files,
         /// creation and calls stay on the task's thread (the ps tasks save their shards in parallel).
         static bool runs_on_sender(const Request& request) noexcept {
-            if (request.kind != RequestKind::operation) return false;
-            switch (request.op) {
-                case Op::read:
-                case Op::gather:
-                case Op::assign:
-                case Op::assign_add:
-                case Op::assign_sub:
-                case Op::apply_dense:
-                case Op::apply_sparse: return true;
-                default: return is_scatter(request.op);
-            }
+            return request.kind == RequestKind::operation && (is_pull(request.op) || is_push(request.op));
         }
 
         /// Runs one request (busy_ is set), then lets the next one run.

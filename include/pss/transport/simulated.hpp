@@ -282,7 +282,7 @@ public:
             const auto* closure = detail::ClosureContext::current();
             const auto& faults = network_->faults();
             if (closure != nullptr && closure->worker >= 0) {
-                if (faults.lose_worker > 0 && moves_a_variable(request) &&
+                if (faults.lose_worker > 0 && (is_pull(request.op) || is_push(request.op)) &&
                     network_->lose_sender({"worker", closure->worker}, faults.lose_worker, describe(request)))
                 {
                     const std::string what = "pss: worker " + std::to_string(closure->worker) +
@@ -321,20 +321,6 @@ private:
         std::promise<Reply> p;
         p.set_value(std::move(reply));
         return p.get_future();
-    }
-    /// A pull or a push: what a closure sends (not the creation, checkpoint and recovery requests).
-    static bool moves_a_variable(const Request& r) {
-        if (r.kind != RequestKind::operation) return false;
-        switch (r.op) {
-            case Op::read:
-            case Op::gather:
-            case Op::assign:
-            case Op::assign_add:
-            case Op::assign_sub:
-            case Op::apply_dense:
-            case Op::apply_sparse: return true;
-            default: return is_scatter(r.op);
-        }
     }
     static std::string describe(const Request& r) {
         switch (r.kind) {
