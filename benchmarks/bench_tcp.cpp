@@ -83,7 +83,7 @@ constexpr std::size_t row_bytes = row_floats * sizeof(float);
 constexpr std::size_t table_rows = 16 << 10;
 constexpr std::size_t sweep_count = 1000;
 constexpr int sweep_task = 1;                        // the ps task holding them (a ParameterServer)
-constexpr std::uint64_t table_id = 1, pushed_id = 2;  // its variables
+constexpr std::uint64_t table_id = 1, pushed_id = 2, compressed_id = 3;  // its variables
 
 // ps-lite's figures, measured in issue 12 (2026-11, on a machine of this type; not in this run).
 constexpr double pslite_rows_per_second = 1.56e6;     // 1,000 rows of 1 KB read in one call
@@ -680,6 +680,32 @@ void pushes_in_flight(benchmark::State& state) {
               static_cast<double>(sweep_count * row_bytes), static_cast<double>(sweep_count));
 }
 
+/// A 16 MB float32 variable on the ps process, its gradient pushed (apply_gradient: the ps applies SGD)
+/// or its value read (read_into, the buffer reused), as float32 ("pss"), bfloat16 and float16 in turn:
+/// a compressed call sends half the bytes and rounds (pushes with error feedback) on this side, narrows
+/// or widens on the other. Rates in float32 bytes, so that a ratio is the time saved.
+void compressed(benchmark::State& state, Kind kind) {
+    constexpr std::size_t floats = 16 * MB / sizeof(float);
+    static pss::Variable v = pss::detail::create_sharded(SweepFixture::get().channel, compressed_id, "compressed",
+                                                         pss::Tensor::zeros(pss::DType::float32, {floats}), {1}, {sweep_task});
+    pss::Tensor gradient(xt::xarray<float>(xt::ones<float>({floats}) * 1e-3f));
+    xt::xarray<float> value;
+    const auto call = [&](pss::Compression c) {
+        return [&, c] {
+            v.set_compression(c);
+            if (kind == Kind::push)
+                gradient = v.apply_gradient(std::move(gradient));  // the spent gradient handed back
+            else
+                v.read_into(value);
+        };
+    };
+    alternate(state,
+              {{"pss", call(pss::Compression::none)},
+               {"bf16", call(pss::Compression::bfloat16)},
+               {"fp16", call(pss::Compression::float16)}},
+              static_cast<double>(16 * MB), 1);
+}
+
 /// A new link each time: connect (and handshake), one 1 KB push, close; plaintext ("pss") and TLS.
 void new_link(benchmark::State& state) {
     pss::Tensor payload = pss::Tensor::zeros(pss::DType::float32, {floats_of(KB)});
@@ -745,6 +771,10 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("gather/1000x1KB", gather)->Iterations(1000);
     benchmark::RegisterBenchmark("pushes_in_flight/1000x1KB", pushes_in_flight)->Iterations(100);
     benchmark::RegisterBenchmark("new_link", new_link)->Iterations(200);
+    benchmark::RegisterBenchmark("compressed_push/16MB", [](benchmark::State& s) { compressed(s, Kind::push); })
+        ->Iterations(30);
+    benchmark::RegisterBenchmark("compressed_pull/16MB", [](benchmark::State& s) { compressed(s, Kind::pull); })
+        ->Iterations(30);
     const std::string gathered = run_name("gather/1000x1KB", 1000), pushed = run_name("pushes_in_flight/1000x1KB", 100);
     ratios.push_back(against("1,000 rows of 1 KB, 1 call vs raw", gathered, 0.0, "pss_items_per_second",
                              "raw_items_per_second"));
@@ -771,6 +801,16 @@ int main(int argc, char** argv) {
     ratios.insert(ratios.end(), tls_ratios.begin(), tls_ratios.end());
     ratios.push_back(against("new link + 1 KB push (TLS vs plain)", run_name("new_link", 200), 0.0,
                              "tls_items_per_second", "pss_items_per_second"));
+    for (const char* kind : {"push", "pull"})
+        for (const char* c : {"bf16", "fp16"}) {
+            std::string name = "compressed_";
+            name.append(kind).append("/16MB");
+            std::string label = c;
+            label.append(" ").append(kind).append(" 16 MB (half the bytes) vs float32");
+            ratios.push_back(against(label, run_name(name, 30), 0.0,
+                                     std::string(c) == "bf16" ? "bf16_bytes_per_second" : "fp16_bytes_per_second",
+                                     "pss_bytes_per_second"));
+        }
     return pss_bench::run(argc, argv, ratios,
                           "Rates from the median time of each call, the raw socket's, pss's and TLS pss's in turn in "
                           "one loop.\n* a constant, not this run: ps-lite's figure measured in issue 12 in 2026-11 on a "

@@ -654,6 +654,24 @@ TEST_SUITE("Remote calls") {
                              pss::InvalidArgumentError);
         CHECK_THROWS_WITH_AS(decode(handle, pss::detail::CallContext{}),
                              doctest::Contains("a Variable reached a process that has no cluster"), pss::InvalidArgumentError);
+        // Its compression crosses with it; a code that is not one, or on another dtype, is refused.
+        table.set_compression(pss::Compression::float16);
+        const pss::Values compressed = pss::detail::encode_values(table);
+        CHECK(decode(compressed, context).compression() == pss::Compression::float16);
+        CHECK(decode(handle, context).compression() == pss::Compression::none);
+        nlohmann::json forged = nlohmann::json::from_cbor(compressed.cbor);
+        forged[0]["variable"]["compression"] = 3;
+        CHECK_THROWS_WITH_AS(decode(values_of(forged), context),
+                             doctest::Contains("compression code 3 is not 1 (bfloat16) or 2 (float16) of a float32 variable"),
+                             pss::InvalidArgumentError);
+        forged[0]["variable"]["compression"] = 1;
+        forged[0]["variable"]["dtype"] = static_cast<int>(pss::DType::float64);
+        CHECK_THROWS_WITH_AS(decode(values_of(forged), context), doctest::Contains("compression code 1 is not"),
+                             pss::InvalidArgumentError);
+        forged[0]["variable"]["extra"] = 1;
+        CHECK_THROWS_WITH_AS(decode(values_of(forged), context),
+                             doctest::Contains("other fields than id, name, dtype, shape, shards and compression"),
+                             pss::InvalidArgumentError);
     }
     TEST_CASE("Codec: a ShardedVariable built from a list crosses to a worker, which reaches its parts") {
         pss::ParameterServerStrategy<> strategy;

@@ -266,9 +266,10 @@ struct Codec<Variable> {
         nlohmann::json shards = nlohmann::json::array();
         for (const auto& s : info.shards)
             shards.push_back({s.index, s.task, s.row_offset, s.shape.empty() ? std::size_t{0} : s.shape[0], s.variable});
-        return {{"variable",
-                 {{"id", info.id}, {"name", info.name}, {"dtype", static_cast<int>(info.dtype)}, {"shape", info.shape},
-                  {"shards", std::move(shards)}}}};
+        nlohmann::json handle = {{"id", info.id}, {"name", info.name}, {"dtype", static_cast<int>(info.dtype)},
+                                 {"shape", info.shape}, {"shards", std::move(shards)}};
+        if (const Compression c = v.compression(); c != Compression::none) handle["compression"] = static_cast<int>(c);
+        return {{"variable", std::move(handle)}};
     }
     static Variable decode(ValuesReader& r, const nlohmann::json& j) {
         const nlohmann::json* handle = j.size() == 1 ? ValuesReader::member(j, "variable") : nullptr;
@@ -286,7 +287,9 @@ struct Codec<Variable> {
             if (!v.is_number_unsigned()) r.fail(std::string("a Variable handle's ") + what + " is not an unsigned integer");
             return v.get<std::uint64_t>();
         };
-        if (!h.is_object() || h.size() != 5) r.fail("a Variable handle has other fields than id, name, dtype, shape, shards");
+        const nlohmann::json* compression = h.is_object() ? ValuesReader::member(h, "compression") : nullptr;
+        if (!h.is_object() || h.size() != (compression != nullptr ? 6u : 5u))
+            r.fail("a Variable handle has other fields than id, name, dtype, shape, shards and compression");
         auto info = std::make_shared<VariableInfo>();
         info->id = unsigned_of(field("id", &nlohmann::json::is_number_unsigned, "an unsigned integer"), "id");
         const auto& name = field("name", &nlohmann::json::is_string, "a string");
@@ -295,6 +298,12 @@ struct Codec<Variable> {
         if (dtype > 255 || !is_valid_dtype(static_cast<std::uint8_t>(dtype)))
             r.fail("dtype code " + std::to_string(dtype) + " is unknown");
         info->dtype = static_cast<DType>(dtype);
+        if (compression != nullptr) {
+            const std::uint64_t c = unsigned_of(*compression, "compression");
+            if (c < 1 || c > 2 || info->dtype != DType::float32)
+                r.fail("compression code " + std::to_string(c) + " is not 1 (bfloat16) or 2 (float16) of a float32 variable");
+            info->compression = static_cast<Compression>(c);
+        }
         const auto& shape = field("shape", &nlohmann::json::is_array, "an array");
         if (shape.size() > 32) r.fail("a rank of " + std::to_string(shape.size()) + " is above 32");
         for (const auto& extent : shape) info->shape.push_back(static_cast<std::size_t>(unsigned_of(extent, "shape extent")));

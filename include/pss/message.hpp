@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <pss/cluster/cluster_spec.hpp>
+#include <pss/compression.hpp>
 #include <pss/config.hpp>
 #include <pss/errors.hpp>
 #include <pss/initializer.hpp>
@@ -146,6 +147,9 @@ struct Request {
     /// 0 outside synchronous training. A commit_restore's is the checkpoint's step, from which a
     /// synchronous ps counts the shard's applied steps on.
     std::uint64_t step = 0;
+    /// A push's float32 payload holds 16-bit numbers of this kind (its sender rounded them), and a pull
+    /// asks for its value in them; across a wire they travel as 16 bits (see Compression).
+    Compression compression = Compression::none;
     Values values;  ///< a call's arguments (kind `call` only)
     /// What a create without a payload draws its shard from, on the ps task (the coordinator never holds
     /// the value); on the wire, the words of the ids section (see wire.hpp).
@@ -177,6 +181,9 @@ struct Reply {
     std::string message;
     Tensor payload;  ///< a read or gathered value; for updates, the spent request payload handed back
     Values values;   ///< what a call answered (its result, or the error the function raised)
+    /// A float32 payload crosses a wire as 16-bit numbers of this kind, rounded to nearest (a transport
+    /// sets it from the pull's Request::compression).
+    Compression compression = Compression::none;
 
     [[nodiscard]] bool ok() const noexcept { return code == ErrorCode::ok; }
 

@@ -43,6 +43,7 @@
 #include <pss/transport/tcp.hpp>
 
 #include <pss/checkpoint.hpp>
+#include <pss/compression.hpp>
 #include <pss/cluster_strategy.hpp>
 #include <pss/consistency.hpp>
 #include <pss/coordinator.hpp>

@@ -629,7 +629,8 @@ public:
     /// (`PSS_STARTUP_TIMEOUT`, `PSS_HEARTBEAT_INTERVAL`, `PSS_HEARTBEAT_TIMEOUT`, `PSS_REQUEST_TIMEOUT`,
     /// `PSS_CHIEF_TIMEOUT`), else TensorFlow's.
     /// @throws InvalidArgumentError when the cluster has no ps or no worker task, more than one chief, or a
-    /// job other than chief, worker, ps and evaluator (TensorFlow's rules), or a PSS_*_TIMEOUT is not seconds.
+    /// job other than chief, worker, ps and evaluator (TensorFlow's rules), or a PSS_*_TIMEOUT is not seconds,
+    /// or PSS_COMPRESSION is not none, bfloat16 or float16.
     /// @throws UnavailableError naming the task when a ps task does not come up within the start-up timeout
     explicit ParameterServerStrategy(ClusterResolverPolicy cluster_resolver = {},
                                      PartitionerPolicy variable_partitioner = {}, OptimizerPolicy optimizer = {},
@@ -777,6 +778,15 @@ public:
         return optimizer_.learning_rate();
     }
 
+    /// @brief How the float32 variables this strategy creates from now on send their gradients and read
+    /// their values: as bfloat16 or float16, half the bytes, with error feedback on pushes (Compression;
+    /// the README's "Compression on the wire"). Variables created before keep theirs
+    /// (Variable::set_compression changes one). Every float32 variable, Keras layers' included. A strategy
+    /// starts with PSS_COMPRESSION's (none, bfloat16 or float16; `none` when unset).
+    void set_compression(Compression c) noexcept { compression_.store(c, std::memory_order_relaxed); }
+    /// @brief What set_compression set: `none` by default.
+    [[nodiscard]] Compression compression() const noexcept { return compression_.load(std::memory_order_relaxed); }
+
     /// @brief The variables this strategy created that still have a handle, in creation order (what
     /// `Checkpoint(strategy)` saves).
     [[nodiscard]] std::vector<Variable> variables() const {
@@ -875,6 +885,7 @@ private:
 
     /// Records a variable just created (what variables() lists) and runs the created hook on it.
     Variable created(Variable variable) {
+        if (variable.dtype() == DType::float32) variable.set_compression(compression());
         std::function<void(const Variable&)> hook;
         {
             std::lock_guard lock(variables_mutex_);
@@ -921,6 +932,7 @@ private:
     std::vector<std::weak_ptr<const detail::VariableInfo>> variables_;
     std::function<void(const Variable&)> created_hook_;
     std::optional<double> learning_rate_set_;  // by set_learning_rate (under variables_mutex_)
+    std::atomic<Compression> compression_{Compression::none};
 };
 
 // Defined outside the class: a member defined inside a class template is inline, and an extern template
@@ -937,7 +949,8 @@ ParameterServerStrategy<TransportPolicy, PartitionerPolicy, OptimizerPolicy, Clu
       optimizer_(std::move(optimizer)),
       spec_(validated(resolver_.cluster_spec())),
       task_{std::string(resolver_.task_type()), static_cast<int>(resolver_.task_id())},
-      timeouts_(timeouts) {
+      timeouts_(timeouts),
+      compression_(compression_from_environment()) {
     const SyncOptions sync{ConsistencyPolicy::synchronous, static_cast<std::uint64_t>(spec_.num_tasks("worker")),
                            ConsistencyPolicy::staleness};
     // The resolver says whether the cluster is this process: rpc_layer "inproc" (the embedded

@@ -26,6 +26,7 @@
 
 #include <xtensor/xarray.hpp>
 
+#include <pss/compression.hpp>
 #include <pss/config.hpp>
 #include <pss/detail/step_profile.hpp>
 #include <pss/dtype.hpp>
@@ -64,6 +65,11 @@ public:
     /// True when the ps tasks run in this process (the embedded transport, the coordinator's own store):
     /// a gather then writes its rows straight into the caller's result (Request::into).
     [[nodiscard]] virtual bool shares_memory() const noexcept { return false; }
+    /// What this process's compressed pushes still owe each shard (Compression's error feedback).
+    [[nodiscard]] ErrorFeedback& error_feedback() noexcept { return error_feedback_; }
+
+private:
+    ErrorFeedback error_feedback_;
 };
 
 /// Sends `request` to `task` through `channel`, its reply into a new slot of `batch`; returns the slot.
@@ -127,12 +133,15 @@ struct VariableInfo {
     /// The shards split the rows by TensorFlow's rule (shard_rows()), so a row's shard is arithmetic;
     /// false only for a variable built from parts of other sizes.
     bool split_by_rule = true;
+    /// How its float32 gradients and values travel; a shard's handle follows its owner's.
+    mutable std::atomic<Compression> compression{Compression::none};
 
     VariableInfo() = default;
     VariableInfo(const VariableInfo&) = delete;
     VariableInfo& operator=(const VariableInfo&) = delete;
     ~VariableInfo() {
         if (owner || borrowed || !channel || !parts.empty()) return;
+        channel->error_feedback().forget(id);
         for (const auto& shard : shards) {
             Request request;
             request.op = Op::destroy;
@@ -233,6 +242,23 @@ public:
     [[nodiscard]] std::size_t num_shards() const { return info().shards.size(); }
     /// @brief The number its strategy gave the variable (1, 2, ...): unique among that strategy's variables.
     [[nodiscard]] std::uint64_t id() const { return info().id; }
+    /// @brief How this variable's gradients and values travel (Compression); `none` unless set here or by
+    /// the strategy's set_compression when it was created.
+    [[nodiscard]] Compression compression() const {
+        const detail::VariableInfo& i = info();
+        return (i.owner ? *i.owner : i).compression.load(std::memory_order_relaxed);
+    }
+    /// @brief Sends this variable's gradients and reads its values as `c` from now on, through every
+    /// handle of this process and those it sends to workers afterwards (Compression).
+    /// @throws InvalidArgumentError when `c` is not `none` and the variable is not float32
+    void set_compression(Compression c) {
+        const detail::VariableInfo& i = info();
+        if (c != Compression::none && i.dtype != DType::float32)
+            throw InvalidArgumentError("pss: set_compression(" + std::string(compression_name(c)) + ") of variable '" +
+                                       name() + "': its dtype is " + std::string(dtype_name(i.dtype)) +
+                                       "; only float32 variables travel compressed");
+        (i.owner ? *i.owner : i).compression.store(c, std::memory_order_relaxed);
+    }
     [[nodiscard]] bool is_sharded() const { return num_shards() > 1; }
     /// @brief The ps task index of each shard (-1 for the coordinator).
     [[nodiscard]] std::vector<int> shard_tasks() const {
@@ -445,12 +471,26 @@ private:
             " was asked for; this handle does not describe the variable its parameter servers hold");
     }
 
-    static Request request(Op op, const detail::ShardInfo& shard, std::uint64_t step = 0) {
+    Request request(Op op, const detail::ShardInfo& shard, std::uint64_t step = 0) const {
         Request r;
         r.op = op;
         r.key = {shard.variable, shard.index};
         r.step = step;
+        if (op == Op::read || op == Op::gather || op == Op::apply_dense || op == Op::apply_sparse) r.compression = compression();
         return r;
+    }
+
+    /// A compressed push's gradient rounded with this worker's error feedback (Compression): the
+    /// request's payload, for its shard (`width` values a row when it carries rows `r.ids`).
+    void round_push(Request& r) const {
+        if (r.compression == Compression::none || !r.payload.has_value() || r.payload.size() == 0) return;
+        auto& values = r.payload.get<float>();
+        const std::span<float> all(values.data(), values.size());
+        const int worker = worker_index();
+        detail::ErrorFeedback& feedback = info().channel->error_feedback();
+        if (r.op == Op::apply_dense) return feedback.round_dense(r.key.variable, r.key.shard, worker, r.compression, all);
+        feedback.round_rows(r.key.variable, r.key.shard, worker, r.compression, r.ids, all,
+                            r.ids.empty() ? 0 : values.size() / r.ids.size());
     }
 
     /// Sends each request to its task (all in flight at once) and returns the replies' payloads in the
@@ -778,6 +818,7 @@ inline void Exchange::post(std::size_t i, Request r) {
     again[i].key = r.key;
     again[i].ids = r.ids;
     again[i].step = r.step;
+    again[i].compression = r.compression;
     again[i].in_process = r.in_process;
     slots[i] = send_into(batch, *variable->channel, tasks[i], std::move(r));
 }
@@ -820,7 +861,13 @@ inline std::vector<Tensor> Exchange::finish() {
                 continue;
             }
             try {
+                // A pull asked for compressed values that no wire narrowed (a ps in this process): rounded
+                // here, so that the numbers do not depend on the transport.
+                const bool round = pull && again[i].compression != Compression::none &&
+                                   reply.compression == Compression::none && reply.ok() &&
+                                   reply.payload.has_value() && reply.payload.dtype() == DType::float32;
                 out[i] = reply.take();
+                if (round) round_in_place(again[i].compression, std::span(out[i].get<float>().data(), out[i].size()));
             } catch (...) {
                 if (!error) error = std::current_exception();
             }
@@ -934,12 +981,14 @@ inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
     if (shards.size() == 1) {
         Request r = request(op, shards.front(), step);
         r.payload = std::move(payload);
+        round_push(r);
         outgoing.emplace_back(shards.front().task, std::move(r));
         return std::move(exchange(std::move(outgoing)).front());
     }
     for (const auto& s : shards) {
         Request r = request(op, s, step);
         r.payload = detail::slice_rows(payload, s.row_offset, s.shape[0]);
+        round_push(r);
         outgoing.emplace_back(s.task, std::move(r));
     }
     exchange(std::move(outgoing));
@@ -954,6 +1003,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
         Request r = request(op, shards.front(), step);
         r.payload = std::move(rows);
         r.ids.assign(ids.begin(), ids.end());
+        round_push(r);
         outgoing.emplace_back(shards.front().task, std::move(r));
         return std::move(exchange(std::move(outgoing)).front());
     }
@@ -967,6 +1017,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
         const detail::RowCopy copy(r.payload, rows);
         for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
         r.ids = std::move(grouped.rows[s]);
+        round_push(r);
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
     exchange(std::move(outgoing));
@@ -1043,7 +1094,11 @@ inline Tensor Variable::finish_gather(Gather& g) const {
         check_reply(Op::gather, parts.front(), detail::rows_shape(shards.front().shape, g.rows), shards.front().index);
         return std::move(parts.front());
     }
-    if (!g.in_place) {
+    if (g.in_place) {
+        // The ps tasks wrote their rows here (this process): rounded as a wire would have.
+        if (const Compression c = compression(); c != Compression::none && dtype() == DType::float32)
+            detail::round_in_place(c, std::span(g.out->get<float>().data(), g.out->size()));
+    } else {
         for (std::size_t p = 0; p < parts.size(); ++p) {
             const auto& positions = g.grouped.positions[g.asked[p]];
             check_reply(Op::gather, parts[p], detail::rows_shape(shards[g.asked[p]].shape, positions.size()),

@@ -38,7 +38,7 @@ static_assert(std::endian::native == std::endian::little,
 /// | 0 | 4 | magic | the bytes "PSS1" (`0x31535350` read as a little-endian u32) |
 /// | 4 | 2 | version | `wire_version` (2) |
 /// | 6 | 1 | kind | a shard operation's `Op` (1 to 12, 15 to 23), `frame_kind_call` (13), `frame_kind_shutdown` (14), `frame_kind_heartbeat` (127), or `frame_kind_reply` (128) |
-/// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values) |
+/// | 7 | 1 | flags | `frame_flag_payload_elided` (the one tensor is described, its bytes not sent), `frame_flag_values` (the frame carries a call's Values), `frame_flag_bfloat16` or `frame_flag_float16` (its float32 payload travels as 16-bit numbers; on a read or gather, the reply is asked for so) |
 /// | 8 | 4 | error code | an `ErrorCode` (0 to 10); 0 in requests |
 /// | 12 | 8 | request id | chosen by the client, echoed by the reply |
 /// | 20 | 4 | task | request: the index of the task addressed; reply: the index of the answering task |
@@ -76,6 +76,11 @@ static_assert(std::endian::native == std::endian::little,
 /// TCP itself, so checksumming a 64 MB gradient would halve the transport's throughput, and TCP already
 /// checksums every segment.
 ///
+/// A frame flagged `frame_flag_bfloat16` or `frame_flag_float16` (one of them; not on a call or its
+/// reply) carries its float32 payload as 2 bytes an element, in that format, little-endian: the
+/// descriptor says float32 and the shape, the payload length is 2 bytes an element, and the receiver
+/// widens it back to float32 (Compression). A read or gather request so flagged asks for its reply so.
+///
 /// An elided payload is described (dtype, shape) but its bytes stay where they are: a `read` request's
 /// payload is the buffer the client wants the value in (it stays with the client and the reply lands in
 /// it); an update's reply payload is the spent request payload handed back (the client hands its own
@@ -94,6 +99,15 @@ inline constexpr std::uint8_t frame_kind_heartbeat = 127;
 inline constexpr std::uint8_t frame_kind_reply = 128;
 inline constexpr std::uint8_t frame_flag_payload_elided = 2;
 inline constexpr std::uint8_t frame_flag_values = 4;
+inline constexpr std::uint8_t frame_flag_bfloat16 = 8;
+inline constexpr std::uint8_t frame_flag_float16 = 16;
+
+/// @brief The Compression a frame's flags name (none when neither bit is set).
+[[nodiscard]] constexpr Compression compression_of_flags(std::uint8_t flags) noexcept {
+    return (flags & frame_flag_bfloat16) != 0  ? Compression::bfloat16
+           : (flags & frame_flag_float16) != 0 ? Compression::float16
+                                               : Compression::none;
+}
 
 /// @brief Bounds on what a peer may ask this process to allocate. A length above one is a WireError.
 struct WireLimits {
@@ -152,6 +166,8 @@ struct FrameHeader {
     [[nodiscard]] bool has_payload() const noexcept { return tensors == 1 && !has_values(); }
     [[nodiscard]] bool payload_elided() const noexcept { return (flags & frame_flag_payload_elided) != 0; }
     [[nodiscard]] bool has_values() const noexcept { return (flags & frame_flag_values) != 0; }
+    /// @brief How the float32 payload travels (or, on a read or gather request, how its reply should).
+    [[nodiscard]] Compression compression() const noexcept { return compression_of_flags(flags); }
     /// @brief Bytes of the sections between the header and the payload.
     [[nodiscard]] std::uint64_t body_length() const noexcept {
         return std::uint64_t{descriptor_words} * 8 + name_length + message_length + values_length + ids_count * 8;
@@ -221,11 +237,13 @@ void decode_body(std::span<const std::byte, frame_header_size> header_bytes, con
 [[nodiscard]] std::vector<Tensor> value_tensors(const FrameHeader& header, const FrameBody& body);
 [[nodiscard]] std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors);
 
-/// @brief Turns each string tensor read in its wire form (`payload` and `tensors`, as `payload_buffer`
-/// and `value_tensors` made them) into its `xt::xarray<std::string>`, checking the encoding.
+/// @brief Turns the tensors read in their wire form (`payload` and `tensors`, as `payload_buffer` and
+/// `value_tensors` made them, the payload's `payload_length` bytes at its start) into their values: a
+/// 16-bit payload widened to float32 in place, each string tensor into its `xt::xarray<std::string>`,
+/// checking the encoding.
 /// @throws WireError `pss: wire: frame tensor 0: its string lengths add up to 60 bytes, but 64 follow them`, or
 ///   `pss: wire: frame tensor 0: string 2 has length 9, more than the 4 left of the 64 bytes after the lengths`
-void decode_string_tensors(Tensor& payload, std::vector<Tensor>& tensors, std::optional<std::uint64_t> request_id);
+void decode_wire_tensors(const FrameHeader& header, Tensor& payload, std::vector<Tensor>& tensors);
 
 /// @brief The Request a validated request frame carries. `payload` is the received tensor (or, for an
 /// elided payload, the buffer the receiver offers; it may be empty); `tensors` a call's.
@@ -283,7 +301,7 @@ public:
                                              bool elide_payload);
 
 private:
-    void build(const Tensor& payload, bool elide, const Values* values, std::span<const std::byte> name,
+    void build(const Tensor& payload, bool elide, Compression compression, const Values* values, std::span<const std::byte> name,
                std::span<const std::byte> message, std::span<const std::int64_t> ids);
     void describe(const Tensor& t, std::byte*& out);
     /// The ids section: the request's ids, or the words of its initializer (held here).
@@ -463,8 +481,13 @@ inline FrameHeader decode_header(std::span<const std::byte, frame_header_size> b
         fail("kind " + std::to_string(h.kind) +
              " is unknown; a request is an operation 1 to 12 or 15 to 23, a call 13, a shutdown 14 or a heartbeat "
              "127, a reply is 128");
-    if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values)) != 0)
-        fail("flags " + std::to_string(h.flags) + " has unknown bits; only 2 (elided) and 4 (values) are defined");
+    if ((h.flags & ~(frame_flag_payload_elided | frame_flag_values | frame_flag_bfloat16 | frame_flag_float16)) != 0)
+        fail("flags " + std::to_string(h.flags) +
+             " has unknown bits; only 2 (elided), 4 (values), 8 (bfloat16) and 16 (float16) are defined");
+    if ((h.flags & frame_flag_bfloat16) != 0 && (h.flags & frame_flag_float16) != 0)
+        fail("flags " + std::to_string(h.flags) + " name two compressions, bfloat16 and float16; a frame has one");
+    if (h.compression() != Compression::none && h.has_values())
+        fail("flags " + std::to_string(h.flags) + " compress a call's values; only a shard operation's payload travels compressed");
     if (code > static_cast<std::uint32_t>(ErrorCode::permission_denied))
         fail("error code " + std::to_string(code) + " is unknown; codes are 0 (ok) to 10 (permission denied)");
     h.code = static_cast<ErrorCode>(code);
@@ -561,8 +584,11 @@ inline void decode_body(std::span<const std::byte, frame_header_size> header_byt
                  (strings ? " (a string is held in " + std::to_string(sizeof(std::string)) + " bytes beside its characters)"
                           : std::string()));
         held += static_cast<std::uint64_t>(elements) * element_size;
+        if (header.compression() != Compression::none && spec.dtype != DType::float32)
+            fail(which + "is " + std::string(dtype_name(spec.dtype)) + " but the flags compress it to " +
+                 std::string(compression_name(header.compression())) + "; only float32 travels compressed");
         if (!strings) {
-            needed += static_cast<std::uint64_t>(elements) * element_size;
+            needed += static_cast<std::uint64_t>(elements) * (header.compression() != Compression::none ? 2 : element_size);
             continue;
         }
         if (word == end) fail(which + "its encoded length is missing; the descriptor words end early");
@@ -678,9 +704,11 @@ inline void decode_strings(Tensor& tensor, std::size_t index, std::optional<std:
 
 }  // namespace detail
 
-inline void decode_string_tensors(Tensor& payload, std::vector<Tensor>& tensors, std::optional<std::uint64_t> request_id) {
-    detail::decode_strings(payload, 0, request_id);
-    for (std::size_t i = 0; i < tensors.size(); ++i) detail::decode_strings(tensors[i], i, request_id);
+inline void decode_wire_tensors(const FrameHeader& header, Tensor& payload, std::vector<Tensor>& tensors) {
+    if (header.compression() != Compression::none && payload.has_value() && !header.payload_elided())
+        detail::widen_in_place(header.compression(), payload.get<float>().data(), payload.size());
+    detail::decode_strings(payload, 0, header.request_id);
+    for (std::size_t i = 0; i < tensors.size(); ++i) detail::decode_strings(tensors[i], i, header.request_id);
 }
 
 inline std::vector<asio::mutable_buffer> tensor_buffers(std::vector<Tensor>& tensors) {
@@ -702,6 +730,7 @@ inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor pay
         request.ids = std::move(body.ids);
     request.payload = std::move(payload);
     request.step = header.step;
+    request.compression = header.compression();
     request.values = Values{std::move(body.values), std::move(tensors)};
     body.name.clear();
     body.ids.clear();
@@ -710,7 +739,8 @@ inline Request to_request(const FrameHeader& header, FrameBody& body, Tensor pay
 }
 
 inline Reply to_reply(const FrameHeader& header, FrameBody& body, Tensor payload, std::vector<Tensor> tensors) {
-    Reply reply{header.code, std::move(body.message), std::move(payload), Values{std::move(body.values), std::move(tensors)}};
+    Reply reply{header.code, std::move(body.message), std::move(payload), Values{std::move(body.values), std::move(tensors)},
+                header.compression()};
     body.message.clear();
     body.values.clear();
     return reply;
@@ -733,7 +763,7 @@ inline void OutgoingFrame::describe(const Tensor& t, std::byte*& out) {
     }
 }
 
-inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values* values,
+inline void OutgoingFrame::build(const Tensor& payload, bool elide, Compression compression, const Values* values,
                                  std::span<const std::byte> name, std::span<const std::byte> message,
                                  std::span<const std::int64_t> ids) {
     FrameHeader& h = header_;
@@ -779,10 +809,18 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, const Values
         h.tensors = 1;
         h.descriptor_words = static_cast<std::uint16_t>(descriptor_length_ / 8);
         if (payload.dtype() == DType::string && !elide) encoded_.push_back(detail::encode_strings(payload.get<std::string>()));
+        if (payload.dtype() != DType::float32) compression = Compression::none;  // only float32 is compressed
+        if (compression != Compression::none && !elide) {
+            encoded_.emplace_back(2 * payload.size());
+            detail::narrow(compression, payload.get<float>().data(), reinterpret_cast<std::uint16_t*>(encoded_.back().data()),
+                           payload.size());
+        }
         h.payload_length = elide ? 0 : encoded_.empty() ? payload.nbytes() : encoded_.front().size();
         payload_ = payload.bytes();
         payload_length_ = static_cast<std::size_t>(h.payload_length);
     }
+    if (values == nullptr && compression != Compression::none)
+        h.flags |= compression == Compression::bfloat16 ? frame_flag_bfloat16 : frame_flag_float16;
     h.name_length = static_cast<std::uint32_t>(name.size());
     h.message_length = static_cast<std::uint32_t>(message.size());
     h.ids_count = ids.size();
@@ -814,7 +852,7 @@ inline OutgoingFrame OutgoingFrame::request(const Request& request, std::uint64_
     const bool call = request.kind == RequestKind::call;
     if (request.kind == RequestKind::operation && request.op == Op::create && request.initializer)
         frame.initializer_words_ = detail::encode_shard_initializer(*request.initializer);
-    frame.build(request.payload, elide_payload, call ? &request.values : nullptr, detail::as_bytes(request.name), {},
+    frame.build(request.payload, elide_payload, request.compression, call ? &request.values : nullptr, detail::as_bytes(request.name), {},
                 frame.initializer_words_.empty() ? std::span<const std::int64_t>(request.ids)
                                                  : std::span<const std::int64_t>(frame.initializer_words_));
     return frame;
@@ -828,7 +866,8 @@ inline OutgoingFrame OutgoingFrame::reply(const Reply& reply, std::uint64_t id, 
     frame.header_.request_id = id;
     frame.header_.task = task;
     const bool values = !reply.values.cbor.empty() || !reply.values.tensors.empty();
-    frame.build(reply.payload, elide_payload, values ? &reply.values : nullptr, {}, detail::as_bytes(reply.message), {});
+    frame.build(reply.payload, elide_payload, reply.compression, values ? &reply.values : nullptr, {},
+                detail::as_bytes(reply.message), {});
     return frame;
 }
 
@@ -856,9 +895,9 @@ inline DecodedFrame decode_frame(std::span<const std::byte> bytes, const WireLim
     frame.payload = payload_buffer(h, frame.body);
     frame.tensors = value_tensors(h, frame.body);
     std::vector<asio::mutable_buffer> into = tensor_buffers(frame.tensors);
-    if (frame.payload.has_value()) into.push_back(asio::buffer(frame.payload.bytes(), frame.payload.nbytes()));
+    if (frame.payload.has_value()) into.push_back(asio::buffer(frame.payload.bytes(), static_cast<std::size_t>(h.payload_length)));
     asio::buffer_copy(into, asio::buffer(bytes.data() + body_end, static_cast<std::size_t>(h.payload_length)));
-    decode_string_tensors(frame.payload, frame.tensors, h.request_id);
+    decode_wire_tensors(h, frame.payload, frame.tensors);
     frame.size = static_cast<std::size_t>(end);
     return frame;
 }

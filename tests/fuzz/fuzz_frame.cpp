@@ -124,6 +124,14 @@ int main(int argc, char** argv) {
     write("reply_spent_elided", pss::OutgoingFrame::reply(spent, 7, 0, true));
     pss::Reply scalar{pss::ErrorCode::ok, "", xt::xarray<double>(2.5), {}};
     write("reply_scalar_float64", pss::OutgoingFrame::reply(scalar, 8, 1, false));
+    pss::Request compressed;  // a gradient as bfloat16, 2 bytes an element
+    compressed.op = pss::Op::apply_dense;
+    compressed.key = {3, 1};
+    compressed.compression = pss::Compression::bfloat16;
+    compressed.payload = xt::xarray<float>{{0.5f, -1.25f, 3.0f}};
+    write("request_apply_dense_bfloat16", pss::OutgoingFrame::request(compressed, 12, 1, false));
+    pss::Reply narrowed{pss::ErrorCode::ok, "", xt::xarray<float>{0.1f, 65504.0f}, {}, pss::Compression::float16};
+    write("reply_float16", pss::OutgoingFrame::reply(narrowed, 13, 1, false));
     pss::Request call;
     call.kind = pss::RequestKind::call;
     call.name = "pss.keras.Sequential.step";

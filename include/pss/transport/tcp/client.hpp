@@ -565,7 +565,7 @@ private:
         Tensor payload = target_ ? std::move(target_->request.payload) : std::move(incoming_);
         target_.reset();
         try {
-            decode_string_tensors(payload, incoming_values_, header_.request_id);
+            decode_wire_tensors(header_, payload, incoming_values_);
         } catch (const WireError& e) {
             return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
         }

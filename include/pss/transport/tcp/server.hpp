@@ -376,7 +376,7 @@ private:
     void on_payload(std::error_code ec) {
         if (ec || closed_) return close();
         try {
-            decode_string_tensors(incoming_, incoming_values_, header_.request_id);
+            decode_wire_tensors(header_, incoming_, incoming_values_);
         } catch (const WireError& e) {
             return refuse(e);
         }
@@ -411,10 +411,15 @@ private:
             last_id_ = std::max(last_id_.value_or(id), id);
             // Only what changes state is recorded: a repeated read or gather runs again.
             const bool record = !rerun_repeat();
+            // A pull asked for its value compressed: the reply frame narrows it.
+            const Compression wire = header_.request_kind() == RequestKind::operation && reply_carries_value(header_.op())
+                                          ? header_.compression()
+                                          : Compression::none;
             // The reply goes out through the task's strand whenever the handler answers: at once (the
             // dispatch runs inline, on this strand) or later from any thread.
-            Responder respond([self = shared_from_this(), id, hands_back, record](Reply&& reply) {
+            Responder respond([self = shared_from_this(), id, hands_back, record, wire](Reply&& reply) {
                 if (self->task_->stopped.load(std::memory_order_acquire)) return;
+                reply.compression = wire;
                 asio::dispatch(self->task_->strand, [self, id, hands_back, record, reply = std::move(reply)]() mutable {
                     self->answer(id, hands_back, record, std::move(reply));
                 });
