@@ -13,6 +13,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <random>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -437,6 +438,29 @@ TEST_SUITE("partitioner/shard_rows.hpp") {
                 }
                 CHECK(total == dim0);
             }
+    }
+    TEST_CASE("RowSplit: its division by multiplication gives the quotients of division, for tables up to 2^32 rows "
+              "and beyond (where it divides)") {
+        std::mt19937_64 random(3);
+        std::size_t wrong = 0, checked = 0;
+        for (std::size_t dim0 : {1ul, 7ul, 1000ul, 1048577ul, 4294967295ul, 4294967296ul, 10000000000ul})
+            for (std::size_t k = 1; k <= 9 && k <= dim0; ++k) {
+                const pss::RowSplit split(dim0, k);
+                const std::size_t base = dim0 / k, extra = dim0 % k, boundary = extra * (base + 1);
+                auto check = [&](std::size_t row) {
+                    const pss::ShardRow expected = row < boundary ? pss::ShardRow{row / (base + 1), row % (base + 1)}
+                                                                  : pss::ShardRow{extra + (row - boundary) / base,
+                                                                                  (row - boundary) % base};
+                    wrong += split(row) == expected ? 0 : 1;
+                    ++checked;
+                };
+                for (std::size_t r = 0; r < std::min<std::size_t>(dim0, 2000); ++r) check(r);
+                for (int i = 0; i < 5000; ++i) check(random() % dim0);
+                check(dim0 - 1);
+                check(boundary);
+            }
+        CHECK(wrong == 0);
+        CHECK(checked > 300000);
     }
 }
 

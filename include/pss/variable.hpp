@@ -816,10 +816,12 @@ inline void Exchange::post(std::size_t i, Request r) {
     r.in_process.checked = checked;
     again[i].op = r.op;  // the request without its payload
     again[i].key = r.key;
-    again[i].ids = r.ids;
     again[i].step = r.step;
     again[i].compression = r.compression;
-    again[i].in_process = r.in_process;
+    if (pull && r.step != 0) {  // only a synchronous pull is answered "not ready" and sent again
+        again[i].ids = r.ids;
+        again[i].in_process = r.in_process;
+    }
     slots[i] = send_into(batch, *variable->channel, tasks[i], std::move(r));
 }
 
@@ -855,7 +857,7 @@ inline std::vector<Tensor> Exchange::finish() {
                 break;
             }
             Reply reply = batch->take(slots[i]);
-            if (reply.code == ErrorCode::not_ready && !error) {
+            if (reply.code == ErrorCode::not_ready && !error && pull && again[i].step != 0) {
                 retry.push_back(i);
                 again[i].payload = std::move(reply.payload);
                 continue;

@@ -5019,21 +5019,47 @@ public:
         : num_shards_(num_shards),
           base_(num_shards == 0 ? 0 : dim0 / num_shards),
           extra_(num_shards == 0 ? 0 : dim0 % num_shards),
-          boundary_(extra_ * (base_ + 1)) {}
+          boundary_(extra_ * (base_ + 1)),
+          longer_(base_ + 1, dim0),
+          shorter_(base_, dim0) {}
 
     /// @pre row < dim0
     [[nodiscard]] constexpr ShardRow operator()(std::size_t row) const noexcept {
         if (num_shards_ == 0) return {};
-        if (row < boundary_) return {row / (base_ + 1), row % (base_ + 1)};
+        if (row < boundary_) {
+            const std::size_t shard = longer_.quotient(row);
+            return {shard, row - shard * (base_ + 1)};
+        }
         if (base_ == 0) return {num_shards_, 0};  // row >= dim0: outside every shard
-        return {extra_ + (row - boundary_) / base_, (row - boundary_) % base_};
+        const std::size_t past = row - boundary_, shard = shorter_.quotient(past);
+        return {extra_ + shard, past - shard * base_};
     }
 
 private:
+    /// n / d by one multiplication for n and d below 2^32 (Lemire, Kaser and Kurz, "Faster Remainder by
+    /// Direct Computation", 2019: with M = floor((2^64 - 1) / d) + 1, n / d is the high word of M n): an
+    /// embedding lookup places 4096 ids a batch, and a division costs tens of cycles. Larger tables divide.
+    class Divisor {
+    public:
+        constexpr Divisor(std::size_t d, std::size_t dim0) noexcept
+            : d_(d), m_(d > 1 && dim0 <= 0xFFFFFFFFu ? 0xFFFFFFFFFFFFFFFFu / d + 1 : 0) {}
+        [[nodiscard]] constexpr std::size_t quotient(std::size_t n) const noexcept {
+            __extension__ using wide = unsigned __int128;
+            if (m_ == 0) return d_ == 1 ? n : n / d_;
+            return static_cast<std::size_t>((static_cast<wide>(m_) * n) >> 64);
+        }
+
+    private:
+        std::size_t d_;
+        unsigned long long m_;
+    };
+
     std::size_t num_shards_;
     std::size_t base_;      // rows of the shards without one more
     std::size_t extra_;     // shards with one row more, the first ones
     std::size_t boundary_;  // rows held by the shards with one row more
+    Divisor longer_;        // by base_ + 1
+    Divisor shorter_;       // by base_
 };
 
 /// @brief The shard holding row `row` of the whole variable, and the row's index inside it.
@@ -11742,10 +11768,12 @@ inline void Exchange::post(std::size_t i, Request r) {
     r.in_process.checked = checked;
     again[i].op = r.op;  // the request without its payload
     again[i].key = r.key;
-    again[i].ids = r.ids;
     again[i].step = r.step;
     again[i].compression = r.compression;
-    again[i].in_process = r.in_process;
+    if (pull && r.step != 0) {  // only a synchronous pull is answered "not ready" and sent again
+        again[i].ids = r.ids;
+        again[i].in_process = r.in_process;
+    }
     slots[i] = send_into(batch, *variable->channel, tasks[i], std::move(r));
 }
 
@@ -11781,7 +11809,7 @@ inline std::vector<Tensor> Exchange::finish() {
                 break;
             }
             Reply reply = batch->take(slots[i]);
-            if (reply.code == ErrorCode::not_ready && !error) {
+            if (reply.code == ErrorCode::not_ready && !error && pull && again[i].step != 0) {
                 retry.push_back(i);
                 again[i].payload = std::move(reply.payload);
                 continue;
