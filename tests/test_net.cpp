@@ -166,9 +166,11 @@ void check_group(Strategy& strategy) {
         CHECK_THROWS_WITH_AS(group.wait(), doctest::Contains("'table/part_1': the gradient holds 1 non-finite value"),
                              pss::InvalidArgumentError);
         CHECK(group.pending() == 0);
+        CHECK(group.failed() == std::vector<std::uint64_t>{table.id()});  // the variable whose write failed
         CHECK(counts.read<std::int64_t>() == xt::xarray<std::int64_t>{11, 20, 29, 38});
         CHECK(table.read<float>() == xt::xarray<float>{{5, 6}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {12, 13}});
         group.wait();  // nothing more to raise
+        CHECK(group.failed().empty());
     }
     {
         pss::Group outer;

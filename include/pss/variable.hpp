@@ -618,17 +618,26 @@ public:
         batch_->wait();
         const std::size_t n = batch_->size();
         std::exception_ptr error;
+        failed_.clear();
         for (std::size_t i = 0; i < n; ++i) {
             Reply reply = batch_->take(i);
-            if (!reply.ok() && !error) try {
+            if (reply.ok()) continue;
+            if (std::find(failed_.begin(), failed_.end(), sent_by_[i]) == failed_.end()) failed_.push_back(sent_by_[i]);
+            if (!error) try {
                     (void)reply.take();
                 } catch (...) {
                     error = std::current_exception();
                 }
         }
         batch_->clear();
+        sent_by_.clear();
         if (error) std::rethrow_exception(error);
     }
+
+    /// @brief The ids (Variable::id) of the variables an operation of which failed, among those the
+    /// last wait() waited for, each once, in the order sent: what a synchronous training step completes
+    /// with an empty push, so that the step completes at the ps tasks.
+    [[nodiscard]] const std::vector<std::uint64_t>& failed() const noexcept { return failed_; }
 
     /// @brief The number of requests sent in this group and not yet waited for (one per shard an
     /// operation reached).
@@ -646,6 +655,8 @@ private:
     }
 
     std::shared_ptr<detail::ReplyBatch> batch_ = std::make_shared<detail::ReplyBatch>();
+    std::vector<std::uint64_t> sent_by_;  // the variable of each request, by its slot in batch_
+    std::vector<std::uint64_t> failed_;
     Group* previous_;
 };
 
@@ -927,6 +938,7 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
         const bool checked = shapes_trusted();
         for (auto& [task, r] : outgoing) {
             r.in_process.checked = checked;
+            group->sent_by_.push_back(info().id);  // before the slot exists: send_into may raise after adding it
             detail::send_into(group->batch_, *info().channel, task, std::move(r));
         }
         return std::vector<Tensor>(outgoing.size());

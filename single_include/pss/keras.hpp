@@ -6078,22 +6078,36 @@ inline std::vector<double> keras_train_step(LayerGraph& graph, const Loss& loss,
         const ClosureContext uncancelled = ClosureContext::uncancelled();
         std::optional<ClosureContext::Guard> pushing;  // see above
         if (synchronous && ClosureContext::current() != nullptr) pushing.emplace(uncancelled);
-        // Asynchronous pushes go as one Group, waited for once after the last. A synchronous step waits
-        // for each push: a refused one must be known to complete the step with an empty push.
-        std::optional<Group> pushes;
-        if (!synchronous) pushes.emplace();
-        graph.backward(std::move(grad), [&](VariableGradient& g) {
-            Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
-                                                                   : convert_tensor(g.values, g.variable.dtype());
-            if (g.sparse)
-                (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
-            else
-                (void)g.variable.apply_gradient(std::move(values), step);
-            if (synchronous) pushed.push_back(g.variable.id());
-        });
-        if (pushes) {
+        // The step's pushes go as one Group, waited for once after the last. The variables whose push a
+        // ps refused are not `pushed`: a synchronous step completes them with an empty push (below).
+        Group pushes;
+        const auto forget_refused = [&] {
+            for (const std::uint64_t id : pushes.failed()) std::erase(pushed, id);
+        };
+        try {
+            graph.backward(std::move(grad), [&](VariableGradient& g) {
+                Tensor values = g.values.dtype() == g.variable.dtype() ? std::move(g.values)
+                                                                       : convert_tensor(g.values, g.variable.dtype());
+                if (g.sparse)
+                    (void)g.variable.apply_sparse_gradient(std::span<const std::int64_t>(g.ids), std::move(values), step);
+                else
+                    (void)g.variable.apply_gradient(std::move(values), step);
+                if (synchronous) pushed.push_back(g.variable.id());
+            });
+        } catch (...) {
+            try {
+                pushes.wait();  // what was sent: its refusals must be known too
+            } catch (...) {
+            }
+            forget_refused();
+            throw;
+        }
+        try {
             const StepProfile::Timer timer(StepProfile::Counter::push);
-            pushes->wait();
+            pushes.wait();
+        } catch (...) {
+            forget_refused();
+            throw;
         }
         return out;
     } catch (const UnavailableError&) {
