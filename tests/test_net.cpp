@@ -2011,6 +2011,12 @@ TEST_SUITE("net") {
 
 namespace {
 
+/// `values` rounded to 16 bits of `c`, as a compressed read returns them.
+xt::xarray<float> rounded(xt::xarray<float> values, pss::Compression c) {
+    pss::detail::round_in_place(c, std::span<float>(values.data(), values.size()));
+    return values;
+}
+
 /// What a variable trained with compressed gradients and reads holds, exactly (its ps's float32 bits)
 /// and as a compressed read returns it.
 struct CompressedRun {
@@ -2035,18 +2041,23 @@ CompressedRun train_compressed(Strategy& strategy, pss::Compression c) {
     }
     CompressedRun run;
     run.dense_read = dense.read<float>();
+    xt::xarray<float> into = xt::zeros<float>({3, 2});
+    dense.read_into(into);
+    CHECK(into == run.dense_read);
+    // One shard: read_into lands in the caller's buffer, and is widened there.
+    pss::Variable row(xt::xarray<float>{{0.1f, 1.0f / 3}}, "row");
+    REQUIRE(row.num_shards() == 1);
+    xt::xarray<float> buffer = xt::zeros<float>({1, 2});
+    const float* memory = buffer.data();
+    row.read_into(buffer);
+    CHECK(buffer.data() == memory);
+    CHECK(buffer == rounded(xt::xarray<float>{{0.1f, 1.0f / 3}}, c));
     run.table_rows = table.sparse_read(Ids{5, 0, 3}).get<float>();
     dense.set_compression(pss::Compression::none);
     table.set_compression(pss::Compression::none);
     run.dense = dense.read<float>();
     run.table = table.read<float>();
     return run;
-}
-
-/// `values` rounded to 16 bits of `c`, as a compressed read returns them.
-xt::xarray<float> rounded(xt::xarray<float> values, pss::Compression c) {
-    pss::detail::round_in_place(c, std::span<float>(values.data(), values.size()));
-    return values;
 }
 
 }  // namespace

@@ -1601,8 +1601,10 @@ inline void widen_in_place(Compression c, float* values, std::size_t n) noexcept
     }
 }
 
-/// Rounds `values` to the nearest 16-bit numbers of `c`, as a read across a wire returns them.
+/// Rounds `values` to the nearest 16-bit numbers of `c`, as a read across a wire returns them (`none`:
+/// leaves them).
 inline void round_in_place(Compression c, std::span<float> values) noexcept {
+    if (c == Compression::none) return;
     std::array<std::uint16_t, compression_chunk> staged;
     for (std::size_t begin = 0; begin < values.size(); begin += compression_chunk) {
         const std::size_t n = std::min(compression_chunk, values.size() - begin);
@@ -1620,6 +1622,7 @@ inline void round_in_place(Compression c, std::span<float> values) noexcept {
 /// a 16-bit number of `c` (saturating at the largest finite one), and the residual becomes what that
 /// rounding lost. A non-finite sum is left as it is (the ps refuses it by default) and clears its residual.
 inline void round_with_feedback(Compression c, std::span<float> values, std::span<float> residual) noexcept {
+    if (c == Compression::none) return;
     // On the bits, with masks for selects, so that the loops vectorize (GCC if-converts none of the
     // ternaries of floats): a sum that is not finite is kept as it is, one whose rounding overflowed
     // saturates at `top`.
