@@ -483,7 +483,9 @@ private:
     /// A compressed push's gradient rounded with this worker's error feedback (Compression): the
     /// request's payload, for its shard (`width` values a row when it carries rows `r.ids`).
     void round_push(Request& r) const {
-        if (r.compression == Compression::none || !r.payload.has_value() || r.payload.size() == 0) return;
+        if ((r.op != Op::apply_dense && r.op != Op::apply_sparse) || r.compression == Compression::none ||
+            !r.payload.has_value() || r.payload.size() == 0)
+            return;  // only gradients are rounded with feedback (a read's offered buffer is not)
         auto& values = r.payload.get<float>();
         const std::span<float> all(values.data(), values.size());
         const int worker = worker_index();
@@ -932,6 +934,7 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
     const bool push = is_push(first_op);
     const detail::StepProfile::Timer timer(pull ? detail::StepProfile::Counter::pull : detail::StepProfile::Counter::push,
                                            pull || push);
+    for (auto& [task, r] : outgoing) round_push(r);  // a compressed gradient, for its shard
     // A write in a Group is sent, and waited for by the group: its replies go to the group's batch.
     if (Group* group = Group::current(); group != nullptr && push) {
         refuse_if_cancelled(first_op);
@@ -995,14 +998,12 @@ inline Tensor Variable::update(Op op, Tensor payload, std::uint64_t step) {
     if (shards.size() == 1) {
         Request r = request(op, shards.front(), step);
         r.payload = std::move(payload);
-        round_push(r);
         outgoing.emplace_back(shards.front().task, std::move(r));
         return std::move(exchange(std::move(outgoing)).front());
     }
     for (const auto& s : shards) {
         Request r = request(op, s, step);
         r.payload = detail::slice_rows(payload, s.row_offset, s.shape[0]);
-        round_push(r);
         outgoing.emplace_back(s.task, std::move(r));
     }
     exchange(std::move(outgoing));
@@ -1017,7 +1018,6 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
         Request r = request(op, shards.front(), step);
         r.payload = std::move(rows);
         r.ids.assign(ids.begin(), ids.end());
-        round_push(r);
         outgoing.emplace_back(shards.front().task, std::move(r));
         return std::move(exchange(std::move(outgoing)).front());
     }
@@ -1031,7 +1031,6 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
         const detail::RowCopy copy(r.payload, rows);
         for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
         r.ids = std::move(grouped.rows[s]);
-        round_push(r);
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
     exchange(std::move(outgoing));
@@ -1109,9 +1108,9 @@ inline Tensor Variable::finish_gather(Gather& g) const {
         return std::move(parts.front());
     }
     if (g.in_place) {
-        // The ps tasks wrote their rows here (this process): rounded as a wire would have.
-        if (const Compression c = compression(); c != Compression::none && dtype() == DType::float32)
-            detail::round_in_place(c, std::span(g.out->get<float>().data(), g.out->size()));
+        // The ps tasks wrote their rows here (this process): rounded as a wire would have, as the requests asked.
+        if (!g.sent.again.empty() && g.sent.again.front().compression != Compression::none)
+            detail::round_in_place(g.sent.again.front().compression, std::span(g.out->get<float>().data(), g.out->size()));
     } else {
         for (std::size_t p = 0; p < parts.size(); ++p) {
             const auto& positions = g.grouped.positions[g.asked[p]];
