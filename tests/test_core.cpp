@@ -1364,6 +1364,82 @@ TEST_SUITE("Variable") {
         CHECK(xt::view(v, 5) == xt::xarray<float>{7.75f, 8.75f});
         CHECK(xt::view(v, 2) == xt::xarray<float>{1, 2});
     }
+    TEST_CASE("sum_duplicate_rows: a repeated id's rows are added into its first row in place, the repeats dropped") {
+        // Rows where their ids are: positions are made only when an id repeats.
+        Ids ids{5, 3, 5, 9, 3, 5};
+        std::vector<std::size_t> positions;
+        xt::xarray<float> rows{{1, 2}, {10, 20}, {3, 4}, {7, 7}, {30, 40}, {5, 6}};
+        pss::detail::sum_duplicate_rows(ids, positions, rows.data(), 2);
+        CHECK(ids == Ids{5, 3, 9});
+        CHECK(positions == std::vector<std::size_t>{0, 1, 3});
+        CHECK(rows == xt::xarray<float>{{9, 12}, {40, 60}, {3, 4}, {7, 7}, {30, 40}, {5, 6}});
+        // No repeat: nothing changes, and no positions are made.
+        Ids distinct{4, 1, 8};
+        std::vector<std::size_t> none;
+        xt::xarray<float> kept{{1, 1}, {2, 2}, {3, 3}};
+        pss::detail::sum_duplicate_rows(distinct, none, kept.data(), 2);
+        CHECK(distinct == Ids{4, 1, 8});
+        CHECK(none.empty());
+        CHECK(kept == xt::xarray<float>{{1, 1}, {2, 2}, {3, 3}});
+        // Rows at positions of a larger buffer (a caller's, in this process): only those rows are read and
+        // only first rows written; the sums keep the order given (1e8 + 1 - 1e8 is 0 in float32, not 1).
+        Ids at_ids{2, 6, 2, 2};
+        std::vector<std::size_t> at{7, 1, 4, 0};
+        xt::xarray<float> buffer = xt::zeros<float>({8});  // 8 rows of one element
+        buffer(7) = 1e8f;
+        buffer(4) = 1.0f;
+        buffer(0) = -1e8f;
+        buffer(1) = 5.0f;
+        buffer(3) = 42.0f;
+        pss::detail::sum_duplicate_rows(at_ids, at, buffer.data(), 1);
+        CHECK(at_ids == Ids{2, 6});
+        CHECK(at == std::vector<std::size_t>{7, 1});
+        CHECK(std::vector<float>(buffer.begin(), buffer.end()) == std::vector<float>{-1e8f, 5, 0, 42, 1, 0, 0, 0});
+    }
+    TEST_CASE("Variable: a sharded sparse gradient in this process is applied where its rows lie, each shard on its own") {
+        ShardedFixture f;  // SGD 0.5; rows 0-3, 4-6 and 7-9 on 3 ps tasks in this process
+        // Id 1 twice (shard 0), id 8 (shard 2) holding NaN: shard 2 refuses its rows, shards 0 and 1 apply theirs.
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        pss::Tensor spent;
+        CHECK_THROWS_WITH_AS(spent = f.v.apply_sparse_gradient(Ids{1, 8, 5, 1}, xt::xarray<float>{{2, 2}, {nan, 1}, {4, 4}, {6, 6}}),
+                             "pss: apply_sparse_gradient on variable 'table/part_2': the gradient holds 1 non-finite "
+                             "value (NaN or infinity) of 2; nothing was applied "
+                             "(ServerOptions::refuse_non_finite_gradients)",
+                             pss::InvalidArgumentError);
+        auto v = f.v.read<float>();
+        CHECK(xt::view(v, 1) == xt::xarray<float>{-2, -1});  // (2, 3) - 0.5 * (2 + 6)
+        CHECK(xt::view(v, 5) == xt::xarray<float>{8, 9});    // (10, 11) - 0.5 * 4
+        CHECK(xt::view(v, 8) == xt::xarray<float>{16, 17});  // refused: as it was
+        // Every row is applied once and the buffer comes back with its shape, for the next step.
+        spent = f.v.apply_sparse_gradient(Ids{9, 0, 4, 9}, xt::xarray<float>{{2, 2}, {4, 4}, {6, 6}, {8, 8}});
+        CHECK(spent.shape() == pss::Shape{4, 2});
+        v = f.v.read<float>();
+        CHECK(xt::view(v, 9) == xt::xarray<float>{13, 14});  // (18, 19) - 0.5 * (2 + 8)
+        CHECK(xt::view(v, 0) == xt::xarray<float>{-2, -1});
+        CHECK(xt::view(v, 4) == xt::xarray<float>{5, 6});
+        // In a Group the ps tasks may read the rows after the call returns: the buffer is not handed back.
+        {
+            pss::Group group;
+            CHECK_FALSE(f.v.apply_sparse_gradient(Ids{2, 7}, xt::xarray<float>{{2, 2}, {2, 2}}).has_value());
+            group.wait();
+        }
+        v = f.v.read<float>();
+        CHECK(xt::view(v, 2) == xt::xarray<float>{3, 4});
+        CHECK(xt::view(v, 7) == xt::xarray<float>{13, 14});
+    }
+    TEST_CASE("Variable: an optimizer that takes no rows by position is given them gathered, repeats summed") {
+        pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::archetypes::OptimizerArchetype,
+                                     pss::LocalClusterResolver<3, 1>>
+            strategy({}, pss::FixedShardsPartitioner(3), pss::archetypes::OptimizerArchetype(0));  // w -= g
+        auto scope = strategy.scope();
+        pss::Variable v(xt::xarray<float>(xt::reshape_view(xt::arange<float>(20), {10, 2})), "table");
+        v.apply_sparse_gradient(Ids{8, 2, 8, 6, 2}, xt::xarray<float>{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}});
+        const auto w = v.read<float>();
+        CHECK(xt::view(w, 8) == xt::xarray<float>{12, 13});  // (16, 17) - (1 + 3)
+        CHECK(xt::view(w, 2) == xt::xarray<float>{-3, -2});  // (4, 5) - (2 + 5)
+        CHECK(xt::view(w, 6) == xt::xarray<float>{8, 9});    // (12, 13) - 4
+        CHECK(xt::view(w, 3) == xt::xarray<float>{6, 7});
+    }
     TEST_CASE("Variable: a wrong shape or dtype is refused with the variable's name, the expected and the given") {
         ShardedFixture f;
         CHECK_THROWS_WITH_AS(f.v.assign(xt::xarray<float>(xt::zeros<float>({9, 2}))),

@@ -537,6 +537,12 @@ TEST_SUITE("optimizer/sgd.hpp") {
         CHECK(error_message([&] { sgd.apply_sparse(w, slots, as_rows(good), pattern<float>({2, 3}, 2)); }) ==
               "pss: SGD.apply_sparse: the gradient rows have shape (2, 3) but 2 rows of a shard of shape (4, 2) "
               "need shape (2, 2)");
+        const std::vector<std::size_t> positions{1, 7};
+        CHECK(error_message([&] { sgd.apply_sparse(w, slots, as_rows(good), pattern<float>({3, 2}, 2), positions); }) ==
+              "pss: SGD.apply_sparse: gradient position 7 is outside the 3 gradient rows");
+        const std::vector<std::size_t> one{1};
+        CHECK(error_message([&] { sgd.apply_sparse(w, slots, as_rows(good), pattern<float>({3, 2}, 2), one); }) ==
+              "pss: SGD.apply_sparse: 1 gradient positions were given for 2 rows; give one a row");
         CHECK(same_bits(w, before));
     }
 }
@@ -935,6 +941,25 @@ void check_optimizer_rules(const O& opt) {
         const nlohmann::json config = opt.get_config();
         CHECK(config.is_object());
     }
+    SUBCASE("rows taken by position update as the same rows gathered first, and the gradient is not changed") {
+        if constexpr (pss::detail::optimizer_has_apply_sparse_by_position<O, T>) {
+            xt::xarray<T> by_position = pattern<T>({6, 3}, 70), gathered = by_position;
+            auto ps = opt.make_slots(std::as_const(by_position));
+            auto gs = opt.make_slots(std::as_const(gathered));
+            const xt::xarray<T> g = pattern<T>({5, 3}, 71);
+            const xt::xarray<T> g_before = g;
+            const std::vector<std::int64_t> rows{5, 0, 3};
+            const std::vector<std::size_t> positions{4, 0, 2};
+            const std::vector<std::int64_t> picked{4, 0, 2};
+            for (int k = 0; k < 3; ++k) {  // three applies, so that slots and step counters take part
+                opt.apply_sparse(by_position, ps, as_rows(rows), g, std::span<const std::size_t>(positions));
+                opt.apply_sparse(gathered, gs, as_rows(rows), take_rows(g, picked));
+            }
+            CHECK(same_bits(by_position, gathered));
+            CHECK(same_bits(g, g_before));
+            CHECK_FALSE(same_bits(by_position, pattern<T>({6, 3}, 70)));
+        }
+    }
     SUBCASE("a row wider than a block (3 x 5000) updates the same sparse as dense") {
         xt::xarray<T> dense = pattern<T>({3, 5000}, 60), sparse = dense;
         auto ds = opt.make_slots(std::as_const(dense));
@@ -948,6 +973,13 @@ void check_optimizer_rules(const O& opt) {
 }
 
 }  // namespace
+
+// pss's optimizers take gradient rows where they lie; an optimizer without that overload is given a copy.
+static_assert(pss::detail::optimizer_has_apply_sparse_by_position<pss::SGD, float> &&
+              pss::detail::optimizer_has_apply_sparse_by_position<pss::Momentum, double> &&
+              pss::detail::optimizer_has_apply_sparse_by_position<pss::Adagrad, float> &&
+              pss::detail::optimizer_has_apply_sparse_by_position<pss::Adam, double>);
+static_assert(!pss::detail::optimizer_has_apply_sparse_by_position<pss::archetypes::OptimizerArchetype, float>);
 
 TEST_SUITE("concepts/optimizer.hpp") {
     TEST_CASE_TEMPLATE("Optimizer conformance: sparse of all rows is dense, unlisted rows untouched, const, float32",

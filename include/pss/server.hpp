@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -37,22 +38,22 @@ PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// The rows of repeated ids summed: the ids in the order of their first row and their rows, each the
-/// sum of its id's rows in the order given; nothing when no id repeats (the caller applies the rows as
-/// they are). Linear: an open-addressing table of twice the ids' count (16 KiB for 1,024 ids) numbers
-/// the distinct ids, where sorting them cost more than applying the rows; the sums start from each id's
-/// first row rather than from a zero-filled copy of every row.
-/// @pre every id is >= 0 (validated)
+/// Sums the gradient rows of each repeated id into the id's first row, in the order given, and drops
+/// the repeats from `ids` and `positions`: id i's row is row `positions[i]` of `rows`, or row i while
+/// `positions` is empty (filled then, only when an id repeats). The ids stay in the order of their first
+/// rows, and no row is copied: a few repeats among 1,024 ids cost a few row additions. Linear: an
+/// open-addressing table of twice the ids' count (16 KiB for 1,024 ids) finds each id's first row, where
+/// sorting them cost more than applying the rows.
+/// @pre every id is >= 0 and every position a row of `rows`, `width` elements each (validated)
 template <class T>
-std::optional<std::pair<std::vector<std::int64_t>, xt::xarray<T>>> sum_duplicate_rows(std::span<const std::int64_t> ids,
-                                                                                       const xt::xarray<T>& rows) {
-    if (ids.size() < 2) return std::nullopt;
+void sum_duplicate_rows(std::vector<std::int64_t>& ids, std::vector<std::size_t>& positions, T* rows,
+                        std::size_t width) {
+    if (ids.size() < 2) return;
     std::size_t capacity = 4;
     while (capacity < 2 * ids.size()) capacity *= 2;
-    std::vector<std::uint64_t> keys(capacity, 0);  // id + 1; 0 is an empty slot
-    std::vector<std::size_t> number(capacity);     // the slot's id's number among the distinct ids
-    std::vector<std::size_t> number_of(ids.size());
-    std::size_t distinct = 0;
+    std::vector<std::uint64_t> keys(capacity, 0);                       // id + 1; 0 is an empty slot
+    const auto first = std::make_unique_for_overwrite<std::size_t[]>(capacity);  // the id's place in ids
+    std::size_t kept = 0;  // ids[0, kept) are the distinct ids so far, each at its first row
     for (std::size_t i = 0; i < ids.size(); ++i) {
         const auto key = static_cast<std::uint64_t>(ids[i]) + 1;
         // Fibonacci hashing: nearby ids spread over the table.
@@ -60,27 +61,24 @@ std::optional<std::pair<std::vector<std::int64_t>, xt::xarray<T>>> sum_duplicate
         while (keys[at] != 0 && keys[at] != key) at = (at + 1) & (capacity - 1);
         if (keys[at] == 0) {
             keys[at] = key;
-            number[at] = distinct++;
+            first[at] = kept;
+            if (kept != i) {  // an earlier repeat left a gap
+                ids[kept] = ids[i];
+                positions[kept] = positions[i];
+            }
+            ++kept;
+            continue;
         }
-        number_of[i] = number[at];
-    }
-    if (distinct == ids.size()) return std::nullopt;
-    const Shape shape(rows.shape().begin(), rows.shape().end());
-    const std::size_t width = row_elements(shape);
-    std::vector<std::int64_t> unique(distinct);
-    xt::xarray<T> summed = xt::xarray<T>::from_shape(rows_shape(shape, distinct));
-    std::size_t seen = 0;  // ids are numbered in the order of their first rows
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        const T* in = rows.data() + i * width;
-        T* out = summed.data() + number_of[i] * width;
-        if (number_of[i] == seen) {
-            unique[seen++] = ids[i];
-            std::copy(in, in + width, out);
-        } else {
-            for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
+        if (positions.empty()) {  // the first repeat: until here every row was where its id is
+            positions.resize(ids.size());
+            std::iota(positions.begin(), positions.end(), std::size_t{0});
         }
+        T* out = rows + positions[first[at]] * width;
+        const T* in = rows + positions[i] * width;
+        for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
     }
-    return std::pair{std::move(unique), std::move(summed)};
+    ids.resize(kept);
+    if (!positions.empty()) positions.resize(kept);
 }
 
 /// How many of `values` are NaN or infinite: those whose exponent bits are all ones. Counted on the
@@ -103,6 +101,21 @@ std::size_t count_non_finite(const T* values, std::size_t n) noexcept {
         begin = end;
     }
     return total;
+}
+
+/// count_non_finite of one row (up to 2^32 - 1 elements), inlined into a loop over rows: the call, the
+/// chunking and the reduction of the whole-buffer form cost more than a short row's check.
+template <FloatingElement T>
+inline std::size_t count_non_finite_row(const T* row, std::size_t n) noexcept {
+    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    constexpr Bits exponent = static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000u : 0x7ff0000000000000u);
+    Bits count = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        Bits bits;
+        std::memcpy(&bits, row + i, sizeof bits);
+        count += static_cast<Bits>((bits & exponent) == exponent);
+    }
+    return static_cast<std::size_t>(count);
 }
 
 /// An optimizer's slots for element type T, or nothing for an integer type (never instantiated there).
@@ -395,19 +408,25 @@ private:
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
-                    if (options_.refuse_non_finite_gradients) check_finite<T>(shard, request);
+                    // A sender in this process may leave the rows where they lie in its tensor.
+                    xt::xarray<T>* caller_rows = request.in_process.from ? &gradient_source<T>(shard, request) : nullptr;
+                    if (options_.refuse_non_finite_gradients) check_finite<T>(shard, request, caller_rows);
                     // The rate for the push's step, found before anything changes (a schedule may refuse it).
                     const auto at_step = optimizer_for(request.step, shard, request.op);
                     if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
                     if (sync_.synchronous) {
+                        if (caller_rows != nullptr) request.payload = gather_positions(*caller_rows, request.in_process.from_rows);
                         push_step(shard, state, std::move(request));
                         return reply;  // the gradient's buffer is kept until its step is applied
                     }
                     const OptimizerPolicy& optimizer = at_step ? *at_step : optimizer_;
                     if (request.op == Op::apply_dense)
                         optimizer.apply_dense(value, *state.slots, request.payload.template get<T>());
+                    else if (caller_rows != nullptr)
+                        apply_rows(optimizer, state, request.ids, request.in_process.from_rows, *caller_rows, T{1});
                     else
-                        apply_rows(optimizer, state, request.ids, request.payload.template get<T>(), T{1});
+                        apply_rows(optimizer, state, request.ids, request.in_process.from_rows,
+                                   request.payload.template get<T>(), T{1});
                 }
                 break;
             case Op::create:
@@ -422,36 +441,87 @@ private:
         return reply;
     }
 
-    /// Throws when the gradient holds NaN or infinity: nothing is applied.
+    /// Throws when the gradient holds NaN or infinity: nothing is applied. `caller_rows`: the rows lie
+    /// there, at Request::InProcess::from_rows.
     template <class T>
-    static void check_finite(const Shard& shard, const Request& request) {
-        const auto& gradient = request.payload.template get<T>();
-        const std::size_t bad = detail::count_non_finite(gradient.data(), gradient.size());
+    static void check_finite(const Shard& shard, const Request& request, const xt::xarray<T>* caller_rows) {
+        std::size_t bad = 0, total = 0;
+        if (caller_rows != nullptr) {
+            const std::size_t width = detail::row_elements(shard.shape);
+            for (const std::size_t p : request.in_process.from_rows)
+                bad += detail::count_non_finite_row(caller_rows->data() + p * width, width);
+            total = width * request.in_process.from_rows.size();
+        } else {
+            const auto& gradient = request.payload.template get<T>();
+            bad = detail::count_non_finite(gradient.data(), gradient.size());
+            total = gradient.size();
+        }
         if (bad != 0)
             throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
                                        "': the gradient holds " + std::to_string(bad) + " non-finite value" +
-                                       (bad == 1 ? "" : "s") + " (NaN or infinity) of " +
-                                       std::to_string(gradient.size()) +
+                                       (bad == 1 ? "" : "s") + " (NaN or infinity) of " + std::to_string(total) +
                                        "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
-    /// Sums rows of repeated ids, scales them and lets `optimizer` apply them. Rows without a repeated
-    /// id and without a scale go to the optimizer as they came: no copy.
+    /// Where an in-process apply_sparse's rows lie (Request::InProcess::from). Only
+    /// Variable::apply_sparse_gradient sets it, in this process; its form is checked all the same, before
+    /// a row is read.
     template <class T>
-    void apply_rows(const OptimizerPolicy& optimizer, State<T>& state, std::span<const std::int64_t> ids,
-                    const xt::xarray<T>& rows, T scale) {
-        auto merged = detail::sum_duplicate_rows<T>(ids, rows);
-        if (!merged && scale == T{1}) return optimizer.apply_sparse(state.value, *state.slots, ids, rows);
-        if (!merged) merged.emplace(std::vector<std::int64_t>(ids.begin(), ids.end()), rows);
-        auto& [unique, summed] = *merged;
-        if (scale != T{1}) summed *= scale;
-        optimizer.apply_sparse(state.value, *state.slots, std::span<const std::int64_t>(unique), std::as_const(summed));
+    static xt::xarray<T>& gradient_source(const Shard& shard, const Request& request) {
+        Tensor& from = *request.in_process.from;
+        const auto& positions = request.in_process.from_rows;
+        const std::size_t width = detail::row_elements(shard.shape);
+        const Shape shape = from.has_value() ? from.shape() : Shape{};
+        const bool fits = request.op == Op::apply_sparse && from.has_value() && from.dtype() == dtype_of<T> &&
+                          !shape.empty() && !shard.shape.empty() &&
+                          std::equal(shape.begin() + 1, shape.end(), shard.shape.begin() + 1, shard.shape.end()) &&
+                          positions.size() == request.ids.size() &&
+                          std::all_of(positions.begin(), positions.end(), [&](std::size_t p) { return p < shape[0]; });
+        if (!fits)
+            throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
+                                       "': the gradient rows' source " +
+                                       (from.has_value() ? "of shape " + format_shape(shape) : std::string("(empty)")) +
+                                       " does not hold " + std::to_string(request.ids.size()) + " rows of " +
+                                       std::to_string(width) + " " + std::string(dtype_name(dtype_of<T>)) +
+                                       " elements at the positions given");
+        return from.template get<T>();
     }
 
-    /// The optimizer for a push of training step `step`: empty when it is the strategy's own (its rate a
-    /// constant, none set for the run), else a copy at the rate set for the run, or at its schedule's
-    /// rate for the step (Keras evaluates a schedule at `iterations`, the steps before this one: step - 1).
-    /// @throws FailedPreconditionError when the rate is a schedule and the push names no step;
+    /// The rows at `positions`, in their order: a copy of the caller's rows for a ps that keeps them.
+    template <class T>
+    static Tensor gather_positions(const xt::xarray<T>& rows, std::span<const std::size_t> positions) {
+        const Shape shape(rows.shape().begin(), rows.shape().end());
+        const std::size_t width = detail::row_elements(shape);
+        xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shape, positions.size()));
+        for (std::size_t i = 0; i < positions.size(); ++i)
+            std::copy_n(rows.data() + positions[i] * width, width, out.data() + i * width);
+        return Tensor(std::move(out));
+    }
+
+    /// Sums rows of repeated ids in place, scales them and lets `optimizer` apply them: row ids[i]'s
+    /// gradient is row positions[i] of `rows` (row i while `positions` is empty). No row is copied
+    /// unless the optimizer cannot take rows by position.
+    template <class T>
+    void apply_rows(const OptimizerPolicy& optimizer, State<T>& state, std::vector<std::int64_t>& ids,
+                    std::vector<std::size_t>& positions, xt::xarray<T>& rows, T scale) {
+        const std::size_t width = detail::row_elements(Shape(state.value.shape().begin(), state.value.shape().end()));
+        detail::sum_duplicate_rows(ids, positions, rows.data(), width);
+        if (scale != T{1})
+            for (std::size_t i = 0; i < ids.size(); ++i) {
+                T* row = rows.data() + (positions.empty() ? i : positions[i]) * width;
+                for (std::size_t j = 0; j < width; ++j) row[j] *= scale;
+            }
+        const std::span<const std::int64_t> distinct(ids);
+        if (positions.empty()) return optimizer.apply_sparse(state.value, *state.slots, distinct, std::as_const(rows));
+        if constexpr (detail::optimizer_has_apply_sparse_by_position<OptimizerPolicy, T>) {
+            optimizer.apply_sparse(state.value, *state.slots, distinct, std::as_const(rows),
+                                   std::span<const std::size_t>(positions));
+        } else {
+            const Tensor gathered = gather_positions(rows, positions);
+            optimizer.apply_sparse(state.value, *state.slots, distinct, gathered.template get<T>());
+        }
+    }
+
     /// InvalidArgumentError when the schedule's rate for the step is negative or not finite
     std::optional<OptimizerPolicy> optimizer_for(std::uint64_t step, const Shard& shard, Op op) const {
         if (learning_rate_) return optimizer_.with_learning_rate(*learning_rate_);
@@ -561,7 +631,8 @@ private:
                 xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, ids.size()));
                 auto out = rows.begin();
                 for (const auto& part : done.sparse) out = std::copy(part.rows.begin(), part.rows.end(), out);
-                if (!ids.empty()) apply_rows(optimizer, state, ids, rows, scale);
+                std::vector<std::size_t> positions;  // the rows in the order of their ids
+                if (!ids.empty()) apply_rows(optimizer, state, ids, positions, rows, scale);
             }
             ++state.applied;
         }

@@ -1023,18 +1023,33 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     // Grouped by shard, keeping their order within each shard (scatter_update's last row wins).
     ByShard grouped = group_by_shard(ids);
+    // A ps in this process applies a gradient's rows where they lie in `rows`, not from a copy a shard;
+    // unless it keeps them for a synchronous step, or they are rounded as a wire would carry them.
+    const bool synchronous = info().channel->synchronous();
+    std::shared_ptr<Tensor> source;
+    if (op == Op::apply_sparse && !synchronous && compression() == Compression::none && shapes_trusted())
+        source = std::make_shared<Tensor>(std::move(rows));
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        const auto& positions = grouped.positions[s];
-        if (positions.empty() && !(step != 0 && info().channel->synchronous())) continue;
+        auto& positions = grouped.positions[s];
+        if (positions.empty() && !(step != 0 && synchronous)) continue;
         Request r = request(op, shards[s], step);
-        r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), positions.size()));
-        const detail::RowCopy copy(r.payload, rows);
-        for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
         r.ids = std::move(grouped.rows[s]);
+        if (source) {
+            r.compression = Compression::none;  // as decided above, whatever another thread set since
+            r.in_process.from = source;
+            r.in_process.from_rows = std::move(positions);
+        } else {
+            r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), positions.size()));
+            const detail::RowCopy copy(r.payload, rows);
+            for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
+        }
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
     exchange(std::move(outgoing));
-    return rows;
+    if (!source) return rows;
+    // In a Group the ps tasks may read the rows after this returns: the buffer stays with them.
+    if (Group::current() != nullptr) return Tensor{};
+    return std::move(*source);
 }
 
 inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_t step) const {

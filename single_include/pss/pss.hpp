@@ -754,17 +754,18 @@ inline void prefetch_row(std::size_t row_offset, std::size_t row_elements, Ptrs.
 }
 
 /// @brief Sparse apply: for row i, calls `f(value_offset, grad_offset, count)` over blocks of row
-/// `rows[i]` of the shard (value_offset, also the slots' offset) and row i of the gradient rows.
-/// `bases` are the shard's and the slots' data pointers, prefetched a few rows ahead.
+/// `rows[i]` of the shard (value_offset, also the slots' offset) and row `positions[i]` of the gradient
+/// rows (row i when `positions` is empty). `bases` are the shard's and the slots' data pointers,
+/// prefetched a few rows ahead.
 template <class T, class F, class... Ptrs>
-inline void for_each_sparse_block(std::span<const std::int64_t> rows, std::size_t row_elements, F&& f,
-                                  Ptrs... bases) {
+inline void for_each_sparse_block(std::span<const std::int64_t> rows, std::span<const std::size_t> positions,
+                                  std::size_t row_elements, F&& f, Ptrs... bases) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
         if (i + sparse_prefetch_rows < rows.size())
             prefetch_row<T>(static_cast<std::size_t>(rows[i + sparse_prefetch_rows]) * row_elements, row_elements,
                             bases...);
         const std::size_t value_row = static_cast<std::size_t>(rows[i]) * row_elements;
-        const std::size_t grad_row = i * row_elements;
+        const std::size_t grad_row = (positions.empty() ? i : positions[i]) * row_elements;
         for_each_block(row_elements, optimizer_block_elements<T>,
                        [&](std::size_t offset, std::size_t count) { f(value_row + offset, grad_row + offset, count); });
     }
@@ -782,23 +783,35 @@ inline void check_dense(std::string_view optimizer, const xt::xarray<T>& value, 
 
 /// @brief Checks a sparse gradient against the shard and returns the elements per row. The caller
 /// has validated already; this guards the shard's memory against a caller that did not.
-/// @throws InvalidArgumentError for a shape mismatch or a row id outside the shard.
+/// @param positions where each row's gradient is among `grad_rows` (empty: row i is row i)
+/// @throws InvalidArgumentError for a shape mismatch, a row id outside the shard or a position outside
+/// the gradient rows.
 template <class T>
 inline std::size_t check_sparse(std::string_view optimizer, const xt::xarray<T>& value,
-                                std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows) {
+                                std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows,
+                                std::span<const std::size_t> positions = {}) {
     const std::string who = "pss: " + std::string(optimizer) + ".apply_sparse: ";
     if (value.dimension() == 0)
         throw InvalidArgumentError(who + "the shard is a scalar; sparse gradients need a shard of rank 1 or more");
     const auto& vs = value.shape();
     const auto& gs = grad_rows.shape();
-    if (gs.size() != vs.size() || gs[0] != rows.size() || !std::equal(vs.begin() + 1, vs.end(), gs.begin() + 1))
+    const bool by_position = !positions.empty();
+    if (gs.size() != vs.size() || (!by_position && gs[0] != rows.size()) ||
+        !std::equal(vs.begin() + 1, vs.end(), gs.begin() + 1))
         throw InvalidArgumentError(who + "the gradient rows have shape " + format_shape(gs) + " but " +
                                    std::to_string(rows.size()) + " rows of a shard of shape " + format_shape(vs) +
                                    " need shape " + format_shape(rows_shape(vs, rows.size())));
+    if (by_position && positions.size() != rows.size())
+        throw InvalidArgumentError(who + std::to_string(positions.size()) + " gradient positions were given for " +
+                                   std::to_string(rows.size()) + " rows; give one a row");
     for (std::int64_t r : rows)
         if (r < 0 || static_cast<std::size_t>(r) >= vs[0])
             throw InvalidArgumentError(who + "row id " + std::to_string(r) + " is outside the shard's " +
                                        std::to_string(vs[0]) + " rows");
+    for (std::size_t p : positions)
+        if (p >= gs[0])
+            throw InvalidArgumentError(who + "gradient position " + std::to_string(p) + " is outside the " +
+                                       std::to_string(gs[0]) + " gradient rows");
     std::size_t row_elements = 1;
     for (std::size_t i = 1; i < vs.size(); ++i) row_elements *= vs[i];
     return row_elements;
@@ -1870,6 +1883,11 @@ struct Request {
         /// that a pull held at the ps and given up on by its caller still writes into memory that exists.
         std::shared_ptr<Tensor> into;
         std::vector<std::size_t> into_rows;
+        /// Where an apply_sparse's gradient rows lie, in this process: id i's row is row `from_rows[i]` of
+        /// `*from`, the caller's rows, and the request carries no payload (no copy a shard). The ps
+        /// reads only its ids' rows there, and may sum a repeated id's rows into the first of them.
+        std::shared_ptr<Tensor> from;
+        std::vector<std::size_t> from_rows;
         /// Its sender validated it against the whole variable: the ps does not again.
         bool checked = false;
         /// Where the reply goes, when the sender waits on a batch of requests: a transport that delivers
@@ -2160,6 +2178,7 @@ PSS_NAMESPACE_END
 // pss/concepts/optimizer.hpp: the Optimizer concept, how a shard applies a gradient and which slots it keeps.
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <ranges>
 #include <span>
@@ -2520,6 +2539,17 @@ concept optimizer_has_apply_sparse =
         o.apply_sparse(value, slots, rows, grad_rows);
     };
 
+/// @brief Optional, beside requirement 6: the gradient of row `rows[i]` is row `positions[i]` of
+/// `grad_rows`. A ps in its caller's process applies the caller's rows where they lie when the
+/// optimizer has it (SGD, Momentum, Adagrad and Adam do), and gathers them into a copy when not.
+template <class O, class T>
+concept optimizer_has_apply_sparse_by_position =
+    requires(const O& o, xt::xarray<T>& value, typename O::template Slots<T>& slots,
+             std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows,
+             std::span<const std::size_t> positions) {
+        o.apply_sparse(value, slots, rows, grad_rows, positions);
+    };
+
 /// @brief What `O::for_each_slot` calls on a mutable Slots<T>: each slot tensor, then each counter,
 /// by name. Declared only: the concept checks calls, nothing runs it.
 template <class T>
@@ -2593,6 +2623,7 @@ concept optimizer_has_learning_rate = requires(const O& o, double rate) {
 /// | `o.make_slots(value)` | `O::Slots<T>` | fresh slots for a shard whose value is `value`: each slot tensor has value's shape |
 /// | `o.apply_dense(value, slots, grad)` | any | applies `grad` (value's shape) to the whole shard |
 /// | `o.apply_sparse(value, slots, rows, grad_rows)` | any | applies row i of `grad_rows` to row `rows[i]` of the shard |
+/// | `o.apply_sparse(value, slots, rows, grad_rows, positions)` (optional) | any | applies row `positions[i]` of `grad_rows` to row `rows[i]`; `positions` a `std::span<const std::size_t>`, one a row, each below `grad_rows.shape()[0]` (the same update as gathering those rows first) |
 /// | `O::for_each_slot(slots, f)` | any | calls `f(name, tensor)` for each slot tensor (`xt::xarray<T>&`, const for const slots) in `slot_names()` order, then `f(name, counter)` for each `std::int64_t` counter (Adam's "iterations") |
 /// | `O::slot_names()` | an input range of string_view | the slot tensors' names, Keras 3's: {} for SGD, {"momentum"}, {"accumulator"}, {"momentum", "velocity"} for Adam |
 /// | `o.get_config()` | `nlohmann::json` | the hyperparameters by Keras' names, `{"learning_rate": 0.01}` |
@@ -4292,12 +4323,14 @@ public:
         });
     }
 
-    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...)
+    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...); or, given
+    /// `grad_positions`, row `rows[i]`'s gradient is row `grad_positions[i]` of `grad_rows` (Optimizer).
     template <FloatingElement T>
     void apply_sparse(xt::xarray<T>& value, Slots<T>& slots, std::span<const std::int64_t> rows,
-                      const xt::xarray<T>& grad_rows) const {
-        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
-        detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
+                      const xt::xarray<T>& grad_rows,
+                      std::span<const std::size_t> grad_positions = {}) const {
+        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows, grad_positions);
+        detail::for_each_sparse_block<T>(rows, grad_positions, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
             update(value.data() + at, slots.accumulator.data() + at, grad_rows.data() + g_at, n);
         }, value.data(), slots.accumulator.data());
     }
@@ -4425,13 +4458,15 @@ public:
         });
     }
 
-    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...)
+    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...); or, given
+    /// `grad_positions`, row `rows[i]`'s gradient is row `grad_positions[i]` of `grad_rows` (Optimizer).
     template <FloatingElement T>
     void apply_sparse(xt::xarray<T>& value, Slots<T>& slots, std::span<const std::int64_t> rows,
-                      const xt::xarray<T>& grad_rows) const {
-        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
+                      const xt::xarray<T>& grad_rows,
+                      std::span<const std::size_t> grad_positions = {}) const {
+        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows, grad_positions);
         const Step<T> step = next_step<T>(slots);
-        detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
+        detail::for_each_sparse_block<T>(rows, grad_positions, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
             update(value.data() + at, slots.m.data() + at, slots.v.data() + at, grad_rows.data() + g_at, n, step);
         }, value.data(), slots.m.data(), slots.v.data());
     }
@@ -4570,12 +4605,14 @@ public:
         });
     }
 
-    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...)
+    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...); or, given
+    /// `grad_positions`, row `rows[i]`'s gradient is row `grad_positions[i]` of `grad_rows` (Optimizer).
     template <FloatingElement T>
     void apply_sparse(xt::xarray<T>& value, Slots<T>& slots, std::span<const std::int64_t> rows,
-                      const xt::xarray<T>& grad_rows) const {
-        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
-        detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
+                      const xt::xarray<T>& grad_rows,
+                      std::span<const std::size_t> grad_positions = {}) const {
+        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows, grad_positions);
+        detail::for_each_sparse_block<T>(rows, grad_positions, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
             update(value.data() + at, slots.momentum.data() + at, grad_rows.data() + g_at, n);
         }, value.data(), slots.momentum.data());
     }
@@ -4677,13 +4714,15 @@ public:
         });
     }
 
-    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...)
+    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...); or, given
+    /// `grad_positions`, row `rows[i]`'s gradient is row `grad_positions[i]` of `grad_rows` (Optimizer).
     template <FloatingElement T>
     void apply_sparse(xt::xarray<T>& value, Slots<T>& /*slots*/, std::span<const std::int64_t> rows,
-                      const xt::xarray<T>& grad_rows) const {
-        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
+                      const xt::xarray<T>& grad_rows,
+                      std::span<const std::size_t> grad_positions = {}) const {
+        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows, grad_positions);
         const T lr = static_cast<T>(constant_learning_rate());
-        detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
+        detail::for_each_sparse_block<T>(rows, grad_positions, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
             update(value.data() + at, grad_rows.data() + g_at, n, lr);
         }, value.data());
     }
@@ -11978,18 +12017,33 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     // Grouped by shard, keeping their order within each shard (scatter_update's last row wins).
     ByShard grouped = group_by_shard(ids);
+    // A ps in this process applies a gradient's rows where they lie in `rows`, not from a copy a shard;
+    // unless it keeps them for a synchronous step, or they are rounded as a wire would carry them.
+    const bool synchronous = info().channel->synchronous();
+    std::shared_ptr<Tensor> source;
+    if (op == Op::apply_sparse && !synchronous && compression() == Compression::none && shapes_trusted())
+        source = std::make_shared<Tensor>(std::move(rows));
     for (std::size_t s = 0; s < shards.size(); ++s) {
-        const auto& positions = grouped.positions[s];
-        if (positions.empty() && !(step != 0 && info().channel->synchronous())) continue;
+        auto& positions = grouped.positions[s];
+        if (positions.empty() && !(step != 0 && synchronous)) continue;
         Request r = request(op, shards[s], step);
-        r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), positions.size()));
-        const detail::RowCopy copy(r.payload, rows);
-        for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
         r.ids = std::move(grouped.rows[s]);
+        if (source) {
+            r.compression = Compression::none;  // as decided above, whatever another thread set since
+            r.in_process.from = source;
+            r.in_process.from_rows = std::move(positions);
+        } else {
+            r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), positions.size()));
+            const detail::RowCopy copy(r.payload, rows);
+            for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
+        }
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
     exchange(std::move(outgoing));
-    return rows;
+    if (!source) return rows;
+    // In a Group the ps tasks may read the rows after this returns: the buffer stays with them.
+    if (Group::current() != nullptr) return Tensor{};
+    return std::move(*source);
 }
 
 inline Tensor Variable::slice(const Shape& begin, const Shape& end, std::uint64_t step) const {
@@ -12725,6 +12779,7 @@ PSS_NAMESPACE_END
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -12744,22 +12799,22 @@ PSS_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// The rows of repeated ids summed: the ids in the order of their first row and their rows, each the
-/// sum of its id's rows in the order given; nothing when no id repeats (the caller applies the rows as
-/// they are). Linear: an open-addressing table of twice the ids' count (16 KiB for 1,024 ids) numbers
-/// the distinct ids, where sorting them cost more than applying the rows; the sums start from each id's
-/// first row rather than from a zero-filled copy of every row.
-/// @pre every id is >= 0 (validated)
+/// Sums the gradient rows of each repeated id into the id's first row, in the order given, and drops
+/// the repeats from `ids` and `positions`: id i's row is row `positions[i]` of `rows`, or row i while
+/// `positions` is empty (filled then, only when an id repeats). The ids stay in the order of their first
+/// rows, and no row is copied: a few repeats among 1,024 ids cost a few row additions. Linear: an
+/// open-addressing table of twice the ids' count (16 KiB for 1,024 ids) finds each id's first row, where
+/// sorting them cost more than applying the rows.
+/// @pre every id is >= 0 and every position a row of `rows`, `width` elements each (validated)
 template <class T>
-std::optional<std::pair<std::vector<std::int64_t>, xt::xarray<T>>> sum_duplicate_rows(std::span<const std::int64_t> ids,
-                                                                                       const xt::xarray<T>& rows) {
-    if (ids.size() < 2) return std::nullopt;
+void sum_duplicate_rows(std::vector<std::int64_t>& ids, std::vector<std::size_t>& positions, T* rows,
+                        std::size_t width) {
+    if (ids.size() < 2) return;
     std::size_t capacity = 4;
     while (capacity < 2 * ids.size()) capacity *= 2;
-    std::vector<std::uint64_t> keys(capacity, 0);  // id + 1; 0 is an empty slot
-    std::vector<std::size_t> number(capacity);     // the slot's id's number among the distinct ids
-    std::vector<std::size_t> number_of(ids.size());
-    std::size_t distinct = 0;
+    std::vector<std::uint64_t> keys(capacity, 0);                       // id + 1; 0 is an empty slot
+    const auto first = std::make_unique_for_overwrite<std::size_t[]>(capacity);  // the id's place in ids
+    std::size_t kept = 0;  // ids[0, kept) are the distinct ids so far, each at its first row
     for (std::size_t i = 0; i < ids.size(); ++i) {
         const auto key = static_cast<std::uint64_t>(ids[i]) + 1;
         // Fibonacci hashing: nearby ids spread over the table.
@@ -12767,27 +12822,24 @@ std::optional<std::pair<std::vector<std::int64_t>, xt::xarray<T>>> sum_duplicate
         while (keys[at] != 0 && keys[at] != key) at = (at + 1) & (capacity - 1);
         if (keys[at] == 0) {
             keys[at] = key;
-            number[at] = distinct++;
+            first[at] = kept;
+            if (kept != i) {  // an earlier repeat left a gap
+                ids[kept] = ids[i];
+                positions[kept] = positions[i];
+            }
+            ++kept;
+            continue;
         }
-        number_of[i] = number[at];
-    }
-    if (distinct == ids.size()) return std::nullopt;
-    const Shape shape(rows.shape().begin(), rows.shape().end());
-    const std::size_t width = row_elements(shape);
-    std::vector<std::int64_t> unique(distinct);
-    xt::xarray<T> summed = xt::xarray<T>::from_shape(rows_shape(shape, distinct));
-    std::size_t seen = 0;  // ids are numbered in the order of their first rows
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        const T* in = rows.data() + i * width;
-        T* out = summed.data() + number_of[i] * width;
-        if (number_of[i] == seen) {
-            unique[seen++] = ids[i];
-            std::copy(in, in + width, out);
-        } else {
-            for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
+        if (positions.empty()) {  // the first repeat: until here every row was where its id is
+            positions.resize(ids.size());
+            std::iota(positions.begin(), positions.end(), std::size_t{0});
         }
+        T* out = rows + positions[first[at]] * width;
+        const T* in = rows + positions[i] * width;
+        for (std::size_t j = 0; j < width; ++j) out[j] += in[j];
     }
-    return std::pair{std::move(unique), std::move(summed)};
+    ids.resize(kept);
+    if (!positions.empty()) positions.resize(kept);
 }
 
 /// How many of `values` are NaN or infinite: those whose exponent bits are all ones. Counted on the
@@ -12810,6 +12862,21 @@ std::size_t count_non_finite(const T* values, std::size_t n) noexcept {
         begin = end;
     }
     return total;
+}
+
+/// count_non_finite of one row (up to 2^32 - 1 elements), inlined into a loop over rows: the call, the
+/// chunking and the reduction of the whole-buffer form cost more than a short row's check.
+template <FloatingElement T>
+inline std::size_t count_non_finite_row(const T* row, std::size_t n) noexcept {
+    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    constexpr Bits exponent = static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000u : 0x7ff0000000000000u);
+    Bits count = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        Bits bits;
+        std::memcpy(&bits, row + i, sizeof bits);
+        count += static_cast<Bits>((bits & exponent) == exponent);
+    }
+    return static_cast<std::size_t>(count);
 }
 
 /// An optimizer's slots for element type T, or nothing for an integer type (never instantiated there).
@@ -13102,19 +13169,25 @@ private:
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
-                    if (options_.refuse_non_finite_gradients) check_finite<T>(shard, request);
+                    // A sender in this process may leave the rows where they lie in its tensor.
+                    xt::xarray<T>* caller_rows = request.in_process.from ? &gradient_source<T>(shard, request) : nullptr;
+                    if (options_.refuse_non_finite_gradients) check_finite<T>(shard, request, caller_rows);
                     // The rate for the push's step, found before anything changes (a schedule may refuse it).
                     const auto at_step = optimizer_for(request.step, shard, request.op);
                     if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
                     if (sync_.synchronous) {
+                        if (caller_rows != nullptr) request.payload = gather_positions(*caller_rows, request.in_process.from_rows);
                         push_step(shard, state, std::move(request));
                         return reply;  // the gradient's buffer is kept until its step is applied
                     }
                     const OptimizerPolicy& optimizer = at_step ? *at_step : optimizer_;
                     if (request.op == Op::apply_dense)
                         optimizer.apply_dense(value, *state.slots, request.payload.template get<T>());
+                    else if (caller_rows != nullptr)
+                        apply_rows(optimizer, state, request.ids, request.in_process.from_rows, *caller_rows, T{1});
                     else
-                        apply_rows(optimizer, state, request.ids, request.payload.template get<T>(), T{1});
+                        apply_rows(optimizer, state, request.ids, request.in_process.from_rows,
+                                   request.payload.template get<T>(), T{1});
                 }
                 break;
             case Op::create:
@@ -13129,36 +13202,87 @@ private:
         return reply;
     }
 
-    /// Throws when the gradient holds NaN or infinity: nothing is applied.
+    /// Throws when the gradient holds NaN or infinity: nothing is applied. `caller_rows`: the rows lie
+    /// there, at Request::InProcess::from_rows.
     template <class T>
-    static void check_finite(const Shard& shard, const Request& request) {
-        const auto& gradient = request.payload.template get<T>();
-        const std::size_t bad = detail::count_non_finite(gradient.data(), gradient.size());
+    static void check_finite(const Shard& shard, const Request& request, const xt::xarray<T>* caller_rows) {
+        std::size_t bad = 0, total = 0;
+        if (caller_rows != nullptr) {
+            const std::size_t width = detail::row_elements(shard.shape);
+            for (const std::size_t p : request.in_process.from_rows)
+                bad += detail::count_non_finite_row(caller_rows->data() + p * width, width);
+            total = width * request.in_process.from_rows.size();
+        } else {
+            const auto& gradient = request.payload.template get<T>();
+            bad = detail::count_non_finite(gradient.data(), gradient.size());
+            total = gradient.size();
+        }
         if (bad != 0)
             throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
                                        "': the gradient holds " + std::to_string(bad) + " non-finite value" +
-                                       (bad == 1 ? "" : "s") + " (NaN or infinity) of " +
-                                       std::to_string(gradient.size()) +
+                                       (bad == 1 ? "" : "s") + " (NaN or infinity) of " + std::to_string(total) +
                                        "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
-    /// Sums rows of repeated ids, scales them and lets `optimizer` apply them. Rows without a repeated
-    /// id and without a scale go to the optimizer as they came: no copy.
+    /// Where an in-process apply_sparse's rows lie (Request::InProcess::from). Only
+    /// Variable::apply_sparse_gradient sets it, in this process; its form is checked all the same, before
+    /// a row is read.
     template <class T>
-    void apply_rows(const OptimizerPolicy& optimizer, State<T>& state, std::span<const std::int64_t> ids,
-                    const xt::xarray<T>& rows, T scale) {
-        auto merged = detail::sum_duplicate_rows<T>(ids, rows);
-        if (!merged && scale == T{1}) return optimizer.apply_sparse(state.value, *state.slots, ids, rows);
-        if (!merged) merged.emplace(std::vector<std::int64_t>(ids.begin(), ids.end()), rows);
-        auto& [unique, summed] = *merged;
-        if (scale != T{1}) summed *= scale;
-        optimizer.apply_sparse(state.value, *state.slots, std::span<const std::int64_t>(unique), std::as_const(summed));
+    static xt::xarray<T>& gradient_source(const Shard& shard, const Request& request) {
+        Tensor& from = *request.in_process.from;
+        const auto& positions = request.in_process.from_rows;
+        const std::size_t width = detail::row_elements(shard.shape);
+        const Shape shape = from.has_value() ? from.shape() : Shape{};
+        const bool fits = request.op == Op::apply_sparse && from.has_value() && from.dtype() == dtype_of<T> &&
+                          !shape.empty() && !shard.shape.empty() &&
+                          std::equal(shape.begin() + 1, shape.end(), shard.shape.begin() + 1, shard.shape.end()) &&
+                          positions.size() == request.ids.size() &&
+                          std::all_of(positions.begin(), positions.end(), [&](std::size_t p) { return p < shape[0]; });
+        if (!fits)
+            throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
+                                       "': the gradient rows' source " +
+                                       (from.has_value() ? "of shape " + format_shape(shape) : std::string("(empty)")) +
+                                       " does not hold " + std::to_string(request.ids.size()) + " rows of " +
+                                       std::to_string(width) + " " + std::string(dtype_name(dtype_of<T>)) +
+                                       " elements at the positions given");
+        return from.template get<T>();
     }
 
-    /// The optimizer for a push of training step `step`: empty when it is the strategy's own (its rate a
-    /// constant, none set for the run), else a copy at the rate set for the run, or at its schedule's
-    /// rate for the step (Keras evaluates a schedule at `iterations`, the steps before this one: step - 1).
-    /// @throws FailedPreconditionError when the rate is a schedule and the push names no step;
+    /// The rows at `positions`, in their order: a copy of the caller's rows for a ps that keeps them.
+    template <class T>
+    static Tensor gather_positions(const xt::xarray<T>& rows, std::span<const std::size_t> positions) {
+        const Shape shape(rows.shape().begin(), rows.shape().end());
+        const std::size_t width = detail::row_elements(shape);
+        xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shape, positions.size()));
+        for (std::size_t i = 0; i < positions.size(); ++i)
+            std::copy_n(rows.data() + positions[i] * width, width, out.data() + i * width);
+        return Tensor(std::move(out));
+    }
+
+    /// Sums rows of repeated ids in place, scales them and lets `optimizer` apply them: row ids[i]'s
+    /// gradient is row positions[i] of `rows` (row i while `positions` is empty). No row is copied
+    /// unless the optimizer cannot take rows by position.
+    template <class T>
+    void apply_rows(const OptimizerPolicy& optimizer, State<T>& state, std::vector<std::int64_t>& ids,
+                    std::vector<std::size_t>& positions, xt::xarray<T>& rows, T scale) {
+        const std::size_t width = detail::row_elements(Shape(state.value.shape().begin(), state.value.shape().end()));
+        detail::sum_duplicate_rows(ids, positions, rows.data(), width);
+        if (scale != T{1})
+            for (std::size_t i = 0; i < ids.size(); ++i) {
+                T* row = rows.data() + (positions.empty() ? i : positions[i]) * width;
+                for (std::size_t j = 0; j < width; ++j) row[j] *= scale;
+            }
+        const std::span<const std::int64_t> distinct(ids);
+        if (positions.empty()) return optimizer.apply_sparse(state.value, *state.slots, distinct, std::as_const(rows));
+        if constexpr (detail::optimizer_has_apply_sparse_by_position<OptimizerPolicy, T>) {
+            optimizer.apply_sparse(state.value, *state.slots, distinct, std::as_const(rows),
+                                   std::span<const std::size_t>(positions));
+        } else {
+            const Tensor gathered = gather_positions(rows, positions);
+            optimizer.apply_sparse(state.value, *state.slots, distinct, gathered.template get<T>());
+        }
+    }
+
     /// InvalidArgumentError when the schedule's rate for the step is negative or not finite
     std::optional<OptimizerPolicy> optimizer_for(std::uint64_t step, const Shard& shard, Op op) const {
         if (learning_rate_) return optimizer_.with_learning_rate(*learning_rate_);
@@ -13268,7 +13392,8 @@ private:
                 xt::xarray<T> rows = xt::xarray<T>::from_shape(detail::rows_shape(shape, ids.size()));
                 auto out = rows.begin();
                 for (const auto& part : done.sparse) out = std::copy(part.rows.begin(), part.rows.end(), out);
-                if (!ids.empty()) apply_rows(optimizer, state, ids, rows, scale);
+                std::vector<std::size_t> positions;  // the rows in the order of their ids
+                if (!ids.empty()) apply_rows(optimizer, state, ids, positions, rows, scale);
             }
             ++state.applied;
         }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <ranges>
 #include <span>
@@ -51,6 +52,17 @@ concept optimizer_has_apply_sparse =
     requires(const O& o, xt::xarray<T>& value, typename O::template Slots<T>& slots,
              std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows) {
         o.apply_sparse(value, slots, rows, grad_rows);
+    };
+
+/// @brief Optional, beside requirement 6: the gradient of row `rows[i]` is row `positions[i]` of
+/// `grad_rows`. A ps in its caller's process applies the caller's rows where they lie when the
+/// optimizer has it (SGD, Momentum, Adagrad and Adam do), and gathers them into a copy when not.
+template <class O, class T>
+concept optimizer_has_apply_sparse_by_position =
+    requires(const O& o, xt::xarray<T>& value, typename O::template Slots<T>& slots,
+             std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows,
+             std::span<const std::size_t> positions) {
+        o.apply_sparse(value, slots, rows, grad_rows, positions);
     };
 
 /// @brief What `O::for_each_slot` calls on a mutable Slots<T>: each slot tensor, then each counter,
@@ -126,6 +138,7 @@ concept optimizer_has_learning_rate = requires(const O& o, double rate) {
 /// | `o.make_slots(value)` | `O::Slots<T>` | fresh slots for a shard whose value is `value`: each slot tensor has value's shape |
 /// | `o.apply_dense(value, slots, grad)` | any | applies `grad` (value's shape) to the whole shard |
 /// | `o.apply_sparse(value, slots, rows, grad_rows)` | any | applies row i of `grad_rows` to row `rows[i]` of the shard |
+/// | `o.apply_sparse(value, slots, rows, grad_rows, positions)` (optional) | any | applies row `positions[i]` of `grad_rows` to row `rows[i]`; `positions` a `std::span<const std::size_t>`, one a row, each below `grad_rows.shape()[0]` (the same update as gathering those rows first) |
 /// | `O::for_each_slot(slots, f)` | any | calls `f(name, tensor)` for each slot tensor (`xt::xarray<T>&`, const for const slots) in `slot_names()` order, then `f(name, counter)` for each `std::int64_t` counter (Adam's "iterations") |
 /// | `O::slot_names()` | an input range of string_view | the slot tensors' names, Keras 3's: {} for SGD, {"momentum"}, {"accumulator"}, {"momentum", "velocity"} for Adam |
 /// | `o.get_config()` | `nlohmann::json` | the hyperparameters by Keras' names, `{"learning_rate": 0.01}` |

@@ -81,17 +81,18 @@ inline void prefetch_row(std::size_t row_offset, std::size_t row_elements, Ptrs.
 }
 
 /// @brief Sparse apply: for row i, calls `f(value_offset, grad_offset, count)` over blocks of row
-/// `rows[i]` of the shard (value_offset, also the slots' offset) and row i of the gradient rows.
-/// `bases` are the shard's and the slots' data pointers, prefetched a few rows ahead.
+/// `rows[i]` of the shard (value_offset, also the slots' offset) and row `positions[i]` of the gradient
+/// rows (row i when `positions` is empty). `bases` are the shard's and the slots' data pointers,
+/// prefetched a few rows ahead.
 template <class T, class F, class... Ptrs>
-inline void for_each_sparse_block(std::span<const std::int64_t> rows, std::size_t row_elements, F&& f,
-                                  Ptrs... bases) {
+inline void for_each_sparse_block(std::span<const std::int64_t> rows, std::span<const std::size_t> positions,
+                                  std::size_t row_elements, F&& f, Ptrs... bases) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
         if (i + sparse_prefetch_rows < rows.size())
             prefetch_row<T>(static_cast<std::size_t>(rows[i + sparse_prefetch_rows]) * row_elements, row_elements,
                             bases...);
         const std::size_t value_row = static_cast<std::size_t>(rows[i]) * row_elements;
-        const std::size_t grad_row = i * row_elements;
+        const std::size_t grad_row = (positions.empty() ? i : positions[i]) * row_elements;
         for_each_block(row_elements, optimizer_block_elements<T>,
                        [&](std::size_t offset, std::size_t count) { f(value_row + offset, grad_row + offset, count); });
     }
@@ -109,23 +110,35 @@ inline void check_dense(std::string_view optimizer, const xt::xarray<T>& value, 
 
 /// @brief Checks a sparse gradient against the shard and returns the elements per row. The caller
 /// has validated already; this guards the shard's memory against a caller that did not.
-/// @throws InvalidArgumentError for a shape mismatch or a row id outside the shard.
+/// @param positions where each row's gradient is among `grad_rows` (empty: row i is row i)
+/// @throws InvalidArgumentError for a shape mismatch, a row id outside the shard or a position outside
+/// the gradient rows.
 template <class T>
 inline std::size_t check_sparse(std::string_view optimizer, const xt::xarray<T>& value,
-                                std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows) {
+                                std::span<const std::int64_t> rows, const xt::xarray<T>& grad_rows,
+                                std::span<const std::size_t> positions = {}) {
     const std::string who = "pss: " + std::string(optimizer) + ".apply_sparse: ";
     if (value.dimension() == 0)
         throw InvalidArgumentError(who + "the shard is a scalar; sparse gradients need a shard of rank 1 or more");
     const auto& vs = value.shape();
     const auto& gs = grad_rows.shape();
-    if (gs.size() != vs.size() || gs[0] != rows.size() || !std::equal(vs.begin() + 1, vs.end(), gs.begin() + 1))
+    const bool by_position = !positions.empty();
+    if (gs.size() != vs.size() || (!by_position && gs[0] != rows.size()) ||
+        !std::equal(vs.begin() + 1, vs.end(), gs.begin() + 1))
         throw InvalidArgumentError(who + "the gradient rows have shape " + format_shape(gs) + " but " +
                                    std::to_string(rows.size()) + " rows of a shard of shape " + format_shape(vs) +
                                    " need shape " + format_shape(rows_shape(vs, rows.size())));
+    if (by_position && positions.size() != rows.size())
+        throw InvalidArgumentError(who + std::to_string(positions.size()) + " gradient positions were given for " +
+                                   std::to_string(rows.size()) + " rows; give one a row");
     for (std::int64_t r : rows)
         if (r < 0 || static_cast<std::size_t>(r) >= vs[0])
             throw InvalidArgumentError(who + "row id " + std::to_string(r) + " is outside the shard's " +
                                        std::to_string(vs[0]) + " rows");
+    for (std::size_t p : positions)
+        if (p >= gs[0])
+            throw InvalidArgumentError(who + "gradient position " + std::to_string(p) + " is outside the " +
+                                       std::to_string(gs[0]) + " gradient rows");
     std::size_t row_elements = 1;
     for (std::size_t i = 1; i < vs.size(); ++i) row_elements *= vs[i];
     return row_elements;

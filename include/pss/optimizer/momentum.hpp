@@ -86,12 +86,14 @@ public:
         });
     }
 
-    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...)
+    /// @pre `rows` unique and in range, `grad_rows` of shape (rows.size(), value.shape[1:]...); or, given
+    /// `grad_positions`, row `rows[i]`'s gradient is row `grad_positions[i]` of `grad_rows` (Optimizer).
     template <FloatingElement T>
     void apply_sparse(xt::xarray<T>& value, Slots<T>& slots, std::span<const std::int64_t> rows,
-                      const xt::xarray<T>& grad_rows) const {
-        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows);
-        detail::for_each_sparse_block<T>(rows, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
+                      const xt::xarray<T>& grad_rows,
+                      std::span<const std::size_t> grad_positions = {}) const {
+        const std::size_t width = detail::check_sparse(name(), value, rows, grad_rows, grad_positions);
+        detail::for_each_sparse_block<T>(rows, grad_positions, width, [&](std::size_t at, std::size_t g_at, std::size_t n) {
             update(value.data() + at, slots.momentum.data() + at, grad_rows.data() + g_at, n);
         }, value.data(), slots.momentum.data());
     }
