@@ -954,6 +954,35 @@ TEST_SUITE("net") {
                      pss::FixedShardsPartitioner(2), pss::SGD(0.5));
         check_group(strategy);
     }
+    TEST_CASE("ReplyBatch: a reply that comes by a future is waited for without the batch's lock, within one deadline") {
+        // A transport thread delivering (a late repeat of a reply, here) while the waiter waits on a
+        // future is not held up until that future is ready: it returns, and the waiter gets every reply.
+        auto batch = std::make_shared<pss::detail::ReplyBatch>();
+        std::promise<pss::Reply> later;
+        const std::size_t by_future = batch->add(), delivered = batch->add();
+        batch->attach(by_future, later.get_future());
+        batch->deliver(delivered, pss::Reply::error(pss::ErrorCode::internal, "first"));
+        std::atomic<bool> waiter_in{false};
+        auto waiter = std::async(std::launch::async, [&] {
+            waiter_in = true;
+            return batch->wait_for(std::chrono::seconds(20));
+        });
+        while (!waiter_in) std::this_thread::yield();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the waiter is on the future by now
+        batch->deliver(delivered, pss::Reply::error(pss::ErrorCode::internal, "again"));  // returns: no lock held
+        later.set_value(pss::Reply::error(pss::ErrorCode::not_found, "by future"));
+        CHECK(waiter.get());
+        CHECK(batch->take(by_future).message == "by future");
+        CHECK(batch->take(delivered).message == "first");  // a slot keeps its first reply
+
+        // Three futures that never come, waited for 200 ms: one deadline for all (it was 200 ms each).
+        pss::detail::ReplyBatch never;
+        std::vector<std::promise<pss::Reply>> promises(3);
+        for (auto& p : promises) never.attach(never.add(), p.get_future());
+        const auto start = std::chrono::steady_clock::now();
+        CHECK_FALSE(never.wait_for(std::chrono::milliseconds(200)));
+        CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(550));
+    }
     TEST_CASE("Group: the same writes on the embedded cluster, and on one whose transport answers by futures, end "
               "exact" * doctest::timeout(30)) {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::SGD,
