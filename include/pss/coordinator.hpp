@@ -804,7 +804,10 @@ bool recover_ps(Manager& manager, std::set<int> lost, bool restore_anyway = fals
     for (;;) {
         try {
             for (const int t : lost) created += strategy.recreate_shards(t);
-            if (created == 0 && !failed && !restore_anyway) break;
+            if (created == 0 && !failed && !restore_anyway) {
+                std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", names.c_str());
+                return false;
+            }
             restored = manager.restore_or_initialize();
             break;
         } catch (const UnavailableError&) {
@@ -814,10 +817,6 @@ bool recover_ps(Manager& manager, std::set<int> lost, bool restore_anyway = fals
             const std::set<int> named = unavailable_ps_tasks(std::current_exception());
             lost.insert(named.begin(), named.end());
         }
-    }
-    if (created == 0 && !failed && !restore_anyway) {
-        std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", names.c_str());
-        return false;
     }
     if (!restored)
         throw UnavailableError("pss: " + names + " started again without its shards, and " +
