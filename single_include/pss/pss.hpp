@@ -5247,6 +5247,7 @@ PSS_NAMESPACE_END
 #include <thread>
 #include <utility>
 #include <variant>
+#include <vector>
 
 PSS_NAMESPACE_BEGIN
 
@@ -5272,7 +5273,7 @@ public:
     /// answered already keeps its first reply.
     void deliver(std::size_t index, Reply&& reply) noexcept {
         std::lock_guard lock(mutex_);
-        if (slots_[index].ready || slots_[index].future.valid()) return;
+        if (slots_[index].ready || slots_[index].attached) return;
         slots_[index].reply = std::move(reply);
         slots_[index].ready = true;
         if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1 && waiting_) done_.notify_all();
@@ -5282,14 +5283,17 @@ public:
     void attach(std::size_t index, std::future<Reply> future) {
         std::lock_guard lock(mutex_);
         slots_[index].future = std::move(future);
+        slots_[index].attached = true;
         outstanding_.fetch_sub(1, std::memory_order_acq_rel);
     }
 
     /// Waits for every reply.
     void wait() { (void)wait_for(std::chrono::nanoseconds::max()); }
 
-    /// Waits up to `timeout` for every reply; true when all came.
+    /// Waits up to `timeout` for every reply; true when all came. Only the thread that adds the slots waits.
     bool wait_for(std::chrono::nanoseconds timeout) {
+        const bool forever = timeout == std::chrono::nanoseconds::max();
+        const auto deadline = forever ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
         // A short spin first: an in-process reply often comes within microseconds, and a sleeping
         // thread's wake-up costs more (bench_ctr's synchronous steps ran 35% slower without it).
         for (int spin = 0; spin < 200 && outstanding_.load(std::memory_order_acquire) != 0; ++spin) std::this_thread::yield();
@@ -5297,17 +5301,22 @@ public:
         if (outstanding_.load(std::memory_order_acquire) != 0) {
             waiting_ = true;
             const auto all_in = [&] { return outstanding_.load(std::memory_order_acquire) == 0; };
-            const bool in = timeout == std::chrono::nanoseconds::max() ? (done_.wait(lock, all_in), true)
-                                                                        : done_.wait_for(lock, timeout, all_in);
+            const bool in = forever ? (done_.wait(lock, all_in), true) : done_.wait_until(lock, deadline, all_in);
             waiting_ = false;
             if (!in) return false;
         }
-        for (auto& slot : slots_) {
-            if (slot.ready || !slot.future.valid()) continue;
-            if (timeout != std::chrono::nanoseconds::max() && slot.future.wait_for(timeout) != std::future_status::ready)
-                return false;
-            slot.reply = slot.future.get();
-            slot.ready = true;
+        // Replies that come by futures are waited for without the lock, which deliveries into other slots
+        // take, and within the one deadline. Only this thread touches an attached slot's future.
+        std::vector<Slot*> by_future;
+        for (auto& slot : slots_)
+            if (!slot.ready && slot.attached && slot.future.valid()) by_future.push_back(&slot);
+        lock.unlock();
+        for (Slot* slot : by_future) {
+            if (!forever && slot->future.wait_until(deadline) != std::future_status::ready) return false;
+            Reply reply = slot->future.get();
+            const std::lock_guard relock(mutex_);
+            slot->reply = std::move(reply);
+            slot->ready = true;
         }
         return true;
     }
@@ -5346,6 +5355,7 @@ private:
         Reply reply;
         std::future<Reply> future;
         bool ready = false;
+        bool attached = false;  // its reply comes by `future`, not by deliver
     };
     std::mutex mutex_;
     std::condition_variable done_;
@@ -16220,7 +16230,10 @@ bool recover_ps(Manager& manager, std::set<int> lost, bool restore_anyway = fals
     for (;;) {
         try {
             for (const int t : lost) created += strategy.recreate_shards(t);
-            if (created == 0 && !failed && !restore_anyway) break;
+            if (created == 0 && !failed && !restore_anyway) {
+                std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", names.c_str());
+                return false;
+            }
             restored = manager.restore_or_initialize();
             break;
         } catch (const UnavailableError&) {
@@ -16230,10 +16243,6 @@ bool recover_ps(Manager& manager, std::set<int> lost, bool restore_anyway = fals
             const std::set<int> named = unavailable_ps_tasks(std::current_exception());
             lost.insert(named.begin(), named.end());
         }
-    }
-    if (created == 0 && !failed && !restore_anyway) {
-        std::fprintf(stderr, "pss: %s answers again and kept its shards; its closures run again\n", names.c_str());
-        return false;
     }
     if (!restored)
         throw UnavailableError("pss: " + names + " started again without its shards, and " +
