@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <set>
@@ -1347,6 +1348,27 @@ TEST_SUITE("simulated") {
             CHECK(t.send().ok());  // runs after both, on the task's one thread
             CHECK(t.runs == 3);
             CHECK(network.events()[0].what == "run twice");
+        }
+        SUBCASE("a request run twice that points at its sender's memory runs twice on what was sent") {
+            pss::SimulatedNetwork network({.seed = 1, .duplicate = 1});
+            pss::ParameterServerStrategy<pss::SimulatedTransport, pss::FixedShardsPartitioner, pss::SGD,
+                                         pss::LocalClusterResolver<3, 1>>
+                strategy({}, pss::FixedShardsPartitioner(3), pss::SGD(0.5));
+            auto scope = strategy.scope();
+            xt::xarray<float> initial = xt::xarray<float>::from_shape({10, 2});
+            std::iota(initial.begin(), initial.end(), 0.0f);  // row r is (2r, 2r + 1)
+            pss::Variable v(initial, "table");
+            // Rows 0-3, 4-6, 7-9 on 3 ps tasks: each shard applies its rows twice, repeats summed each time
+            // from the rows as sent (not from the sums the first run left in the sender's tensor).
+            pss::Tensor spent = v.apply_sparse_gradient(std::vector<std::int64_t>{1, 8, 1},
+                                                        xt::xarray<float>{{2, 2}, {4, 4}, {6, 6}});
+            spent.get<float>().fill(100.0f);  // the sender reuses its buffer at once
+            const auto w = v.read<float>();
+            CHECK((w(1, 0) == -6 && w(1, 1) == -5));  // (2, 3) - 2 * 0.5 * (2 + 6)
+            CHECK((w(8, 0) == 12 && w(8, 1) == 13));  // (16, 17) - 2 * 0.5 * 4
+            // A gather written straight into the result: its second run writes elsewhere.
+            pss::Tensor rows = v.sparse_read(std::vector<std::int64_t>{8, 1, 5});
+            CHECK(rows.get<float>() == xt::xarray<float>{{12, 13}, {-6, -5}, {10, 11}});
         }
         SUBCASE("a delayed request runs after its delay") {
             pss::SimulatedNetwork network({.seed = 1, .delay = 1, .max_delay = std::chrono::microseconds(2000)});

@@ -445,6 +445,7 @@ private:
             if (fate.duplicate) {
                 network_->record(task_, q.number, "run twice", what);
                 copy.emplace(q.request);
+                keep_to_itself(*copy);
             }
             if (fate.drop_reply) network_->record(task_, q.number, "reply lost", what);
             handler_(std::move(q.request),
@@ -454,6 +455,23 @@ private:
                          promise.set_value(std::move(reply));
                      }));
             if (copy) handler_(std::move(*copy), Responder([](Reply&&) {}));  // the first reply is the one taken
+        }
+
+        /// A duplicate runs after its sender may have had the first reply and gone on with its memory, as
+        /// a duplicated frame reaches a ps in another process: it carries its own copy of the gradient rows
+        /// its request points at in the sender's tensor, and a gather of it writes to a buffer of its own.
+        static void keep_to_itself(Request& r) {
+            auto& in = r.in_process;
+            if (in.from) {
+                const Tensor& from = *in.from;
+                r.payload = Tensor::uninitialized(from.dtype(), detail::rows_shape(from.shape(), in.from_rows.size()));
+                const detail::RowCopy copy(r.payload, from);
+                for (std::size_t j = 0; j < in.from_rows.size(); ++j) copy(j, in.from_rows[j]);
+                in.from.reset();
+                in.from_rows.clear();
+            }
+            if (in.into && in.into->has_value())
+                in.into = std::make_shared<Tensor>(Tensor::uninitialized(in.into->dtype(), in.into->shape()));
         }
 
         TaskId task_;
