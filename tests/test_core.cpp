@@ -1398,12 +1398,14 @@ TEST_SUITE("Variable") {
     }
     TEST_CASE("Variable: a sharded sparse gradient in this process is applied where its rows lie, each shard on its own") {
         ShardedFixture f;  // SGD 0.5; rows 0-3, 4-6 and 7-9 on 3 ps tasks in this process
-        // Id 1 twice (shard 0), id 8 (shard 2) holding NaN: shard 2 refuses its rows, shards 0 and 1 apply theirs.
-        const float nan = std::numeric_limits<float>::quiet_NaN();
+        // Id 1 twice (shard 0), id 8 twice (shard 2) holding NaN and infinity: shard 2 refuses its rows (each
+        // counted as it was sent, before the repeat is summed), shards 0 and 1 apply theirs.
+        const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
         pss::Tensor spent;
-        CHECK_THROWS_WITH_AS(spent = f.v.apply_sparse_gradient(Ids{1, 8, 5, 1}, xt::xarray<float>{{2, 2}, {nan, 1}, {4, 4}, {6, 6}}),
-                             "pss: apply_sparse_gradient on variable 'table/part_2': the gradient holds 1 non-finite "
-                             "value (NaN or infinity) of 2; nothing was applied "
+        CHECK_THROWS_WITH_AS(spent = f.v.apply_sparse_gradient(
+                                 Ids{1, 8, 5, 1, 8}, xt::xarray<float>{{2, 2}, {nan, 1}, {4, 4}, {6, 6}, {inf, 2}}),
+                             "pss: apply_sparse_gradient on variable 'table/part_2': the gradient holds 2 non-finite "
+                             "values (NaN or infinity) of 4; nothing was applied "
                              "(ServerOptions::refuse_non_finite_gradients)",
                              pss::InvalidArgumentError);
         auto v = f.v.read<float>();
