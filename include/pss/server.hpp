@@ -536,6 +536,10 @@ private:
         }
     }
 
+    /// The optimizer for a push of training step `step`: empty when it is the strategy's own (its rate a
+    /// constant, none set for the run), else a copy at the rate set for the run, or at its schedule's
+    /// rate for the step (Keras evaluates a schedule at `iterations`, the steps before this one: step - 1).
+    /// @throws FailedPreconditionError when the rate is a schedule and the push names no step;
     /// InvalidArgumentError when the schedule's rate for the step is negative or not finite
     std::optional<OptimizerPolicy> optimizer_for(std::uint64_t step, const Shard& shard, Op op) const {
         if (learning_rate_) return optimizer_.with_learning_rate(*learning_rate_);
