@@ -1428,6 +1428,23 @@ TEST_SUITE("Variable") {
         v = f.v.read<float>();
         CHECK(xt::view(v, 2) == xt::xarray<float>{3, 4});
         CHECK(xt::view(v, 7) == xt::xarray<float>{13, 14});
+        // The scatters take their rows where they lie too, and leave them as they were; strings as well.
+        const pss::Tensor added = f.v.scatter_add(Ids{0, 9, 0}, xt::xarray<float>{{1, 1}, {2, 2}, {3, 3}});
+        CHECK(added.get<float>() == xt::xarray<float>{{1, 1}, {2, 2}, {3, 3}});
+        v = f.v.read<float>();
+        CHECK(xt::view(v, 0) == xt::xarray<float>{2, 3});    // (-2, -1) + 1 + 3
+        CHECK(xt::view(v, 9) == xt::xarray<float>{15, 16});  // (13, 14) + 2
+        auto scope = f.strategy.scope();
+        using namespace std::string_literals;
+        pss::Variable names(xt::xarray<std::string>(std::vector<std::size_t>{10, 1}, "-"s), "names");
+        REQUIRE(names.num_shards() == 3);
+        xt::xarray<std::string> updates = xt::xarray<std::string>(std::vector<std::size_t>{3, 1}, ""s);
+        updates(0, 0) = "a";
+        updates(1, 0) = "b";
+        updates(2, 0) = "c";
+        names.scatter_update(Ids{8, 1, 8}, updates);  // a repeated id's last row stays
+        const auto read = names.sparse_read(Ids{8, 1, 2}).get<std::string>();
+        CHECK(std::vector<std::string>(read.begin(), read.end()) == std::vector<std::string>{"c", "b", "-"});
     }
     TEST_CASE("Variable: an optimizer that takes no rows by position is given them gathered, repeats summed") {
         pss::ParameterServerStrategy<pss::InProcessTransport, pss::FixedShardsPartitioner, pss::archetypes::OptimizerArchetype,

@@ -165,9 +165,10 @@ struct Request {
         /// that a pull held at the ps and given up on by its caller still writes into memory that exists.
         std::shared_ptr<Tensor> into;
         std::vector<std::size_t> into_rows;
-        /// Where an apply_sparse's gradient rows lie, in this process: id i's row is row `from_rows[i]` of
-        /// `*from`, the caller's rows, and the request carries no payload (no copy a shard). The ps
-        /// reads only its ids' rows there, and may sum a repeated id's rows into the first of them.
+        /// Where a scatter's or an apply_sparse's rows lie, in this process: id i's row is row
+        /// `from_rows[i]` of `*from`, the caller's rows, and the request carries no payload (no copy a
+        /// shard). The ps reads only its ids' rows there; an apply_sparse may sum a repeated id's rows
+        /// into the first of them.
         std::shared_ptr<Tensor> from;
         std::vector<std::size_t> from_rows;
         /// Its sender validated it against the whole variable: the ps does not again.

@@ -416,12 +416,16 @@ private:
             case Op::scatter_mul:
             case Op::scatter_div:
             case Op::scatter_min:
-            case Op::scatter_max: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
+            case Op::scatter_max:
+                scatter(request.op, value, request.ids,
+                        request.in_process.from ? rows_source<T>(shard, request) : request.payload.template get<T>(),
+                        request.in_process.from_rows);
+                break;
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
                     // A sender in this process may leave the rows where they lie in its tensor.
-                    xt::xarray<T>* caller_rows = request.in_process.from ? &gradient_source<T>(shard, request) : nullptr;
+                    xt::xarray<T>* caller_rows = request.in_process.from ? &rows_source<T>(shard, request) : nullptr;
                     const bool sparse_now = request.op == Op::apply_sparse && !sync_.synchronous;
                     if (sparse_now) {
                         // Repeats summed and the rows checked in one pass, before anything of the shard changes.
@@ -486,23 +490,23 @@ private:
                                     "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
-    /// Where an in-process apply_sparse's rows lie (Request::InProcess::from). Only
-    /// Variable::apply_sparse_gradient sets it, in this process; its form is checked all the same, before
-    /// a row is read.
+    /// Where an in-process scatter's or apply_sparse's rows lie (Request::InProcess::from). Only
+    /// Variable::update_rows sets it, in this process; its form is checked all the same, before a row is read.
     template <class T>
-    static xt::xarray<T>& gradient_source(const Shard& shard, const Request& request) {
+    static xt::xarray<T>& rows_source(const Shard& shard, const Request& request) {
         Tensor& from = *request.in_process.from;
         const auto& positions = request.in_process.from_rows;
         const std::size_t width = detail::row_elements(shard.shape);
         const Shape shape = from.has_value() ? from.shape() : Shape{};
-        const bool fits = request.op == Op::apply_sparse && from.has_value() && from.dtype() == dtype_of<T> &&
+        const bool fits = (request.op == Op::apply_sparse || is_scatter(request.op)) && from.has_value() &&
+                          from.dtype() == dtype_of<T> &&
                           !shape.empty() && !shard.shape.empty() &&
                           std::equal(shape.begin() + 1, shape.end(), shard.shape.begin() + 1, shard.shape.end()) &&
                           positions.size() == request.ids.size() &&
                           std::all_of(positions.begin(), positions.end(), [&](std::size_t p) { return p < shape[0]; });
         if (!fits)
             throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
-                                       "': the gradient rows' source " +
+                                       "': the rows' source " +
                                        (from.has_value() ? "of shape " + format_shape(shape) : std::string("(empty)")) +
                                        " does not hold " + std::to_string(request.ids.size()) + " rows of " +
                                        std::to_string(width) + " " + std::string(dtype_name(dtype_of<T>)) +
@@ -733,21 +737,24 @@ private:
         return into.template get<T>().data();
     }
 
+    /// Row ids[i] of the shard combined with row positions[i] of `rows` (row i while `positions` is empty).
     template <class T>
-    static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
+    static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows,
+                        std::span<const std::size_t> positions) {
         // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
         const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
+        auto row = [&](std::size_t i) { return rows.data() + (positions.empty() ? i : positions[i]) * width; };
         [[maybe_unused]] auto each_row = [&]<Op K>() {
             for (std::size_t i = 0; i < ids.size(); ++i) {
                 T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
-                const T* in = rows.data() + i * width;
+                const T* in = row(i);
                 for (std::size_t j = 0; j < width; ++j) out[j] = detail::combine_elements<K>(out[j], in[j]);
             }
         };
         // One loop per operation, so that each inner loop is a plain one the compiler vectorizes.
         if (op == Op::scatter_update) {
             for (std::size_t i = 0; i < ids.size(); ++i)
-                std::copy_n(rows.data() + i * width, width, value.data() + static_cast<std::size_t>(ids[i]) * width);
+                std::copy_n(row(i), width, value.data() + static_cast<std::size_t>(ids[i]) * width);
             return;
         }
         if constexpr (Element<T>) {  // strings are only scatter_updated (detail::validate_request)

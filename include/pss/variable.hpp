@@ -1031,11 +1031,12 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     // Grouped by shard, keeping their order within each shard (scatter_update's last row wins).
     ByShard grouped = group_by_shard(ids);
-    // A ps in this process applies a gradient's rows where they lie in `rows`, not from a copy a shard;
-    // unless it keeps them for a synchronous step, or they are rounded as a wire would carry them.
+    // A ps in this process takes the rows where they lie in `rows`, not from a copy a shard; unless it
+    // keeps a gradient's for a synchronous step, or they are rounded as a wire would carry them.
     const bool synchronous = info().channel->synchronous();
     std::shared_ptr<Tensor> source;
-    if (op == Op::apply_sparse && !synchronous && compression() == Compression::none && shapes_trusted())
+    if ((is_scatter(op) || (op == Op::apply_sparse && !synchronous && compression() == Compression::none)) &&
+        shapes_trusted())
         source = std::make_shared<Tensor>(std::move(rows));
     for (std::size_t s = 0; s < shards.size(); ++s) {
         auto& positions = grouped.positions[s];

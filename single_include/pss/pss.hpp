@@ -1883,9 +1883,10 @@ struct Request {
         /// that a pull held at the ps and given up on by its caller still writes into memory that exists.
         std::shared_ptr<Tensor> into;
         std::vector<std::size_t> into_rows;
-        /// Where an apply_sparse's gradient rows lie, in this process: id i's row is row `from_rows[i]` of
-        /// `*from`, the caller's rows, and the request carries no payload (no copy a shard). The ps
-        /// reads only its ids' rows there, and may sum a repeated id's rows into the first of them.
+        /// Where a scatter's or an apply_sparse's rows lie, in this process: id i's row is row
+        /// `from_rows[i]` of `*from`, the caller's rows, and the request carries no payload (no copy a
+        /// shard). The ps reads only its ids' rows there; an apply_sparse may sum a repeated id's rows
+        /// into the first of them.
         std::shared_ptr<Tensor> from;
         std::vector<std::size_t> from_rows;
         /// Its sender validated it against the whole variable: the ps does not again.
@@ -12053,11 +12054,12 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
     }
     // Grouped by shard, keeping their order within each shard (scatter_update's last row wins).
     ByShard grouped = group_by_shard(ids);
-    // A ps in this process applies a gradient's rows where they lie in `rows`, not from a copy a shard;
-    // unless it keeps them for a synchronous step, or they are rounded as a wire would carry them.
+    // A ps in this process takes the rows where they lie in `rows`, not from a copy a shard; unless it
+    // keeps a gradient's for a synchronous step, or they are rounded as a wire would carry them.
     const bool synchronous = info().channel->synchronous();
     std::shared_ptr<Tensor> source;
-    if (op == Op::apply_sparse && !synchronous && compression() == Compression::none && shapes_trusted())
+    if ((is_scatter(op) || (op == Op::apply_sparse && !synchronous && compression() == Compression::none)) &&
+        shapes_trusted())
         source = std::make_shared<Tensor>(std::move(rows));
     for (std::size_t s = 0; s < shards.size(); ++s) {
         auto& positions = grouped.positions[s];
@@ -13213,12 +13215,16 @@ private:
             case Op::scatter_mul:
             case Op::scatter_div:
             case Op::scatter_min:
-            case Op::scatter_max: scatter(request.op, value, request.ids, request.payload.template get<T>()); break;
+            case Op::scatter_max:
+                scatter(request.op, value, request.ids,
+                        request.in_process.from ? rows_source<T>(shard, request) : request.payload.template get<T>(),
+                        request.in_process.from_rows);
+                break;
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
                     // A sender in this process may leave the rows where they lie in its tensor.
-                    xt::xarray<T>* caller_rows = request.in_process.from ? &gradient_source<T>(shard, request) : nullptr;
+                    xt::xarray<T>* caller_rows = request.in_process.from ? &rows_source<T>(shard, request) : nullptr;
                     const bool sparse_now = request.op == Op::apply_sparse && !sync_.synchronous;
                     if (sparse_now) {
                         // Repeats summed and the rows checked in one pass, before anything of the shard changes.
@@ -13283,23 +13289,23 @@ private:
                                     "; nothing was applied (ServerOptions::refuse_non_finite_gradients)");
     }
 
-    /// Where an in-process apply_sparse's rows lie (Request::InProcess::from). Only
-    /// Variable::apply_sparse_gradient sets it, in this process; its form is checked all the same, before
-    /// a row is read.
+    /// Where an in-process scatter's or apply_sparse's rows lie (Request::InProcess::from). Only
+    /// Variable::update_rows sets it, in this process; its form is checked all the same, before a row is read.
     template <class T>
-    static xt::xarray<T>& gradient_source(const Shard& shard, const Request& request) {
+    static xt::xarray<T>& rows_source(const Shard& shard, const Request& request) {
         Tensor& from = *request.in_process.from;
         const auto& positions = request.in_process.from_rows;
         const std::size_t width = detail::row_elements(shard.shape);
         const Shape shape = from.has_value() ? from.shape() : Shape{};
-        const bool fits = request.op == Op::apply_sparse && from.has_value() && from.dtype() == dtype_of<T> &&
+        const bool fits = (request.op == Op::apply_sparse || is_scatter(request.op)) && from.has_value() &&
+                          from.dtype() == dtype_of<T> &&
                           !shape.empty() && !shard.shape.empty() &&
                           std::equal(shape.begin() + 1, shape.end(), shard.shape.begin() + 1, shard.shape.end()) &&
                           positions.size() == request.ids.size() &&
                           std::all_of(positions.begin(), positions.end(), [&](std::size_t p) { return p < shape[0]; });
         if (!fits)
             throw InvalidArgumentError("pss: " + std::string(op_name(request.op)) + " on variable '" + shard.name +
-                                       "': the gradient rows' source " +
+                                       "': the rows' source " +
                                        (from.has_value() ? "of shape " + format_shape(shape) : std::string("(empty)")) +
                                        " does not hold " + std::to_string(request.ids.size()) + " rows of " +
                                        std::to_string(width) + " " + std::string(dtype_name(dtype_of<T>)) +
@@ -13530,21 +13536,24 @@ private:
         return into.template get<T>().data();
     }
 
+    /// Row ids[i] of the shard combined with row positions[i] of `rows` (row i while `positions` is empty).
     template <class T>
-    static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows) {
+    static void scatter(Op op, xt::xarray<T>& value, std::span<const std::int64_t> ids, const xt::xarray<T>& rows,
+                        std::span<const std::size_t> positions) {
         // A loop over rows, not xt::keep: a view with a repeated index would add that row only once.
         const std::size_t width = detail::row_elements(Shape(value.shape().begin(), value.shape().end()));
+        auto row = [&](std::size_t i) { return rows.data() + (positions.empty() ? i : positions[i]) * width; };
         [[maybe_unused]] auto each_row = [&]<Op K>() {
             for (std::size_t i = 0; i < ids.size(); ++i) {
                 T* out = value.data() + static_cast<std::size_t>(ids[i]) * width;
-                const T* in = rows.data() + i * width;
+                const T* in = row(i);
                 for (std::size_t j = 0; j < width; ++j) out[j] = detail::combine_elements<K>(out[j], in[j]);
             }
         };
         // One loop per operation, so that each inner loop is a plain one the compiler vectorizes.
         if (op == Op::scatter_update) {
             for (std::size_t i = 0; i < ids.size(); ++i)
-                std::copy_n(rows.data() + i * width, width, value.data() + static_cast<std::size_t>(ids[i]) * width);
+                std::copy_n(row(i), width, value.data() + static_cast<std::size_t>(ids[i]) * width);
             return;
         }
         if constexpr (Element<T>) {  // strings are only scatter_updated (detail::validate_request)
