@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -292,6 +293,15 @@ private:
     const std::string* from_strings_ = nullptr;
     std::size_t width_ = 0;  // bytes of a row for numbers, elements for strings
 };
+
+/// Rows `positions` of `from`, in that order, as a new tensor of its dtype and row width.
+/// @pre every position is a row of `from`
+inline Tensor take_rows(const Tensor& from, std::span<const std::size_t> positions) {
+    Tensor out = Tensor::uninitialized(from.dtype(), rows_shape(from.shape(), positions.size()));
+    const RowCopy copy(out, from);
+    for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
+    return out;
+}
 
 /// Python's repr of bytes, as TensorFlow prints a string element: b'abc', b'it\'s', b'\x00'.
 inline void format_element(std::string& out, const std::string& value) {

@@ -1048,9 +1048,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
             r.in_process.from = source;
             r.in_process.from_rows = std::move(positions);
         } else {
-            r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), positions.size()));
-            const detail::RowCopy copy(r.payload, rows);
-            for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
+            r.payload = detail::take_rows(rows, positions);
         }
         outgoing.emplace_back(shards[s].task, std::move(r));
     }

@@ -322,6 +322,7 @@ PSS_NAMESPACE_END
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -603,6 +604,15 @@ private:
     const std::string* from_strings_ = nullptr;
     std::size_t width_ = 0;  // bytes of a row for numbers, elements for strings
 };
+
+/// Rows `positions` of `from`, in that order, as a new tensor of its dtype and row width.
+/// @pre every position is a row of `from`
+inline Tensor take_rows(const Tensor& from, std::span<const std::size_t> positions) {
+    Tensor out = Tensor::uninitialized(from.dtype(), rows_shape(from.shape(), positions.size()));
+    const RowCopy copy(out, from);
+    for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
+    return out;
+}
 
 /// Python's repr of bytes, as TensorFlow prints a string element: b'abc', b'it\'s', b'\x00'.
 inline void format_element(std::string& out, const std::string& value) {
@@ -9774,10 +9784,7 @@ private:
         static void keep_to_itself(Request& r) {
             auto& in = r.in_process;
             if (in.from) {
-                const Tensor& from = *in.from;
-                r.payload = Tensor::uninitialized(from.dtype(), detail::rows_shape(from.shape(), in.from_rows.size()));
-                const detail::RowCopy copy(r.payload, from);
-                for (std::size_t j = 0; j < in.from_rows.size(); ++j) copy(j, in.from_rows[j]);
+                r.payload = detail::take_rows(*in.from, in.from_rows);
                 in.from.reset();
                 in.from_rows.clear();
             }
@@ -12071,9 +12078,7 @@ inline Tensor Variable::update_rows(Op op, std::span<const std::int64_t> ids, Te
             r.in_process.from = source;
             r.in_process.from_rows = std::move(positions);
         } else {
-            r.payload = Tensor::uninitialized(dtype(), detail::rows_shape(shape(), positions.size()));
-            const detail::RowCopy copy(r.payload, rows);
-            for (std::size_t j = 0; j < positions.size(); ++j) copy(j, positions[j]);
+            r.payload = detail::take_rows(rows, positions);
         }
         outgoing.emplace_back(shards[s].task, std::move(r));
     }
@@ -13223,24 +13228,33 @@ private:
             case Op::apply_dense:
             case Op::apply_sparse:
                 if constexpr (FloatingElement<T>) {
-                    // A sender in this process may leave the rows where they lie in its tensor.
-                    xt::xarray<T>* caller_rows = request.in_process.from ? &rows_source<T>(shard, request) : nullptr;
-                    const bool sparse_now = request.op == Op::apply_sparse && !sync_.synchronous;
-                    if (sparse_now) {
+                    // A sender in this process may leave the rows where they lie in its tensor; a ps that keeps
+                    // the gradient until its synchronous step completes takes a copy of them.
+                    if (request.in_process.from) {
+                        rows_source<T>(shard, request);  // their form, checked before a row is read
+                        if (sync_.synchronous) {
+                            request.payload = detail::take_rows(*request.in_process.from, request.in_process.from_rows);
+                            request.in_process.from.reset();
+                            request.in_process.from_rows.clear();
+                        }
+                    }
+                    Tensor& rows = request.in_process.from ? *request.in_process.from : request.payload;
+                    if (request.op == Op::apply_sparse && !sync_.synchronous) {
                         // Repeats summed and the rows checked in one pass, before anything of the shard changes.
-                        xt::xarray<T>& rows = caller_rows != nullptr ? *caller_rows : request.payload.template get<T>();
                         const std::size_t width = detail::row_elements(shard.shape), sent = request.ids.size();
-                        const std::size_t bad = detail::sum_duplicate_rows(request.ids, request.in_process.from_rows, rows.data(),
-                                                                           width, options_.refuse_non_finite_gradients);
+                        const std::size_t bad =
+                            detail::sum_duplicate_rows(request.ids, request.in_process.from_rows, rows.template get<T>().data(),
+                                                       width, options_.refuse_non_finite_gradients);
                         if (bad != 0) throw non_finite(shard, request.op, bad, sent * width);
                     } else if (options_.refuse_non_finite_gradients) {
-                        check_finite<T>(shard, request, caller_rows);
+                        const auto& gradient = request.payload.template get<T>();
+                        const std::size_t bad = detail::count_non_finite(gradient.data(), gradient.size());
+                        if (bad != 0) throw non_finite(shard, request.op, bad, gradient.size());
                     }
                     // The rate for the push's step, found before anything changes (a schedule may refuse it).
                     const auto at_step = optimizer_for(request.step, shard, request.op);
                     if (!state.slots) state.slots.emplace(optimizer_.make_slots(std::as_const(value)));
                     if (sync_.synchronous) {
-                        if (caller_rows != nullptr) request.payload = gather_positions(*caller_rows, request.in_process.from_rows);
                         push_step(shard, state, std::move(request));
                         return reply;  // the gradient's buffer is kept until its step is applied
                     }
@@ -13248,8 +13262,7 @@ private:
                     if (request.op == Op::apply_dense)
                         optimizer.apply_dense(value, *state.slots, request.payload.template get<T>());
                     else
-                        apply_distinct_rows(optimizer, state, request.ids, request.in_process.from_rows,
-                                            caller_rows != nullptr ? *caller_rows : request.payload.template get<T>());
+                        apply_distinct_rows(optimizer, state, request.ids, request.in_process.from_rows, std::as_const(rows));
                 }
                 break;
             case Op::create:
@@ -13262,24 +13275,6 @@ private:
         }
         reply.payload = std::move(request.payload);  // hand the spent buffer back for reuse
         return reply;
-    }
-
-    /// Throws when the gradient holds NaN or infinity: nothing is applied. `caller_rows`: the rows lie
-    /// there, at Request::InProcess::from_rows.
-    template <class T>
-    static void check_finite(const Shard& shard, const Request& request, const xt::xarray<T>* caller_rows) {
-        std::size_t bad = 0, total = 0;
-        if (caller_rows != nullptr) {
-            const std::size_t width = detail::row_elements(shard.shape);
-            for (const std::size_t p : request.in_process.from_rows)
-                bad += detail::count_non_finite_row(caller_rows->data() + p * width, width);
-            total = width * request.in_process.from_rows.size();
-        } else {
-            const auto& gradient = request.payload.template get<T>();
-            bad = detail::count_non_finite(gradient.data(), gradient.size());
-            total = gradient.size();
-        }
-        if (bad != 0) throw non_finite(shard, request.op, bad, total);
     }
 
     static InvalidArgumentError non_finite(const Shard& shard, Op op, std::size_t bad, std::size_t total) {
@@ -13313,28 +13308,17 @@ private:
         return from.template get<T>();
     }
 
-    /// The rows at `positions`, in their order: a copy of the caller's rows for a ps that keeps them.
-    template <class T>
-    static Tensor gather_positions(const xt::xarray<T>& rows, std::span<const std::size_t> positions) {
-        const Shape shape(rows.shape().begin(), rows.shape().end());
-        const std::size_t width = detail::row_elements(shape);
-        xt::xarray<T> out = xt::xarray<T>::from_shape(detail::rows_shape(shape, positions.size()));
-        for (std::size_t i = 0; i < positions.size(); ++i)
-            std::copy_n(rows.data() + positions[i] * width, width, out.data() + i * width);
-        return Tensor(std::move(out));
-    }
-
     /// Lets `optimizer` apply rows of distinct ids (detail::sum_duplicate_rows): row ids[i]'s gradient
     /// is row positions[i] of `rows` (row i while `positions` is empty). No row is copied unless the
     /// optimizer cannot take rows by position.
     template <class T>
     void apply_distinct_rows(const OptimizerPolicy& optimizer, State<T>& state, std::span<const std::int64_t> distinct,
-                             std::span<const std::size_t> positions, const xt::xarray<T>& rows) {
-        if (positions.empty()) return optimizer.apply_sparse(state.value, *state.slots, distinct, rows);
+                             std::span<const std::size_t> positions, const Tensor& rows) {
+        if (positions.empty()) return optimizer.apply_sparse(state.value, *state.slots, distinct, rows.template get<T>());
         if constexpr (detail::optimizer_has_apply_sparse_by_position<OptimizerPolicy, T>) {
-            optimizer.apply_sparse(state.value, *state.slots, distinct, rows, positions);
+            optimizer.apply_sparse(state.value, *state.slots, distinct, rows.template get<T>(), positions);
         } else {
-            const Tensor gathered = gather_positions(rows, positions);
+            const Tensor gathered = detail::take_rows(rows, positions);
             optimizer.apply_sparse(state.value, *state.slots, distinct, gathered.template get<T>());
         }
     }
@@ -13459,7 +13443,7 @@ private:
                     T* row = rows.data() + (positions.empty() ? i : positions[i]) * width;
                     for (std::size_t j = 0; j < width; ++j) row[j] *= scale;
                 }
-                if (!ids.empty()) apply_distinct_rows(optimizer, state, ids, positions, rows);
+                if (!ids.empty()) apply_distinct_rows(optimizer, state, ids, positions, Tensor(std::move(rows)));
             }
             ++state.applied;
         }

@@ -463,10 +463,7 @@ private:
         static void keep_to_itself(Request& r) {
             auto& in = r.in_process;
             if (in.from) {
-                const Tensor& from = *in.from;
-                r.payload = Tensor::uninitialized(from.dtype(), detail::rows_shape(from.shape(), in.from_rows.size()));
-                const detail::RowCopy copy(r.payload, from);
-                for (std::size_t j = 0; j < in.from_rows.size(); ++j) copy(j, in.from_rows[j]);
+                r.payload = detail::take_rows(*in.from, in.from_rows);
                 in.from.reset();
                 in.from_rows.clear();
             }
