@@ -720,6 +720,121 @@ TEST_SUITE("net") {
         for (std::int64_t i = 0; i < 100; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
     }
 
+    TEST_CASE("TcpTransport: 200 pushes of 64 KiB, each answered by a peer that has read nothing, reach it whole "
+              "and in order once it reads: the socket full, the rest wait for room" *
+              doctest::timeout(30)) {
+        // The peer: a raw socket with a 4 KiB receive buffer that reads only when the test says.
+        asio::io_context io;
+        asio::ip::tcp::acceptor acceptor(io);
+        acceptor.open(asio::ip::tcp::v4());
+        acceptor.set_option(asio::socket_base::receive_buffer_size(4096));
+        acceptor.bind({asio::ip::address_v4::loopback(), 0});
+        acceptor.listen();
+        const pss::TaskId ps{"ps", 0};
+        pss::TcpTransport transport(
+            pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(acceptor.local_endpoint().port())}}}, plaintext());
+        auto read_header = [](asio::ip::tcp::socket& peer) {
+            Bytes b(pss::frame_header_size);
+            asio::read(peer, asio::buffer(b));
+            return b;
+        };
+        auto read_rest = [](asio::ip::tcp::socket& peer, Bytes b) {
+            const pss::FrameHeader h =
+                pss::decode_header(std::span<const std::byte, pss::frame_header_size>(b.data(), pss::frame_header_size));
+            const std::size_t rest = h.body_length() + h.payload_length;
+            b.resize(pss::frame_header_size + rest);
+            asio::read(peer, asio::buffer(b.data() + pss::frame_header_size, rest));
+            return pss::decode_frame(b);
+        };
+        auto answer = [](asio::ip::tcp::socket& peer, std::uint64_t id) {
+            asio::write(peer, asio::buffer(pss::OutgoingFrame::reply(pss::Reply{}, id, 0, false).bytes()));
+        };
+        constexpr std::size_t floats = 16'384;
+        auto push = [](float scale) {
+            pss::Request r;
+            r.op = pss::Op::assign_add;
+            r.payload = xt::xarray<float>(xt::arange<float>(static_cast<float>(floats)) * scale);
+            return r;
+        };
+
+        // Each push answered at once by a peer that reads nothing: an answer may come before its request
+        // was written (its payload stays with the write), and the link is idle when the next is sent, until
+        // the socket's buffers are full (200 x 64 KiB: more than the 4 MiB send buffer here holds) and
+        // writes wait for room.
+        constexpr std::uint64_t pushes = 200;
+        std::vector<std::future<pss::Reply>> pushed;
+        std::optional<asio::ip::tcp::socket> peer;
+        for (std::uint64_t k = 1; k <= pushes; ++k) {
+            pushed.push_back(transport.send(ps, push(static_cast<float>(k))));
+            if (!peer) peer.emplace(acceptor.accept());  // the first connects
+            answer(*peer, k);
+            REQUIRE(pushed.back().get().ok());
+        }
+        pss::Request gather;
+        gather.op = pss::Op::gather;
+        gather.ids = {7};
+        auto gathered = transport.send(ps, std::move(gather));
+        for (std::uint64_t k = 1; k <= pushes; ++k) {
+            const pss::DecodedFrame f = read_rest(*peer, read_header(*peer));
+            CHECK(f.header.request_id == k);
+            CHECK(f.payload.get<float>() ==
+                  xt::xarray<float>(xt::arange<float>(static_cast<float>(floats)) * static_cast<float>(k)));
+        }
+        const pss::DecodedFrame last = read_rest(*peer, read_header(*peer));
+        CHECK(last.header.request_id == pushes + 1);
+        CHECK(last.header.op() == pss::Op::gather);
+        CHECK(last.body.ids == std::vector<std::int64_t>{7});
+        answer(*peer, pushes + 1);
+        CHECK(gathered.get().ok());
+        transport.shutdown();
+
+    }
+
+    TEST_CASE("TcpTransport: 4 threads of 300 calls each on one connection, among heartbeats, are answered in "
+              "order, none refused as out of order" *
+              doctest::timeout(60)) {
+        pss::TcpOptions options = plaintext();
+        options.timeouts.heartbeat_interval = std::chrono::milliseconds(2);  // frames among the calls
+        options.timeouts.heartbeat_timeout = std::chrono::seconds(20);
+        pss::TcpTransport transport(one_ps(), options);
+        const pss::TaskId ps{"ps", 0};
+        std::map<std::uint64_t, std::vector<std::int64_t>> calls;  // by thread (key.variable), in order handled
+        transport.serve(ps, pss::answer_at_once([&](pss::Request&& r) {
+            calls[r.key.variable].push_back(r.ids.at(0));
+            pss::Reply reply;
+            reply.payload = xt::xarray<std::int64_t>{r.ids.at(0) * 3};
+            return reply;
+        }));
+        // A frame that left out of the order of its id would be refused as a repeat ("ids must increase").
+        constexpr std::int64_t each = 300;
+        std::vector<std::thread> threads;
+        std::mutex failed_mutex;
+        std::vector<std::string> failed;
+        for (std::uint64_t t = 0; t < 4; ++t)
+            threads.emplace_back([&, t] {
+                for (std::int64_t i = 0; i < each; ++i) {
+                    pss::Request r;
+                    r.op = pss::Op::gather;
+                    r.key.variable = t;
+                    r.ids = {i};
+                    pss::Reply reply = transport.send(ps, std::move(r)).get();
+                    if (!reply.ok() || reply.payload.get<std::int64_t>()(0) != 3 * i) {
+                        std::lock_guard lock(failed_mutex);
+                        failed.push_back(reply.message);
+                    }
+                }
+            });
+        for (auto& t : threads) t.join();
+        CHECK(failed.empty());
+        if (!failed.empty()) MESSAGE(failed.front());
+        REQUIRE(calls.size() == 4);
+        for (const auto& [thread, ids] : calls) {
+            REQUIRE(ids.size() == static_cast<std::size_t>(each));
+            for (std::int64_t i = 0; i < each; ++i) CHECK(ids[static_cast<std::size_t>(i)] == i);
+        }
+        transport.shutdown();
+    }
+
     TEST_CASE("TcpTransport: a 16 MB payload arrives bit-exact; a read lands in the caller's buffer and an update "
               "hands the caller's own buffer back" *
               doctest::timeout(30)) {
