@@ -6295,6 +6295,7 @@ PSS_NAMESPACE_END
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -6603,6 +6604,7 @@ private:
     const std::byte* payload_ = nullptr;
     const std::vector<Tensor>* many_ = nullptr;
     std::vector<std::vector<std::byte>> encoded_;  // the string tensors sent, in their wire form (a copy)
+    std::shared_ptr<std::byte[]> narrowed_;        // a float32 payload sent as 16-bit numbers (shared by copies)
     std::vector<std::int64_t> initializer_words_;  // a create's ShardInitializer, sent as its ids
     std::size_t payload_length_ = 0;
 };
@@ -7091,12 +7093,13 @@ inline void OutgoingFrame::build(const Tensor& payload, bool elide, Compression 
         if (payload.dtype() == DType::string && !elide) encoded_.push_back(detail::encode_strings(payload.get<std::string>()));
         if (payload.dtype() != DType::float32) compression = Compression::none;  // only float32 is compressed
         if (compression != Compression::none && !elide) {
-            encoded_.emplace_back(2 * payload.size());
-            detail::narrow(compression, payload.get<float>().data(), reinterpret_cast<std::uint16_t*>(encoded_.back().data()),
+            // Not zero-filled first: every byte is written (a 16 MB push zeroed 8 MB that narrow overwrote).
+            narrowed_ = std::make_shared_for_overwrite<std::byte[]>(2 * payload.size());
+            detail::narrow(compression, payload.get<float>().data(), reinterpret_cast<std::uint16_t*>(narrowed_.get()),
                            payload.size());
         }
-        h.payload_length = elide ? 0 : encoded_.empty() ? payload.nbytes() : encoded_.front().size();
-        payload_ = payload.bytes();
+        h.payload_length = elide ? 0 : narrowed_ ? 2 * payload.size() : encoded_.empty() ? payload.nbytes() : encoded_.front().size();
+        payload_ = narrowed_ ? narrowed_.get() : payload.bytes();
         payload_length_ = static_cast<std::size_t>(h.payload_length);
     }
     if (values == nullptr && compression != Compression::none)
