@@ -720,8 +720,8 @@ TEST_SUITE("net") {
         for (std::int64_t i = 0; i < 100; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
     }
 
-    TEST_CASE("TcpTransport: 200 pushes of 64 KiB, each answered by a peer that has read nothing, reach it whole "
-              "and in order once it reads: the socket full, the rest wait for room" *
+    TEST_CASE("TcpTransport: 200 pipelined pushes of 64 KiB to a peer that reads nothing wait for room in the full "
+              "socket, in batches written in part, and reach it whole and in order once it reads" *
               doctest::timeout(30)) {
         // The peer: a raw socket with a 4 KiB receive buffer that reads only when the test says.
         asio::io_context io;
@@ -731,14 +731,13 @@ TEST_SUITE("net") {
         acceptor.bind({asio::ip::address_v4::loopback(), 0});
         acceptor.listen();
         const pss::TaskId ps{"ps", 0};
+        pss::TcpOptions options = plaintext();
+        options.timeouts.heartbeat_timeout = std::chrono::milliseconds(0);  // the peer answers pushes only
         pss::TcpTransport transport(
-            pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(acceptor.local_endpoint().port())}}}, plaintext());
-        auto read_header = [](asio::ip::tcp::socket& peer) {
+            pss::ClusterSpec{{"ps", {"127.0.0.1:" + std::to_string(acceptor.local_endpoint().port())}}}, options);
+        auto read_frame = [](asio::ip::tcp::socket& peer) {
             Bytes b(pss::frame_header_size);
             asio::read(peer, asio::buffer(b));
-            return b;
-        };
-        auto read_rest = [](asio::ip::tcp::socket& peer, Bytes b) {
             const pss::FrameHeader h =
                 pss::decode_header(std::span<const std::byte, pss::frame_header_size>(b.data(), pss::frame_header_size));
             const std::size_t rest = h.body_length() + h.payload_length;
@@ -750,44 +749,43 @@ TEST_SUITE("net") {
             asio::write(peer, asio::buffer(pss::OutgoingFrame::reply(pss::Reply{}, id, 0, false).bytes()));
         };
         constexpr std::size_t floats = 16'384;
-        auto push = [](float scale) {
-            pss::Request r;
-            r.op = pss::Op::assign_add;
-            r.payload = xt::xarray<float>(xt::arange<float>(static_cast<float>(floats)) * scale);
-            return r;
+        auto pattern = [](std::uint64_t k) {
+            return xt::xarray<float>(xt::arange<float>(static_cast<float>(floats)) * static_cast<float>(k));
         };
 
-        // Each push answered at once by a peer that reads nothing: an answer may come before its request
-        // was written (its payload stays with the write), and the link is idle when the next is sent, until
-        // the socket's buffers are full (200 x 64 KiB: more than the 4 MiB send buffer here holds) and
-        // writes wait for room.
+        // 200 x 64 KiB: more than this socket's send buffer (4 MiB at most here) and the peer's window hold.
         constexpr std::uint64_t pushes = 200;
         std::vector<std::future<pss::Reply>> pushed;
-        std::optional<asio::ip::tcp::socket> peer;
         for (std::uint64_t k = 1; k <= pushes; ++k) {
-            pushed.push_back(transport.send(ps, push(static_cast<float>(k))));
-            if (!peer) peer.emplace(acceptor.accept());  // the first connects
-            answer(*peer, k);
-            REQUIRE(pushed.back().get().ok());
+            pss::Request r;
+            r.op = pss::Op::assign_add;
+            r.payload = pattern(k);
+            pushed.push_back(transport.send(ps, std::move(r)));
         }
         pss::Request gather;
         gather.op = pss::Op::gather;
         gather.ids = {7};
         auto gathered = transport.send(ps, std::move(gather));
+        asio::ip::tcp::socket peer = acceptor.accept();
+        CHECK(pushed.front().wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
         for (std::uint64_t k = 1; k <= pushes; ++k) {
-            const pss::DecodedFrame f = read_rest(*peer, read_header(*peer));
+            const pss::DecodedFrame f = read_frame(peer);
             CHECK(f.header.request_id == k);
-            CHECK(f.payload.get<float>() ==
-                  xt::xarray<float>(xt::arange<float>(static_cast<float>(floats)) * static_cast<float>(k)));
+            CHECK(f.payload.get<float>() == pattern(k));
+            answer(peer, k);
         }
-        const pss::DecodedFrame last = read_rest(*peer, read_header(*peer));
+        const pss::DecodedFrame last = read_frame(peer);
         CHECK(last.header.request_id == pushes + 1);
         CHECK(last.header.op() == pss::Op::gather);
         CHECK(last.body.ids == std::vector<std::int64_t>{7});
-        answer(*peer, pushes + 1);
+        answer(peer, pushes + 1);
+        for (auto& f : pushed) {
+            const pss::Reply reply = f.get();
+            INFO(reply.message);
+            CHECK(reply.ok());
+        }
         CHECK(gathered.get().ok());
         transport.shutdown();
-
     }
 
     TEST_CASE("TcpTransport: 4 threads of 300 calls each on one connection, among heartbeats, are answered in "
