@@ -104,6 +104,29 @@ TEST_SUITE("Tensor") {
         pss::Tensor u(std::move(t));
         CHECK(u.get<float>().data() == data);
     }
+
+    TEST_CASE("Tensor: rows taken by position are those rows, for every row of 4 to 1,100 bytes and for strings") {
+        // Rows of the usual sizes (powers of two) are copied by a copy of that constant size, others by a
+        // loop: every size, and the sizes beside each power of two, must give the same rows.
+        const std::vector<std::size_t> positions{6, 0, 3, 3, 1};
+        auto check_rows = [&]<class T>(std::size_t width) {
+            xt::xarray<T> from = xt::xarray<T>::from_shape({7, width});
+            for (std::size_t i = 0; i < from.size(); ++i) from.data()[i] = static_cast<T>(i * 7 + 1);
+            const pss::Tensor taken = pss::detail::take_rows(pss::Tensor(from), positions);
+            REQUIRE(taken.shape() == pss::Shape{positions.size(), width});
+            const auto& out = taken.get<T>();
+            for (std::size_t j = 0; j < positions.size(); ++j)
+                for (std::size_t e = 0; e < width; ++e)
+                    if (out(j, e) != from(positions[j], e))
+                        FAIL_CHECK("row " << j << " element " << e << " of a row of " << width * sizeof(T) << " bytes");
+        };
+        for (std::size_t width = 1; width <= 275; ++width) check_rows.operator()<std::int32_t>(width);
+        for (std::size_t width = 1; width <= 140; ++width) check_rows.operator()<double>(width);
+        using namespace std::string_literals;
+        const pss::Tensor words(xt::xarray<std::string>{{"a"s, "bb"s}, {"ccc"s, ""s}});
+        const pss::Tensor taken = pss::detail::take_rows(words, std::vector<std::size_t>{1, 0, 1});
+        CHECK(taken.get<std::string>() == xt::xarray<std::string>{{"ccc"s, ""s}, {"a"s, "bb"s}, {"ccc"s, ""s}});
+    }
 }
 
 TEST_SUITE("InProcessTransport") {

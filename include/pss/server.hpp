@@ -682,21 +682,22 @@ private:
     /// of a large shard miss the cache, and the misses of rows copied by a call each overlap only so.
     template <class T, class To>
     static void gather_rows(const T* value, std::span<const std::int64_t> ids, std::size_t width, To&& to) {
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-            if (i + detail::sparse_prefetch_rows < ids.size())
-                detail::prefetch_row<T>(static_cast<std::size_t>(ids[i + detail::sparse_prefetch_rows]) * width, width,
-                                        value);
-            copy_row(value + static_cast<std::size_t>(ids[i]) * width, width, to(i));
-        }
-    }
-
-    template <class T>
-    static void copy_row(const T* from, std::size_t width, T* to) {
+        const auto loop = [&](auto copy_row) {
+            for (std::size_t i = 0; i < ids.size(); ++i) {
+                if (i + detail::sparse_prefetch_rows < ids.size())
+                    detail::prefetch_row<T>(static_cast<std::size_t>(ids[i + detail::sparse_prefetch_rows]) * width,
+                                            width, value);
+                copy_row(to(i), value + static_cast<std::size_t>(ids[i]) * width);
+            }
+        };
         if constexpr (std::is_trivially_copyable_v<T>)
-            detail::copy_bytes(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from),
-                               width * sizeof(T));
+            detail::with_row_copy(width * sizeof(T), [&](auto copy) {
+                loop([&](T* to, const T* from) {
+                    copy(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from));
+                });
+            });
         else
-            std::copy_n(from, width, to);
+            loop([&](T* to, const T* from) { std::copy_n(from, width, to); });
     }
 
     /// Where an in-process gather writes (Request::InProcess::into). Only Variable::sparse_read sets

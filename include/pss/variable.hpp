@@ -1138,8 +1138,8 @@ inline Tensor Variable::finish_gather(Gather& g) const {
             const auto& positions = g.grouped.positions[g.asked[p]];
             check_reply(Op::gather, parts[p], detail::rows_shape(shards[g.asked[p]].shape, positions.size()),
                         shards[g.asked[p]].index);
-            const detail::RowCopy copy(*g.out, parts[p]);
-            for (std::size_t j = 0; j < positions.size(); ++j) copy(positions[j], j);
+            detail::RowCopy(*g.out, parts[p]).rows(positions.size(), [&](std::size_t j) { return positions[j]; },
+                                                  [](std::size_t j) { return j; });
         }
     }
     return std::move(*g.out);
