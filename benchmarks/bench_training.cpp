@@ -4,6 +4,9 @@
 // - embedding rows looked up per second (sparse_read of a 1M x 32 float32 table sharded over 4 ps),
 //   beside a plain in-memory gather of the same rows;
 // - sparse rows updated per second (apply_sparse_gradient with SGD), beside a plain scatter loop.
+// The last two twice: with the same 4096 ids each call (their rows stay in the cache, so the figure is
+// mostly pss's own cost per call), and with fresh ids each call, as training looks up a new batch each
+// step (from a pool of 64 batches, so that the rows come from memory as in training).
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
@@ -103,21 +106,28 @@ constexpr std::size_t table_rows = 1 << 20;
 constexpr std::size_t width = 32;
 constexpr std::size_t batch_rows = 4096;
 
-std::vector<std::int64_t> random_ids() {
+constexpr std::size_t fresh_batches = 64;  // 64 x 4096 ids: a lookup's rows are 32 MiB of the 128 MiB table
+
+/// Batches of 4096 uniform random ids: one, the same each call; or `fresh_batches`, a new one each call.
+/// The first batch is the same in both.
+std::vector<std::vector<std::int64_t>> id_batches(bool fresh) {
     std::mt19937_64 rng(7);
     std::uniform_int_distribution<std::int64_t> pick(0, static_cast<std::int64_t>(table_rows) - 1);
-    std::vector<std::int64_t> ids(batch_rows);
-    for (auto& id : ids) id = pick(rng);
-    return ids;
+    std::vector<std::vector<std::int64_t>> batches(fresh ? fresh_batches : 1, std::vector<std::int64_t>(batch_rows));
+    for (auto& ids : batches)
+        for (auto& id : ids) id = pick(rng);
+    return batches;
 }
 
 using Sharded = pss::ParameterServerStrategy<pss::InProcessTransport, pss::MinSizePartitioner, pss::SGD,
                                              pss::LocalClusterResolver<4, 2>>;
 
-void plain_gather(benchmark::State& state) {
+void plain_gather(benchmark::State& state, bool fresh) {
     std::vector<float> table(table_rows * width, 1.0f), out(batch_rows * width);
-    const auto ids = random_ids();
+    const auto batches = id_batches(fresh);
+    std::size_t call = 0;
     for (auto _ : state) {
+        const auto& ids = batches[call++ % batches.size()];
         for (std::size_t i = 0; i < ids.size(); ++i)
             std::memcpy(out.data() + i * width, table.data() + static_cast<std::size_t>(ids[i]) * width,
                         width * sizeof(float));
@@ -127,12 +137,14 @@ void plain_gather(benchmark::State& state) {
                                                             benchmark::Counter::kIsRate);
 }
 
-void embedding_lookup(benchmark::State& state) {
+void embedding_lookup(benchmark::State& state, bool fresh) {
     Sharded strategy({}, pss::MinSizePartitioner(256 << 10, 4));
     auto scope = strategy.scope();
     pss::Variable table(xt::xarray<float>(xt::ones<float>({table_rows, width})), "table");
-    const auto ids = random_ids();
+    const auto batches = id_batches(fresh);
+    std::size_t call = 0;
     for (auto _ : state) {
+        const auto& ids = batches[call++ % batches.size()];
         auto rows = pss::embedding_lookup(table, ids);
         benchmark::DoNotOptimize(rows.bytes());
     }
@@ -140,11 +152,13 @@ void embedding_lookup(benchmark::State& state) {
                                                             benchmark::Counter::kIsRate);
 }
 
-void plain_scatter(benchmark::State& state) {
+void plain_scatter(benchmark::State& state, bool fresh) {
     std::vector<float> table(table_rows * width, 1.0f), rows(batch_rows * width, 0.5f);
-    const auto ids = random_ids();
+    const auto batches = id_batches(fresh);
+    std::size_t call = 0;
     const float lr = 0.01f;
     for (auto _ : state) {
+        const auto& ids = batches[call++ % batches.size()];
         for (std::size_t i = 0; i < ids.size(); ++i) {
             float* out = table.data() + static_cast<std::size_t>(ids[i]) * width;
             const float* in = rows.data() + i * width;
@@ -156,13 +170,14 @@ void plain_scatter(benchmark::State& state) {
                                                             benchmark::Counter::kIsRate);
 }
 
-void sparse_update(benchmark::State& state) {
+void sparse_update(benchmark::State& state, bool fresh) {
     Sharded strategy({}, pss::MinSizePartitioner(256 << 10, 4));
     auto scope = strategy.scope();
     pss::Variable table(xt::xarray<float>(xt::ones<float>({table_rows, width})), "table");
-    const auto ids = random_ids();
+    const auto batches = id_batches(fresh);
+    std::size_t call = 0;
     pss::Tensor rows(xt::xarray<float>(xt::ones<float>({batch_rows, width}) * 0.5f));
-    for (auto _ : state) rows = table.apply_sparse_gradient(ids, std::move(rows));
+    for (auto _ : state) rows = table.apply_sparse_gradient(batches[call++ % batches.size()], std::move(rows));
     state.counters["items_per_second"] = benchmark::Counter(static_cast<double>(state.iterations()) * batch_rows,
                                                             benchmark::Counter::kIsRate);
 }
@@ -171,19 +186,27 @@ void sparse_update(benchmark::State& state) {
 
 BENCHMARK(bare_thread_pool)->UseRealTime();
 BENCHMARK(coordinator_schedule)->UseRealTime();
-BENCHMARK(plain_gather)->UseRealTime();
-BENCHMARK(embedding_lookup)->UseRealTime();
-BENCHMARK(plain_scatter)->UseRealTime();
-BENCHMARK(sparse_update)->UseRealTime();
+BENCHMARK_CAPTURE(plain_gather, same_ids, false)->UseRealTime();
+BENCHMARK_CAPTURE(embedding_lookup, same_ids, false)->UseRealTime();
+BENCHMARK_CAPTURE(plain_scatter, same_ids, false)->UseRealTime();
+BENCHMARK_CAPTURE(sparse_update, same_ids, false)->UseRealTime();
+BENCHMARK_CAPTURE(plain_gather, fresh_ids, true)->UseRealTime();
+BENCHMARK_CAPTURE(embedding_lookup, fresh_ids, true)->UseRealTime();
+BENCHMARK_CAPTURE(plain_scatter, fresh_ids, true)->UseRealTime();
+BENCHMARK_CAPTURE(sparse_update, fresh_ids, true)->UseRealTime();
 
 int main(int argc, char** argv) {
     return pss_bench::run(argc, argv,
                           {
                               {"closures scheduled", "coordinator_schedule/real_time", "bare_thread_pool/real_time",
                                0.5, "items_per_second"},
-                              {"embedding rows looked up", "embedding_lookup/real_time", "plain_gather/real_time", 0,
-                               "items_per_second"},
-                              {"sparse rows updated (SGD)", "sparse_update/real_time", "plain_scatter/real_time", 0,
-                               "items_per_second"},
+                              {"embedding rows looked up", "embedding_lookup/same_ids/real_time",
+                               "plain_gather/same_ids/real_time", 0, "items_per_second"},
+                              {"sparse rows updated (SGD)", "sparse_update/same_ids/real_time",
+                               "plain_scatter/same_ids/real_time", 0, "items_per_second"},
+                              {"rows looked up, fresh ids each call", "embedding_lookup/fresh_ids/real_time",
+                               "plain_gather/fresh_ids/real_time", 0, "items_per_second"},
+                              {"rows updated (SGD), fresh ids each call", "sparse_update/fresh_ids/real_time",
+                               "plain_scatter/fresh_ids/real_time", 0, "items_per_second"},
                           });
 }
