@@ -60,8 +60,8 @@ inline void for_each_dense_block(std::size_t n, F&& f) {
 
 /// @brief Rows ahead of the current one whose shard and slot rows a sparse apply or a gather prefetches.
 /// Eight: a row from memory takes longer than eight rows' work (bench_training with fresh ids each call,
-/// so that the rows come from memory as in training: the lookup 1.2 to 1.6 times as fast as with four
-/// rows ahead, the sparse update 1.05 to 1.4; sixteen halved the update's rate).
+/// so that the rows come from memory as in training: the lookup 0.8 to 1.8 times as fast as with four
+/// rows ahead, mostly 1.2 to 1.3, the sparse update 1.1 to 1.25; sixteen halved the update's rate).
 inline constexpr std::size_t sparse_prefetch_rows = 8;
 
 /// @brief Bytes of a row prefetched ahead (the rest of a long row streams in as it is read).
