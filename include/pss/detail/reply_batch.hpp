@@ -62,8 +62,11 @@ public:
         const bool forever = timeout == std::chrono::nanoseconds::max();
         const auto deadline = forever ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
         // A short spin first: an in-process reply often comes within microseconds, and a sleeping
-        // thread's wake-up costs more (bench_ctr's synchronous steps ran 35% slower without it).
-        for (int spin = 0; spin < 200 && outstanding_.load(std::memory_order_acquire) != 0; ++spin) std::this_thread::yield();
+        // thread's wake-up costs more (bench_ctr's synchronous steps ran 35% slower without it). Not
+        // for many replies (a Group's writes), which take longer than a spin, and whose yields take the
+        // cores from the threads that answer them.
+        if (outstanding_.load(std::memory_order_acquire) <= spin_outstanding)
+            for (int spin = 0; spin < 200 && outstanding_.load(std::memory_order_acquire) != 0; ++spin) std::this_thread::yield();
         std::unique_lock lock(mutex_);
         if (outstanding_.load(std::memory_order_acquire) != 0) {
             waiting_ = true;
@@ -118,6 +121,8 @@ public:
     }
 
 private:
+    static constexpr std::size_t spin_outstanding = 16;
+
     struct Slot {
         Reply reply;
         std::future<Reply> future;
