@@ -580,6 +580,7 @@ pss::Tensor push_once(TcpFixture& f, pss::Tensor payload, std::int64_t bytes) {
     r.op = pss::Op::assign_add;
     r.key.variable = static_cast<std::uint64_t>(floats_of(bytes));
     r.payload = std::move(payload);
+    r.in_process.waited_at_once = true;  // as a Variable operation waited for at once
     pss::Reply reply = f.transport.send(f.ps, std::move(r)).get();
     if (!reply.ok() || reply.payload.nbytes() != static_cast<std::size_t>(bytes))
         throw std::runtime_error("pss: bench_tcp: push did not hand the buffer back: " + reply.message);
@@ -591,6 +592,7 @@ pss::Tensor pull_once(TcpFixture& f, pss::Tensor buffer, std::int64_t bytes) {
     r.op = pss::Op::read;
     r.key.variable = static_cast<std::uint64_t>(floats_of(bytes));
     r.payload = std::move(buffer);
+    r.in_process.waited_at_once = true;
     pss::Reply reply = f.transport.send(f.ps, std::move(r)).get();
     if (!reply.ok() || reply.payload.nbytes() != static_cast<std::size_t>(bytes))
         throw std::runtime_error("pss: bench_tcp: pull did not answer the value: " + reply.message);

@@ -2146,6 +2146,172 @@ TEST_SUITE("net") {
         for (auto& t : answering) t.join();
         CHECK(captured.text().find("pss: lost") == std::string::npos);
     }
+
+    TEST_CASE("TcpTransport: a request waited for at once on an idle plaintext link is exchanged on the sender's "
+              "thread, in order after the requests sent before it; a slow reply, a timeout, a task that closed the "
+              "idle link and a shutdown end it as they end a request through the io thread" *
+              doctest::timeout(60)) {
+        // The ps answers request k (its key's variable) with 2k, and holds the one numbered `held` until
+        // it is told to let go: then it answers it with -1.
+        pss::TcpTransport server(one_ps(), plaintext());
+        std::mutex mutex;
+        std::vector<std::uint64_t> seen;
+        std::uint64_t held = 0;
+        pss::Responder holding;
+        server.serve({"ps", 0}, [&](pss::Request&& r, pss::Responder respond) {
+            std::lock_guard lock(mutex);
+            seen.push_back(r.key.variable);
+            if (r.key.variable == held && held != 0) {
+                holding = std::move(respond);
+                return;
+            }
+            pss::Reply reply;
+            reply.payload = pss::Tensor(xt::xarray<std::int64_t>{2 * static_cast<std::int64_t>(r.key.variable)});
+            respond(std::move(reply));
+        });
+        const auto let_go = [&] {
+            std::lock_guard lock(mutex);
+            pss::Reply reply;
+            reply.payload = pss::Tensor(xt::xarray<std::int64_t>{-1});
+            holding(std::move(reply));
+            held = 0;
+        };
+        const std::string address = "127.0.0.1:" + std::to_string(server.bound_port({"ps", 0}));
+        const auto request = [](std::uint64_t k, bool at_once) {
+            pss::Request r;
+            r.key.variable = k;
+            r.in_process.waited_at_once = at_once;
+            return r;
+        };
+        const auto answer = [](pss::Reply reply) { return reply.ok() ? reply.payload.get<std::int64_t>()(0) : std::int64_t{-9}; };
+        const auto ready = [](std::future<pss::Reply>& f) { return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
+        pss::TcpOptions quiet = plaintext();
+        quiet.timeouts.heartbeat_timeout = std::chrono::milliseconds(0);  // nothing reads an idle link
+
+        SUBCASE("in order, its reply in when send returns") {
+            pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}}, quiet);
+            REQUIRE(answer(client.send({"ps", 0}, request(1, false)).get()) == 2);
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the link parks after its reply
+            int in_at_once = 0;
+            std::int64_t sum = 0;
+            for (std::uint64_t k = 2; k < 102; ++k) {
+                auto f = client.send({"ps", 0}, request(k, true));
+                in_at_once += ready(f) ? 1 : 0;
+                sum += answer(f.get());
+            }
+            CHECK(in_at_once == 100);
+            CHECK(sum == 2 * (101 * 102 / 2 - 1));
+            // Sent before it through the io thread, 10 requests are handled before the one waited for.
+            std::vector<std::future<pss::Reply>> before;
+            for (std::uint64_t k = 200; k < 210; ++k) before.push_back(client.send({"ps", 0}, request(k, false)));
+            CHECK(answer(client.send({"ps", 0}, request(300, true)).get()) == 600);
+            for (std::size_t i = 0; i < before.size(); ++i) CHECK(answer(before[i].get()) == 2 * (200 + static_cast<std::int64_t>(i)));
+            std::lock_guard lock(mutex);
+            REQUIRE(seen.size() == 112);
+            for (std::size_t i = 0; i < 101; ++i) CHECK(seen[i] == i + 1);
+            for (std::size_t i = 0; i < 10; ++i) CHECK(seen[101 + i] == 200 + i);
+            CHECK(seen[111] == 300);
+        }
+
+        SUBCASE("a reply slower than the heartbeat interval is read by the io thread, which answers heartbeats meanwhile") {
+            StderrCapture captured;
+            {
+                pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}},
+                                         heartbeats(std::chrono::milliseconds(50), std::chrono::milliseconds(300)));
+                REQUIRE(answer(client.send({"ps", 0}, request(1, false)).get()) == 2);
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                {
+                    std::lock_guard lock(mutex);
+                    held = 5;
+                }
+                std::thread releaser([&] {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // beyond twice the heartbeat timeout
+                    let_go();
+                });
+                const auto start = std::chrono::steady_clock::now();
+                auto f = client.send({"ps", 0}, request(5, true));
+                const double returned = seconds_since(start);
+                CHECK(answer(f.get()) == -1);
+                CHECK(returned >= 0.05);  // it waited the heartbeat interval on this thread
+                CHECK(returned < 0.65);
+                CHECK(seconds_since(start) >= 0.7);
+                releaser.join();
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                auto next = client.send({"ps", 0}, request(6, true));
+                CHECK(answer(next.get()) == 12);
+            }
+            CHECK(captured.text().find("pss: lost") == std::string::npos);
+        }
+
+        SUBCASE("a request timeout answers it timed out; its late reply is dropped and the link serves on") {
+            pss::TcpOptions options = quiet;
+            options.timeouts.request = std::chrono::milliseconds(300);
+            pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}}, options);
+            REQUIRE(answer(client.send({"ps", 0}, request(1, false)).get()) == 2);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            {
+                std::lock_guard lock(mutex);
+                held = 7;
+            }
+            const auto start = std::chrono::steady_clock::now();
+            const pss::Reply late = client.send({"ps", 0}, request(7, true)).get();
+            const double waited = seconds_since(start);
+            CHECK(late.code == pss::ErrorCode::unavailable);
+            CHECK(late.message == "pss: request to /job:ps/replica:0/task:0 timed out after 0.3 s");
+            CHECK(waited >= 0.3);
+            CHECK(waited < 2);
+            CHECK(answer(client.send({"ps", 0}, request(8, true)).get()) == 16);
+            let_go();  // the late -1 reaches a link that no longer waits for it
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            auto f = client.send({"ps", 0}, request(9, true));
+            CHECK(ready(f));
+            CHECK(answer(f.get()) == 18);
+        }
+
+        SUBCASE("the task closed the idle link: a request, waited for at once or not, goes on a new link, to the "
+                "task serving there now") {
+            pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}}, quiet);
+            REQUIRE(answer(client.send({"ps", 0}, request(1, false)).get()) == 2);
+            // A ps that answers k with factor * k, on the address the last one left.
+            const auto restarted = [&](std::int64_t factor) {
+                auto ps = std::make_unique<pss::TcpTransport>(pss::ClusterSpec{{"ps", {address}}}, plaintext());
+                ps->serve({"ps", 0}, [factor](pss::Request&& r, pss::Responder respond) {
+                    pss::Reply reply;
+                    reply.payload = pss::Tensor(xt::xarray<std::int64_t>{factor * static_cast<std::int64_t>(r.key.variable)});
+                    respond(std::move(reply));
+                });
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                return ps;
+            };
+            server.shutdown();  // closes the parked link; nothing on the client reads it
+            auto second = restarted(3);
+            CHECK(answer(client.send({"ps", 0}, request(4, true)).get()) == 12);
+            CHECK(answer(client.send({"ps", 0}, request(5, true)).get()) == 15);
+            second->shutdown();
+            auto third = restarted(4);
+            CHECK(answer(client.send({"ps", 0}, request(6, false)).get()) == 24);
+        }
+
+        SUBCASE("a shutdown ends an exchange waiting on the sender's thread") {
+            pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}}, quiet);
+            REQUIRE(answer(client.send({"ps", 0}, request(1, false)).get()) == 2);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            {
+                std::lock_guard lock(mutex);
+                held = 3;
+            }
+            pss::Reply reply;
+            std::thread sender([&] { reply = client.send({"ps", 0}, request(3, true)).get(); });
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            const auto start = std::chrono::steady_clock::now();
+            client.shutdown();
+            sender.join();
+            CHECK(seconds_since(start) < 1.0);
+            CHECK(reply.code == pss::ErrorCode::unavailable);
+            CHECK(reply.message == "pss: TcpTransport: the transport was shut down before /job:ps/replica:0/task:0 answered");
+            let_go();
+        }
+    }
 }
 
 

@@ -173,6 +173,10 @@ struct Request {
         std::vector<std::size_t> from_rows;
         /// Its sender validated it against the whole variable: the ps does not again.
         bool checked = false;
+        /// Its sender waits for the reply at once, and sends nothing on this thread meanwhile: a
+        /// transport may make the exchange on the sender's thread (TcpTransport does, on an idle
+        /// plaintext link), so that the reply costs no hand-off between threads.
+        bool waited_at_once = false;
         /// Where the reply goes, when the sender waits on a batch of requests: a transport that delivers
         /// it there (detail::ReplyTarget) returns an invalid future from `send`; one that returns a
         /// valid future leaves the reply to it.

@@ -510,8 +510,11 @@ private:
     std::vector<Tensor> exchange(std::vector<std::pair<int, Request>> outgoing) const;
     /// Sends each request to its task; Exchange::finish waits for the replies.
     detail::Exchange post(std::vector<std::pair<int, Request>> outgoing) const;
-    /// read_value and read_value_async: the reads sent, and the whole value made of their replies.
-    detail::Exchange post_read(std::uint64_t step) const;
+    /// Marks a single request that exchange() waits for at once (Request::in_process.waited_at_once).
+    static void wait_at_once(std::vector<std::pair<int, Request>>& outgoing);
+    /// read_value and read_value_async: the reads sent (`waited_at_once`: by read_value, which waits
+    /// at once), and the whole value made of their replies.
+    detail::Exchange post_read(std::uint64_t step, bool waited_at_once = false) const;
     Tensor assemble_read(std::vector<Tensor> parts) const;
     /// sparse_read and sparse_read_async: a gather in flight, and what makes its result.
     struct Gather {
@@ -954,12 +957,22 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
         }
         return std::vector<Tensor>(outgoing.size());
     }
+    wait_at_once(outgoing);
     return post(std::move(outgoing)).finish();
 }
 
-inline detail::Exchange Variable::post_read(std::uint64_t step) const {
+inline void Variable::wait_at_once(std::vector<std::pair<int, Request>>& outgoing) {
+    // One request waited for here and now may be exchanged on this thread (see
+    // Request::in_process.waited_at_once); not a synchronous pull, which a ps may hold for a whole step
+    // while this thread looks every millisecond whether its closure was cancelled.
+    if (outgoing.size() == 1 && !(is_pull(outgoing.front().second.op) && outgoing.front().second.step != 0))
+        outgoing.front().second.in_process.waited_at_once = true;
+}
+
+inline detail::Exchange Variable::post_read(std::uint64_t step, bool waited_at_once) const {
     std::vector<std::pair<int, Request>> outgoing;
     for (const auto& s : info().shards) outgoing.emplace_back(s.task, request(Op::read, s, step));
+    if (waited_at_once) wait_at_once(outgoing);
     return post(std::move(outgoing));
 }
 
@@ -975,7 +988,7 @@ inline Tensor Variable::assemble_read(std::vector<Tensor> parts) const {
 
 inline Tensor Variable::read_value(std::uint64_t step) const {
     const detail::StepProfile::Timer timer(detail::StepProfile::Counter::pull);
-    return assemble_read(post_read(step).finish());
+    return assemble_read(post_read(step, true).finish());
 }
 
 inline TensorFuture Variable::read_value_async(std::uint64_t step) const {

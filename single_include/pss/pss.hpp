@@ -1940,6 +1940,10 @@ struct Request {
         std::vector<std::size_t> from_rows;
         /// Its sender validated it against the whole variable: the ps does not again.
         bool checked = false;
+        /// Its sender waits for the reply at once, and sends nothing on this thread meanwhile: a
+        /// transport may make the exchange on the sender's thread (TcpTransport does, on an idle
+        /// plaintext link), so that the reply costs no hand-off between threads.
+        bool waited_at_once = false;
         /// Where the reply goes, when the sender waits on a batch of requests: a transport that delivers
         /// it there (detail::ReplyTarget) returns an invalid future from `send`; one that returns a
         /// valid future leaves the reply to it.
@@ -5678,8 +5682,12 @@ PSS_NAMESPACE_END
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include <poll.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 
@@ -7561,6 +7569,58 @@ public:
     /// Fills `buffers` from the bytes read ahead, then from the socket; then `next(ec)`.
     template <class Buffers, class Next>
     void fill(TcpStream& socket, const Buffers& buffers, Next next) {
+        std::vector<asio::mutable_buffer> rest = fill_from_stage(buffers);
+        if (rest.empty()) return next(std::error_code{});
+        read_now_or_later(socket, rest, std::move(next));
+    }
+
+    /// True when the next frame's header was read ahead already: it is handled without a system call.
+    [[nodiscard]] bool holds_header() const noexcept { return end_ - begin_ >= frame_header_size; }
+    /// True when any byte was read ahead and not handed out yet.
+    [[nodiscard]] bool holds_bytes() const noexcept { return end_ != begin_; }
+
+    // On the calling thread (a plaintext socket, which the caller owns meanwhile): each reads what the
+    // socket has, and when it has nothing calls `wait()`, which returns once it is readable or an error.
+
+    /// Fills `header` from the bytes read ahead, then from the socket.
+    template <class Wait>
+    std::error_code read_header_now(TcpStream& socket, std::array<std::byte, frame_header_size>& header, Wait&& wait) {
+        depth_ = 0;
+        while (end_ - begin_ < header.size()) {
+            if (begin_ != 0) {
+                std::memmove(stage_.data(), stage_.data() + begin_, end_ - begin_);
+                end_ -= begin_;
+                begin_ = 0;
+            }
+            std::error_code ec;
+            end_ += socket.socket().read_some(asio::buffer(stage_.data() + end_, stage_.size() - end_), ec);
+            if (ec == asio::error::would_block || ec == asio::error::try_again) ec = wait();
+            if (ec) return ec;
+        }
+        std::memcpy(header.data(), stage_.data() + begin_, header.size());
+        begin_ += header.size();
+        return {};
+    }
+
+    /// Fills `buffers` from the bytes read ahead, then from the socket.
+    template <class Buffers, class Wait>
+    std::error_code fill_now(TcpStream& socket, const Buffers& buffers, Wait&& wait) {
+        const std::vector<asio::mutable_buffer> rest = fill_from_stage(buffers);
+        for (std::size_t done = 0, left = asio::buffer_size(rest); left != 0;) {
+            std::error_code ec;
+            const std::size_t n = asio::read(socket.socket(), buffers_after<asio::mutable_buffer>(rest, done), TransferAll{}, ec);
+            done += n;
+            left -= n;
+            if (ec == asio::error::would_block || ec == asio::error::try_again) ec = left != 0 ? wait() : std::error_code{};
+            if (ec) return ec;
+        }
+        return {};
+    }
+
+private:
+    /// Fills `buffers` from the bytes read ahead, as far as they go; returns what is still to fill.
+    template <class Buffers>
+    std::vector<asio::mutable_buffer> fill_from_stage(const Buffers& buffers) {
         std::vector<asio::mutable_buffer> rest;
         for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it) {
             asio::mutable_buffer b = *it;
@@ -7569,14 +7629,9 @@ public:
             begin_ += n;
             if (n < b.size()) rest.push_back(b + n);
         }
-        if (rest.empty()) return next(std::error_code{});
-        read_now_or_later(socket, rest, std::move(next));
+        return rest;
     }
 
-    /// True when the next frame's header was read ahead already: it is handled without a system call.
-    [[nodiscard]] bool holds_header() const noexcept { return end_ - begin_ >= frame_header_size; }
-
-private:
     std::vector<std::byte> stage_ = std::vector<std::byte>(16 << 10);
     std::size_t begin_ = 0, end_ = 0;
     int depth_ = 0;
@@ -7595,7 +7650,14 @@ namespace detail {
 ///
 /// Threading rule: everything runs on `strand_` (or, once the transport's threads are joined, on the
 /// thread that shuts it down), except `send` and `closed`, which touch only `inbox_` under
-/// `inbox_mutex_` (held to append or take requests, never across I/O) and the atomic `closed_`.
+/// `inbox_mutex_` (held to append or take requests, never across I/O) and the atomic `closed_`; and
+/// a direct exchange. A plaintext link with nothing in flight is parked (`mode_`): no read is armed on
+/// it. A request its sender waits for at once (Request::in_process.waited_at_once) then takes the
+/// link and makes the exchange on the sender's thread: it writes the frame, sleeps in poll() until the
+/// reply comes and reads it, so that a round trip wakes the sender only, as a blocking socket's does
+/// (through the strand, it woke the io thread for the request and for the reply, then the sender).
+/// Meanwhile the sender owns the strand's state: the strand's handlers first take the link back from
+/// a parked one (`own`) and leave a link in an exchange alone; the exchange hands it back when done.
 class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnection> {
 public:
     using Clock = std::chrono::steady_clock;
@@ -7604,7 +7666,8 @@ public:
     /// from then to come back (requests wait for it meanwhile); after that a request connects once and
     /// fails at once when the task is not up, so that an error names a dead task within that timeout.
     /// `probe`: one attempt only, from the start (a coordinator asks so whether a lost worker came back).
-    TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
+    /// `parking`: an io context nobody runs, whose reactor holds the socket of a parked link.
+    TcpClientConnection(asio::io_context& io, asio::io_context& parking, TaskId task, std::function<TcpHostPort()> where,
                         const TcpOptions& options, TlsContext tls, std::optional<Clock::time_point> lost_at = {},
                         bool probe = false)
         : task_(std::move(task)),
@@ -7613,6 +7676,7 @@ public:
           tls_(std::move(tls)),
           strand_(asio::make_strand(io)),
           stream_(strand_),
+          parked_(parking.get_executor()),
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
@@ -7642,12 +7706,30 @@ public:
         return std::nullopt;
     }
 
-    /// Hands `request` to the strand, which writes it once the connection is up.
-    std::future<Reply> send(Request request) {
-        auto out = std::make_shared<Outgoing>();
-        auto [target, future] = detail::ReplyTarget::of(request);
-        out->request = std::move(request);
-        out->target = std::move(target);
+    /// Hands `request` to the strand, which writes it once the connection is up; or, when its sender
+    /// waits for it at once and the link is parked, makes the exchange on this thread. Empty, and
+    /// `request` left as it was, when the parked link turned out closed by its peer (nobody reads a
+    /// parked link): the link is being lost, and the request belongs on the next one.
+    std::optional<std::future<Reply>> send(Request& request) {
+        // Small ones only: a large frame goes through the reactor faster (see TcpWriteBatch::write).
+        const bool at_once = request.in_process.waited_at_once && request.payload.nbytes() <= direct_max_bytes;
+        // A request for the strand looks at a parked link too: one its peer closed goes on the next.
+        if (at_once || mode_.load(std::memory_order_acquire) == parked_mode) {
+            switch (take_parked()) {
+                case Taken::no: break;
+                case Taken::closed_by_peer: return std::nullopt;
+                case Taken::yes: {
+                    if (!at_once) {  // parked again; the strand takes it back for this request
+                        mode_.store(parked_mode, std::memory_order_release);
+                        break;
+                    }
+                    auto [out, future] = outgoing(request);
+                    exchange_directly(std::move(out));
+                    return std::move(future);
+                }
+            }
+        }
+        auto [out, future] = outgoing(request);
         bool first = false;
         {
             std::unique_lock lock(inbox_mutex_);
@@ -7667,6 +7749,12 @@ public:
     /// Answers every waiting request with `reason` (unavailable) and closes the socket (strand, or after
     /// the transport's threads are joined).
     void fail(const std::string& reason) {
+        if (direct_thread_.load(std::memory_order_acquire) == std::this_thread::get_id()) {
+            // A direct exchange's own failure: it answers its request, hands the link back to the
+            // strand and has the strand fail it (whose handlers may be using the timers meanwhile).
+            if (!direct_failure_) direct_failure_ = reason;
+            return;
+        }
         std::vector<std::shared_ptr<Outgoing>> inbox;
         {
             std::lock_guard lock(inbox_mutex_);
@@ -7675,6 +7763,9 @@ public:
             closed_reason_for_senders_ = reason;
             inbox.swap(inbox_);
         }
+        // No exchange can start now; one in progress sees stopping_ within a poll slice and ends.
+        stopping_.store(true, std::memory_order_release);
+        { const std::lock_guard exchange_over(direct_mutex_); }
         closed_.store(true, std::memory_order_release);
         state_ = State::closed;
         closed_reason_ = reason;
@@ -7683,6 +7774,7 @@ public:
         backoff_timer_.cancel();
         heartbeat_timer_.cancel();
         stream_.socket().close(ignored);
+        parked_.socket().close(ignored);
         auto pending = std::move(pending_);
         pending_.clear();
         queue_.clear();
@@ -7725,7 +7817,7 @@ private:
     /// request is answered unavailable with `reason`, and the chief's transport says why in one line.
     void lose(const std::string& reason, const std::string& cause) {
         if (state_ == State::closed) return;
-        if (state_ == State::connected && !ending_cluster_) {
+        if (state_ == State::connected && !ending_cluster_ && !stopping_.load(std::memory_order_acquire)) {
             lost_time_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
             lost_task_.store(true, std::memory_order_release);
             if (options_.announce_peers)
@@ -7751,6 +7843,7 @@ private:
 
     /// Moves the requests `send` queued into the write queue, framed and numbered.
     void take_inbox() {
+        if (!own()) return;  // a direct exchange hands the inbox to the strand when it is done
         std::vector<std::shared_ptr<Outgoing>> inbox;
         {
             std::lock_guard lock(inbox_mutex_);
@@ -7762,24 +7855,237 @@ private:
                 out->answer(Reply::error(ErrorCode::unavailable, closed_reason_));
                 continue;
             }
-            out->id = next_id_++;
-            if (out->request.kind == RequestKind::shutdown) ending_cluster_ = true;  // its end is no loss
-            // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
-            const bool elide = out->request.kind == RequestKind::operation && out->request.op == Op::read &&
-                               out->request.payload.has_value();
-            try {
-                out->frame =
-                    OutgoingFrame::request(out->request, out->id, static_cast<std::uint32_t>(task_.index), elide);
-            } catch (const Error& e) {  // a request the wire cannot carry (rank above 8)
-                out->answer(Reply::error(e.code(), e.what()));
-                continue;
-            }
+            if (!number(*out)) continue;
             Pending& pending = pending_[out->id];
             pending.out = out;
             if (state_ == State::connected) start_clock(pending, now);
             queue_.push_back(std::move(out));
         }
         if (state_ == State::connected && !writing_) write_queued();
+        if (state_ == State::connected && !pending_.empty() && !reading_) read_header();
+        (void)park_if_idle();
+    }
+
+    /// Gives `out` its id and frame; false when the wire cannot carry it (a rank above 8), answered so.
+    bool number(Outgoing& out) {
+        out.id = next_id_++;
+        if (out.request.kind == RequestKind::shutdown) ending_cluster_ = true;  // its end is no loss
+        // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
+        const bool elide = out.request.kind == RequestKind::operation && out.request.op == Op::read &&
+                           out.request.payload.has_value();
+        try {
+            out.frame = OutgoingFrame::request(out.request, out.id, static_cast<std::uint32_t>(task_.index), elide);
+        } catch (const Error& e) {
+            out.answer(Reply::error(e.code(), e.what()));
+            return false;
+        }
+        return true;
+    }
+
+    // ---- who holds the link ----
+
+    static std::pair<std::shared_ptr<Outgoing>, std::future<Reply>> outgoing(Request& request) {
+        auto out = std::make_shared<Outgoing>();
+        auto [target, future] = detail::ReplyTarget::of(request);
+        out->request = std::move(request);
+        out->target = std::move(target);
+        return {std::move(out), std::move(future)};
+    }
+
+    enum class Taken { no, yes, closed_by_peer };
+
+    /// Takes a parked link for a direct exchange on this thread. Not past a request still in the inbox
+    /// (requests keep their order), nor a link that is closing.
+    Taken take_parked() {
+        {
+            std::lock_guard lock(inbox_mutex_);
+            int parked = parked_mode;
+            if (inbox_closed_ || !inbox_.empty() ||
+                !mode_.compare_exchange_strong(parked, direct_mode, std::memory_order_acquire))
+                return Taken::no;
+        }
+        // Its peer may have closed it since it parked: then the strand reads the end and loses the task.
+        pollfd p{io_stream().socket().native_handle(), POLLIN | peer_closed_events, 0};
+        if (::poll(&p, 1, 0) <= 0 || (p.revents & peer_closed_events) == 0) return Taken::yes;
+        move_socket(false);
+        mode_.store(strand_mode, std::memory_order_release);
+        asio::post(strand_, [self = shared_from_this()] {
+            // (Parked again meanwhile and taken by an exchange, which then reads the end itself.)
+            if (self->own() && self->state_ == State::connected && !self->reading_) self->read_header();
+        });
+        return Taken::closed_by_peer;
+    }
+
+    /// On the strand: takes the link back when it is parked; false while a direct exchange holds it.
+    bool own() {
+        int mode = mode_.load(std::memory_order_acquire);
+        while (mode == parked_mode)
+            if (mode_.compare_exchange_weak(mode, strand_mode, std::memory_order_acquire)) {
+                move_socket(false);
+                return true;
+            }
+        return mode == strand_mode;
+    }
+
+    /// Moves the socket to the parking reactor (`parked_`), or back to the strand's. Registered with
+    /// the strand's reactor, a parked socket woke an io thread (epoll) for every reply a direct exchange
+    /// read: a wake-up per round trip, for nothing.
+    void move_socket(bool to_parking) {
+        if (socket_parked_ == to_parking) return;
+        auto& from = to_parking ? stream_.socket() : parked_.socket();
+        auto& to = to_parking ? parked_.socket() : stream_.socket();
+        std::error_code ec;
+        const auto fd = from.release(ec);
+        if (ec) return;  // it stays where it is, and works there
+        socket_parked_ = to_parking;
+        to.assign(protocol_, fd, ec);
+        if (ec) {
+            ::close(fd);  // the link is broken: its next read or write says so
+            return;
+        }
+        to.non_blocking(true, ec);
+    }
+
+    /// Where the socket is now.
+    TcpStream& io_stream() noexcept { return socket_parked_ ? parked_ : stream_; }
+
+    /// On the strand: parks a plaintext link with nothing in flight and no read armed, so that the next
+    /// request waited for at once can be exchanged on its sender's thread; true when it did. The strand's
+    /// state is no longer the strand's then: the caller touches nothing after it.
+    bool park_if_idle() {
+        if (state_ != State::connected || tls_ || reading_ || !pending_.empty() || !queue_.empty() || writing_ ||
+            ahead_.holds_bytes())
+            return false;
+        move_socket(true);
+        mode_.store(parked_mode, std::memory_order_release);
+        return true;
+    }
+
+    /// Makes the exchange of `out` on this thread, which holds the link (mode_ is direct_mode): writes
+    /// its frame, waits for its reply in poll() and reads it through the strand's own decoding. A reply
+    /// that has not begun within the heartbeat interval is left to the strand (which answers heartbeats
+    /// meanwhile); one that has not within the request timeout is answered timed out, and its late
+    /// reply dropped by the strand.
+    void exchange_directly(std::shared_ptr<Outgoing> out) {
+        std::unique_lock exchange(direct_mutex_);
+        direct_thread_.store(std::this_thread::get_id(), std::memory_order_release);
+        direct_ = true;
+        const auto started = Clock::now();
+        enum class End { done, strand_reads, failed } end = End::done;
+        if (number(*out)) {
+            const std::uint64_t id = out->id;
+            Pending& pending = pending_[id];
+            pending.out = out;
+            pending.sent = true;
+            std::error_code ec = write_directly(out->frame);
+            if (!ec) ec = wait_readable(started, true);
+            if (ec == asio::error::in_progress) {
+                end = End::strand_reads;  // a slow reply: the strand reads it and answers heartbeats meanwhile
+            } else if (ec == asio::error::timed_out) {
+                pending_.erase(id);
+                out->answer(Reply::error(ErrorCode::unavailable, "pss: request to " + task_.to_string() + " timed out after " +
+                                                                     format_seconds(options_.timeouts.request)));
+                end = End::strand_reads;  // its late reply is read and dropped there
+            } else if (ec == asio::error::operation_aborted) {
+                end = End::failed;  // the transport shuts down: fail() waits for this exchange
+            } else {
+                // The decoding answers the request, or fails the link; a late reply to a request that
+                // timed out before the link parked may come first, and is dropped.
+                const auto wait = [this] { return wait_readable(Clock::now(), false); };
+                on_header(ec ? ec : ahead_.read_header_now(io_stream(), header_bytes_, wait));
+                while (!direct_failure_ && state_ == State::connected && pending_.contains(id))
+                    on_header(ahead_.read_header_now(io_stream(), header_bytes_, wait));
+                if (direct_failure_) end = End::failed;
+            }
+            if (end == End::failed) {
+                if (auto it = pending_.find(id); it != pending_.end()) {
+                    pending_.erase(it);
+                    std::string reason = direct_failure_ ? *direct_failure_ : std::string();
+                    if (reason.empty()) {
+                        std::lock_guard lock(inbox_mutex_);
+                        reason = closed_reason_for_senders_;
+                    }
+                    out->answer(Reply::error(ErrorCode::unavailable, reason));
+                }
+            }
+        }
+        out.reset();
+        direct_ = false;
+        direct_thread_.store(std::thread::id(), std::memory_order_release);
+        // Hand the link back: parked again when nothing else wants it, else to the strand.
+        std::optional<std::string> failure = std::exchange(direct_failure_, std::nullopt);
+        bool post = false;
+        {
+            std::lock_guard lock(inbox_mutex_);
+            const bool idle = end == End::done && !inbox_closed_ && inbox_.empty() && !ahead_.holds_bytes();
+            if (!idle && !inbox_closed_) move_socket(false);
+            mode_.store(idle ? parked_mode : strand_mode, std::memory_order_release);
+            post = !inbox_closed_ && !idle;
+        }
+        exchange.unlock();
+        if (!post) return;
+        asio::post(strand_, [self = shared_from_this(), failure = std::move(failure), started] {
+            if (failure) return self->fail(*failure);
+            if (!self->own() || self->state_ != State::connected) return;
+            for (auto& [id, pending] : self->pending_)
+                if (!pending.deadline) self->start_clock(pending, started);
+            if (!self->reading_) self->read_header();  // the reply, or a timed-out one's late reply
+            self->take_inbox();
+        });
+    }
+
+    /// Writes `frame` on this thread (a direct exchange's).
+    std::error_code write_directly(const OutgoingFrame& frame) {
+        std::vector<asio::const_buffer> buffers;
+        frame.append_buffers(buffers);
+        for (std::size_t done = 0, left = frame.size(); left != 0;) {
+            std::error_code ec;
+            const std::size_t n = asio::write(io_stream().socket(), buffers_after<asio::const_buffer>(buffers, done), TransferAll{}, ec);
+            done += n;
+            left -= n;
+            if (ec == asio::error::would_block || ec == asio::error::try_again) {
+                if (left == 0) break;
+                ec = poll_socket(POLLOUT, poll_slice);
+                if (ec == asio::error::would_block) ec = {};
+            }
+            if (ec) return ec;
+            if (stopping_.load(std::memory_order_acquire)) return asio::error::operation_aborted;
+        }
+        return {};
+    }
+
+    /// Waits on this thread until the socket is readable. Before the reply's first byte (`first`), for
+    /// the request timeout (then timed_out) and the heartbeat interval (then in_progress: the strand
+    /// takes over); within a frame, for the heartbeat timeout (then timed_out, which loses the task).
+    /// operation_aborted when the transport shuts down.
+    std::error_code wait_readable(Clock::time_point since, bool first) {
+        const auto& t = options_.timeouts;
+        for (;;) {
+            if (stopping_.load(std::memory_order_acquire)) return asio::error::operation_aborted;
+            const auto now = Clock::now();
+            Clock::time_point until = Clock::time_point::max();
+            if (first && t.request.count() > 0) {
+                if (now >= since + t.request) return asio::error::timed_out;
+                until = since + t.request;
+            }
+            if (t.heartbeats()) {
+                const auto bound = since + (first ? Clock::duration(t.heartbeat_interval) : Clock::duration(t.heartbeat_timeout));
+                if (now >= bound) return first ? asio::error::in_progress : asio::error::timed_out;
+                until = std::min(until, bound);
+            }
+            const auto slice = std::min<Clock::duration>(poll_slice, until - now);
+            const std::error_code ec = poll_socket(POLLIN, std::chrono::ceil<std::chrono::milliseconds>(slice));
+            if (ec != asio::error::would_block) return ec;
+        }
+    }
+
+    /// poll() on the socket for `events`, at most `slice`: would_block when it did not come.
+    std::error_code poll_socket(short events, std::chrono::milliseconds slice) {
+        pollfd p{io_stream().socket().native_handle(), events, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(slice.count()));
+        if (n > 0) return {};
+        if (n == 0 || errno == EINTR) return asio::error::would_block;
+        return std::error_code(errno, std::system_category());
     }
 
     // ---- connecting ----
@@ -7849,6 +8155,7 @@ private:
         std::error_code ignored;
         stream_.socket().set_option(asio::ip::tcp::no_delay(true), ignored);
         stream_.socket().non_blocking(true, ignored);
+        protocol_ = stream_.socket().local_endpoint(ignored).protocol();
 #if PSS_HAS_TLS
         if (tls_) {
             return stream_.secure(*tls_).async_handshake(
@@ -7893,7 +8200,7 @@ private:
         last_heard_ = now;
         arm_heartbeat();
         write_queued();
-        read_header();
+        read_header();  // the first reply, or the peer's end, is read through the strand
     }
 
     // ---- heartbeats ----
@@ -7907,7 +8214,9 @@ private:
     /// Every interval: a peer asked and silent since for the heartbeat timeout is lost; else, unless a
     /// heartbeat is unanswered, it is asked again. Any frame from it counts as an answer.
     void on_heartbeat_timer(std::error_code ec) {
-        if (ec || state_ != State::connected) return;
+        if (ec) return;
+        if (!own()) return arm_heartbeat();  // a direct exchange is an answer of its own
+        if (state_ != State::connected) return;
         const auto now = Clock::now();
         if (heartbeat_id_) {
             if (now - std::max(heartbeat_sent_, last_heard_) >= options_.timeouts.heartbeat_timeout)
@@ -7926,6 +8235,7 @@ private:
             heartbeat_id_ = next_id_ - 1;
             heartbeat_sent_ = now;
             if (!writing_) write_queued();
+            if (!reading_) read_header();
         }
         arm_heartbeat();
     }
@@ -7988,6 +8298,11 @@ private:
 
     void on_deadline(std::error_code ec) {
         if (ec == asio::error::operation_aborted) return;
+        if (!own()) {  // a direct exchange holds the link (and keeps its own deadline): look again soon
+            deadline_timer_.expires_after(poll_slice);
+            deadline_timer_.async_wait([self = shared_from_this()](std::error_code ec2) { self->on_deadline(ec2); });
+            return;
+        }
         timer_armed_ = false;
         if (state_ == State::closed) return;
         const auto now = Clock::now();
@@ -8018,6 +8333,7 @@ private:
         for (auto& out : expired)
             out->answer(Reply::error(ErrorCode::unavailable, "pss: request to " + task_.to_string() + " timed out after " +
                                                                  format_seconds(options_.timeouts.request)));
+        (void)park_if_idle();
     }
 
     // ---- writing ----
@@ -8053,7 +8369,23 @@ private:
     // ---- reading ----
 
     void read_header() {
+        reading_ = true;
         ahead_.read_header(stream_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
+    }
+
+    /// After a reply: the next frame's header is read, unless the link parks (or the reply was a direct
+    /// exchange's, whose thread reads no further).
+    void next_frame() {
+        if (direct_) return;
+        reading_ = false;
+        if (!park_if_idle()) read_header();
+    }
+
+    /// Fills `buffers` from the socket, then `next(ec)`: through the strand, or at once in a direct exchange.
+    template <class Buffers, class Next>
+    void fill(const Buffers& buffers, Next next) {
+        if (direct_) return next(ahead_.fill_now(io_stream(), buffers, [this] { return wait_readable(Clock::now(), false); }));
+        ahead_.fill(stream_, buffers, std::move(next));
     }
 
     void on_header(std::error_code ec) {
@@ -8068,8 +8400,7 @@ private:
         } catch (const WireError& e) {
             return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
         }
-        ahead_.fill(stream_, body_buffers(header_, body_),
-                    [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
+        fill(body_buffers(header_, body_), [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
     }
 
     void on_body(std::error_code ec) {
@@ -8086,8 +8417,8 @@ private:
         if (header_.has_values()) {  // what a call answered
             incoming_values_ = value_tensors(header_, body_);
             if (header_.payload_length == 0) return on_payload({});
-            return ahead_.fill(stream_, tensor_buffers(incoming_values_),
-                               [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+            return fill(tensor_buffers(incoming_values_),
+                        [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
         }
         if (!header_.has_payload() || header_.payload_elided()) return on_payload({});
         // A read lands in the buffer its request offered, when it fits.
@@ -8107,8 +8438,8 @@ private:
             incoming_ = payload_buffer(header_, body_);
         }
         if (header_.payload_length == 0) return on_payload({});
-        ahead_.fill(stream_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
-                    [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        fill(asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
+             [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
     }
 
     void on_payload(std::error_code ec) {
@@ -8136,7 +8467,7 @@ private:
                 out->answer(std::move(reply));
             }
         }  // else it timed out
-        read_header();
+        next_frame();
     }
 
     TaskId task_;
@@ -8145,6 +8476,9 @@ private:
     TlsContext tls_;  // null: plaintext
     TcpStrand strand_;
     TcpStream stream_;
+    TcpStream parked_;  // the socket while the link is parked (socket_parked_), on the parking reactor
+    bool socket_parked_ = false;
+    asio::ip::tcp protocol_ = asio::ip::tcp::v4();
     std::unique_ptr<asio::ip::tcp::resolver> resolver_;
     bool unresolved_ = false;  // the last attempt failed in resolving the task's host name
     asio::steady_timer backoff_timer_;
@@ -8162,6 +8496,23 @@ private:
     bool inbox_closed_ = false;
     std::string closed_reason_for_senders_;
     std::atomic<bool> closed_{false};
+
+    // Who holds the link (see the threading rule).
+    static constexpr int strand_mode = 0, parked_mode = 1, direct_mode = 2;
+    static constexpr std::size_t direct_max_bytes = 64u << 10;
+    static constexpr std::chrono::milliseconds poll_slice{50};  // how soon an exchange sees a shutdown
+#ifdef POLLRDHUP
+    static constexpr short peer_closed_events = POLLRDHUP | POLLHUP | POLLERR;
+#else
+    static constexpr short peer_closed_events = POLLHUP | POLLERR;
+#endif
+    std::atomic<int> mode_{strand_mode};
+    std::mutex direct_mutex_;                     // held by a direct exchange; fail() waits for it
+    std::atomic<std::thread::id> direct_thread_;  // the thread of the exchange in progress
+    std::atomic<bool> stopping_{false};           // fail() began: an exchange ends
+    bool direct_ = false;                         // the holder's: reads block on its thread
+    std::optional<std::string> direct_failure_;   // the holder's: why the exchange failed the link
+    bool reading_ = false;                        // the strand's: a frame's read is armed
 
     // The strand's own.
     State state_ = State::connecting;
@@ -8953,6 +9304,12 @@ inline TcpSecurity tcp_security(const TcpOptions& options, [[maybe_unused]] cons
 /// sender as the buffer its value lands in, and an update's reply hands the request's own payload back:
 /// neither crosses the network (see wire.hpp).
 ///
+/// A request its sender waits for at once (Request::in_process.waited_at_once: a Variable operation of
+/// one request sets it) on an idle plaintext link is exchanged on the sender's thread: it writes the
+/// frame, sleeps in poll() until the reply comes and reads it, so that a round trip wakes the sender
+/// only, as a blocking socket's does. Its reply is in when `send` returns. A reply that has not begun
+/// within the heartbeat interval is left to the io thread, which answers heartbeats meanwhile.
+///
 /// Every served task's connections run on one strand, which runs its handler: requests to one task are
 /// handled one at a time, in the order they arrive. A handler may keep its Responder and answer later,
 /// from any thread: the reply is written through the task's strand (after shutdown() it is dropped; a
@@ -9093,25 +9450,16 @@ public:
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             return detail::ready_reply(Reply::error(
                 ErrorCode::unavailable, "pss: TcpTransport: task " + task.to_string() + " is not in the cluster spec"));
-        std::shared_ptr<detail::TcpClientConnection> connection;
-        {
-            std::lock_guard lock(mutex_);
-            if (closed_)
+        for (;;) {
+            std::shared_ptr<detail::TcpClientConnection> connection = client(task, request);
+            if (!connection)
                 return detail::ready_reply(Reply::error(ErrorCode::unavailable, "pss: TcpTransport: request to " +
-                                                                                     task.to_string() +
-                                                                                     " after shutdown()"));
-            auto& slot = clients_[task];
-            if (!slot || slot->closed()) {
-                const auto lost_at = slot ? slot->lost_at() : std::nullopt;
-                // A heartbeat to a task not connected asks once, without waiting for the task to start.
-                const bool probe = request.kind == RequestKind::heartbeat;
-                slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
-                slot->start();
-            }
-            connection = slot;
+                                                                                     task.to_string() + " after shutdown()"));
+            if (auto future = connection->send(request)) return std::move(*future);
+            // The link had been closed by the task while nobody read it: once it is lost, as it would
+            // have been at once, the request goes on the next one (which waits for a lost task to return).
+            while (!connection->closed()) std::this_thread::sleep_for(std::chrono::microseconds(100));
         }
-        return connection->send(std::move(request));
     }
 
     /// @brief Stops serving and sending: closes every socket, answers every waiting request unavailable,
@@ -9195,6 +9543,22 @@ private:
         return options;
     }
 
+    /// The connection to `task`, made when there is none or the last one closed; null after shutdown().
+    std::shared_ptr<detail::TcpClientConnection> client(const TaskId& task, const Request& request) {
+        std::lock_guard lock(mutex_);
+        if (closed_) return nullptr;
+        auto& slot = clients_[task];
+        if (!slot || slot->closed()) {
+            const auto lost_at = slot ? slot->lost_at() : std::nullopt;
+            // A heartbeat to a task not connected asks once, without waiting for the task to start.
+            const bool probe = request.kind == RequestKind::heartbeat;
+            slot = std::make_shared<detail::TcpClientConnection>(
+                io_, parking_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
+            slot->start();
+        }
+        return slot;
+    }
+
     void check_task(const TaskId& task) const {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             throw InvalidArgumentError("pss: TcpTransport: task " + task.to_string() + " is not in the cluster spec");
@@ -9220,6 +9584,7 @@ private:
     TaskId identity_;         // the task this transport's certificate names (TLS only)
     std::string tls_dir_;     // PSS_TLS_DIR, for a transport of no one task
     asio::io_context io_;  // before everything holding sockets: destroyed last
+    asio::io_context parking_;  // never run: its reactor holds the sockets of parked links (see TcpClientConnection)
     asio::executor_work_guard<asio::io_context::executor_type> work_;
     std::vector<std::thread> threads_;
     mutable std::mutex mutex_;
@@ -11587,8 +11952,11 @@ private:
     std::vector<Tensor> exchange(std::vector<std::pair<int, Request>> outgoing) const;
     /// Sends each request to its task; Exchange::finish waits for the replies.
     detail::Exchange post(std::vector<std::pair<int, Request>> outgoing) const;
-    /// read_value and read_value_async: the reads sent, and the whole value made of their replies.
-    detail::Exchange post_read(std::uint64_t step) const;
+    /// Marks a single request that exchange() waits for at once (Request::in_process.waited_at_once).
+    static void wait_at_once(std::vector<std::pair<int, Request>>& outgoing);
+    /// read_value and read_value_async: the reads sent (`waited_at_once`: by read_value, which waits
+    /// at once), and the whole value made of their replies.
+    detail::Exchange post_read(std::uint64_t step, bool waited_at_once = false) const;
     Tensor assemble_read(std::vector<Tensor> parts) const;
     /// sparse_read and sparse_read_async: a gather in flight, and what makes its result.
     struct Gather {
@@ -12031,12 +12399,22 @@ inline std::vector<Tensor> Variable::exchange(std::vector<std::pair<int, Request
         }
         return std::vector<Tensor>(outgoing.size());
     }
+    wait_at_once(outgoing);
     return post(std::move(outgoing)).finish();
 }
 
-inline detail::Exchange Variable::post_read(std::uint64_t step) const {
+inline void Variable::wait_at_once(std::vector<std::pair<int, Request>>& outgoing) {
+    // One request waited for here and now may be exchanged on this thread (see
+    // Request::in_process.waited_at_once); not a synchronous pull, which a ps may hold for a whole step
+    // while this thread looks every millisecond whether its closure was cancelled.
+    if (outgoing.size() == 1 && !(is_pull(outgoing.front().second.op) && outgoing.front().second.step != 0))
+        outgoing.front().second.in_process.waited_at_once = true;
+}
+
+inline detail::Exchange Variable::post_read(std::uint64_t step, bool waited_at_once) const {
     std::vector<std::pair<int, Request>> outgoing;
     for (const auto& s : info().shards) outgoing.emplace_back(s.task, request(Op::read, s, step));
+    if (waited_at_once) wait_at_once(outgoing);
     return post(std::move(outgoing));
 }
 
@@ -12052,7 +12430,7 @@ inline Tensor Variable::assemble_read(std::vector<Tensor> parts) const {
 
 inline Tensor Variable::read_value(std::uint64_t step) const {
     const detail::StepProfile::Timer timer(detail::StepProfile::Counter::pull);
-    return assemble_read(post_read(step).finish());
+    return assemble_read(post_read(step, true).finish());
 }
 
 inline TensorFuture Variable::read_value_async(std::uint64_t step) const {

@@ -119,6 +119,12 @@ inline TcpSecurity tcp_security(const TcpOptions& options, [[maybe_unused]] cons
 /// sender as the buffer its value lands in, and an update's reply hands the request's own payload back:
 /// neither crosses the network (see wire.hpp).
 ///
+/// A request its sender waits for at once (Request::in_process.waited_at_once: a Variable operation of
+/// one request sets it) on an idle plaintext link is exchanged on the sender's thread: it writes the
+/// frame, sleeps in poll() until the reply comes and reads it, so that a round trip wakes the sender
+/// only, as a blocking socket's does. Its reply is in when `send` returns. A reply that has not begun
+/// within the heartbeat interval is left to the io thread, which answers heartbeats meanwhile.
+///
 /// Every served task's connections run on one strand, which runs its handler: requests to one task are
 /// handled one at a time, in the order they arrive. A handler may keep its Responder and answer later,
 /// from any thread: the reply is written through the task's strand (after shutdown() it is dropped; a
@@ -259,25 +265,16 @@ public:
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             return detail::ready_reply(Reply::error(
                 ErrorCode::unavailable, "pss: TcpTransport: task " + task.to_string() + " is not in the cluster spec"));
-        std::shared_ptr<detail::TcpClientConnection> connection;
-        {
-            std::lock_guard lock(mutex_);
-            if (closed_)
+        for (;;) {
+            std::shared_ptr<detail::TcpClientConnection> connection = client(task, request);
+            if (!connection)
                 return detail::ready_reply(Reply::error(ErrorCode::unavailable, "pss: TcpTransport: request to " +
-                                                                                     task.to_string() +
-                                                                                     " after shutdown()"));
-            auto& slot = clients_[task];
-            if (!slot || slot->closed()) {
-                const auto lost_at = slot ? slot->lost_at() : std::nullopt;
-                // A heartbeat to a task not connected asks once, without waiting for the task to start.
-                const bool probe = request.kind == RequestKind::heartbeat;
-                slot = std::make_shared<detail::TcpClientConnection>(
-                    io_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
-                slot->start();
-            }
-            connection = slot;
+                                                                                     task.to_string() + " after shutdown()"));
+            if (auto future = connection->send(request)) return std::move(*future);
+            // The link had been closed by the task while nobody read it: once it is lost, as it would
+            // have been at once, the request goes on the next one (which waits for a lost task to return).
+            while (!connection->closed()) std::this_thread::sleep_for(std::chrono::microseconds(100));
         }
-        return connection->send(std::move(request));
     }
 
     /// @brief Stops serving and sending: closes every socket, answers every waiting request unavailable,
@@ -361,6 +358,22 @@ private:
         return options;
     }
 
+    /// The connection to `task`, made when there is none or the last one closed; null after shutdown().
+    std::shared_ptr<detail::TcpClientConnection> client(const TaskId& task, const Request& request) {
+        std::lock_guard lock(mutex_);
+        if (closed_) return nullptr;
+        auto& slot = clients_[task];
+        if (!slot || slot->closed()) {
+            const auto lost_at = slot ? slot->lost_at() : std::nullopt;
+            // A heartbeat to a task not connected asks once, without waiting for the task to start.
+            const bool probe = request.kind == RequestKind::heartbeat;
+            slot = std::make_shared<detail::TcpClientConnection>(
+                io_, parking_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
+            slot->start();
+        }
+        return slot;
+    }
+
     void check_task(const TaskId& task) const {
         if (task.index < 0 || task.index >= spec_.num_tasks(task.type))
             throw InvalidArgumentError("pss: TcpTransport: task " + task.to_string() + " is not in the cluster spec");
@@ -386,6 +399,7 @@ private:
     TaskId identity_;         // the task this transport's certificate names (TLS only)
     std::string tls_dir_;     // PSS_TLS_DIR, for a transport of no one task
     asio::io_context io_;  // before everything holding sockets: destroyed last
+    asio::io_context parking_;  // never run: its reactor holds the sockets of parked links (see TcpClientConnection)
     asio::executor_work_guard<asio::io_context::executor_type> work_;
     std::vector<std::thread> threads_;
     mutable std::mutex mutex_;

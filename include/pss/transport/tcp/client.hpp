@@ -17,8 +17,12 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include <poll.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 
@@ -43,7 +47,14 @@ namespace detail {
 ///
 /// Threading rule: everything runs on `strand_` (or, once the transport's threads are joined, on the
 /// thread that shuts it down), except `send` and `closed`, which touch only `inbox_` under
-/// `inbox_mutex_` (held to append or take requests, never across I/O) and the atomic `closed_`.
+/// `inbox_mutex_` (held to append or take requests, never across I/O) and the atomic `closed_`; and
+/// a direct exchange. A plaintext link with nothing in flight is parked (`mode_`): no read is armed on
+/// it. A request its sender waits for at once (Request::in_process.waited_at_once) then takes the
+/// link and makes the exchange on the sender's thread: it writes the frame, sleeps in poll() until the
+/// reply comes and reads it, so that a round trip wakes the sender only, as a blocking socket's does
+/// (through the strand, it woke the io thread for the request and for the reply, then the sender).
+/// Meanwhile the sender owns the strand's state: the strand's handlers first take the link back from
+/// a parked one (`own`) and leave a link in an exchange alone; the exchange hands it back when done.
 class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnection> {
 public:
     using Clock = std::chrono::steady_clock;
@@ -52,7 +63,8 @@ public:
     /// from then to come back (requests wait for it meanwhile); after that a request connects once and
     /// fails at once when the task is not up, so that an error names a dead task within that timeout.
     /// `probe`: one attempt only, from the start (a coordinator asks so whether a lost worker came back).
-    TcpClientConnection(asio::io_context& io, TaskId task, std::function<TcpHostPort()> where,
+    /// `parking`: an io context nobody runs, whose reactor holds the socket of a parked link.
+    TcpClientConnection(asio::io_context& io, asio::io_context& parking, TaskId task, std::function<TcpHostPort()> where,
                         const TcpOptions& options, TlsContext tls, std::optional<Clock::time_point> lost_at = {},
                         bool probe = false)
         : task_(std::move(task)),
@@ -61,6 +73,7 @@ public:
           tls_(std::move(tls)),
           strand_(asio::make_strand(io)),
           stream_(strand_),
+          parked_(parking.get_executor()),
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
@@ -90,12 +103,30 @@ public:
         return std::nullopt;
     }
 
-    /// Hands `request` to the strand, which writes it once the connection is up.
-    std::future<Reply> send(Request request) {
-        auto out = std::make_shared<Outgoing>();
-        auto [target, future] = detail::ReplyTarget::of(request);
-        out->request = std::move(request);
-        out->target = std::move(target);
+    /// Hands `request` to the strand, which writes it once the connection is up; or, when its sender
+    /// waits for it at once and the link is parked, makes the exchange on this thread. Empty, and
+    /// `request` left as it was, when the parked link turned out closed by its peer (nobody reads a
+    /// parked link): the link is being lost, and the request belongs on the next one.
+    std::optional<std::future<Reply>> send(Request& request) {
+        // Small ones only: a large frame goes through the reactor faster (see TcpWriteBatch::write).
+        const bool at_once = request.in_process.waited_at_once && request.payload.nbytes() <= direct_max_bytes;
+        // A request for the strand looks at a parked link too: one its peer closed goes on the next.
+        if (at_once || mode_.load(std::memory_order_acquire) == parked_mode) {
+            switch (take_parked()) {
+                case Taken::no: break;
+                case Taken::closed_by_peer: return std::nullopt;
+                case Taken::yes: {
+                    if (!at_once) {  // parked again; the strand takes it back for this request
+                        mode_.store(parked_mode, std::memory_order_release);
+                        break;
+                    }
+                    auto [out, future] = outgoing(request);
+                    exchange_directly(std::move(out));
+                    return std::move(future);
+                }
+            }
+        }
+        auto [out, future] = outgoing(request);
         bool first = false;
         {
             std::unique_lock lock(inbox_mutex_);
@@ -115,6 +146,12 @@ public:
     /// Answers every waiting request with `reason` (unavailable) and closes the socket (strand, or after
     /// the transport's threads are joined).
     void fail(const std::string& reason) {
+        if (direct_thread_.load(std::memory_order_acquire) == std::this_thread::get_id()) {
+            // A direct exchange's own failure: it answers its request, hands the link back to the
+            // strand and has the strand fail it (whose handlers may be using the timers meanwhile).
+            if (!direct_failure_) direct_failure_ = reason;
+            return;
+        }
         std::vector<std::shared_ptr<Outgoing>> inbox;
         {
             std::lock_guard lock(inbox_mutex_);
@@ -123,6 +160,9 @@ public:
             closed_reason_for_senders_ = reason;
             inbox.swap(inbox_);
         }
+        // No exchange can start now; one in progress sees stopping_ within a poll slice and ends.
+        stopping_.store(true, std::memory_order_release);
+        { const std::lock_guard exchange_over(direct_mutex_); }
         closed_.store(true, std::memory_order_release);
         state_ = State::closed;
         closed_reason_ = reason;
@@ -131,6 +171,7 @@ public:
         backoff_timer_.cancel();
         heartbeat_timer_.cancel();
         stream_.socket().close(ignored);
+        parked_.socket().close(ignored);
         auto pending = std::move(pending_);
         pending_.clear();
         queue_.clear();
@@ -173,7 +214,7 @@ private:
     /// request is answered unavailable with `reason`, and the chief's transport says why in one line.
     void lose(const std::string& reason, const std::string& cause) {
         if (state_ == State::closed) return;
-        if (state_ == State::connected && !ending_cluster_) {
+        if (state_ == State::connected && !ending_cluster_ && !stopping_.load(std::memory_order_acquire)) {
             lost_time_.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
             lost_task_.store(true, std::memory_order_release);
             if (options_.announce_peers)
@@ -199,6 +240,7 @@ private:
 
     /// Moves the requests `send` queued into the write queue, framed and numbered.
     void take_inbox() {
+        if (!own()) return;  // a direct exchange hands the inbox to the strand when it is done
         std::vector<std::shared_ptr<Outgoing>> inbox;
         {
             std::lock_guard lock(inbox_mutex_);
@@ -210,24 +252,237 @@ private:
                 out->answer(Reply::error(ErrorCode::unavailable, closed_reason_));
                 continue;
             }
-            out->id = next_id_++;
-            if (out->request.kind == RequestKind::shutdown) ending_cluster_ = true;  // its end is no loss
-            // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
-            const bool elide = out->request.kind == RequestKind::operation && out->request.op == Op::read &&
-                               out->request.payload.has_value();
-            try {
-                out->frame =
-                    OutgoingFrame::request(out->request, out->id, static_cast<std::uint32_t>(task_.index), elide);
-            } catch (const Error& e) {  // a request the wire cannot carry (rank above 8)
-                out->answer(Reply::error(e.code(), e.what()));
-                continue;
-            }
+            if (!number(*out)) continue;
             Pending& pending = pending_[out->id];
             pending.out = out;
             if (state_ == State::connected) start_clock(pending, now);
             queue_.push_back(std::move(out));
         }
         if (state_ == State::connected && !writing_) write_queued();
+        if (state_ == State::connected && !pending_.empty() && !reading_) read_header();
+        (void)park_if_idle();
+    }
+
+    /// Gives `out` its id and frame; false when the wire cannot carry it (a rank above 8), answered so.
+    bool number(Outgoing& out) {
+        out.id = next_id_++;
+        if (out.request.kind == RequestKind::shutdown) ending_cluster_ = true;  // its end is no loss
+        // A read's payload is the buffer the value should land in: it stays here, only its shape travels.
+        const bool elide = out.request.kind == RequestKind::operation && out.request.op == Op::read &&
+                           out.request.payload.has_value();
+        try {
+            out.frame = OutgoingFrame::request(out.request, out.id, static_cast<std::uint32_t>(task_.index), elide);
+        } catch (const Error& e) {
+            out.answer(Reply::error(e.code(), e.what()));
+            return false;
+        }
+        return true;
+    }
+
+    // ---- who holds the link ----
+
+    static std::pair<std::shared_ptr<Outgoing>, std::future<Reply>> outgoing(Request& request) {
+        auto out = std::make_shared<Outgoing>();
+        auto [target, future] = detail::ReplyTarget::of(request);
+        out->request = std::move(request);
+        out->target = std::move(target);
+        return {std::move(out), std::move(future)};
+    }
+
+    enum class Taken { no, yes, closed_by_peer };
+
+    /// Takes a parked link for a direct exchange on this thread. Not past a request still in the inbox
+    /// (requests keep their order), nor a link that is closing.
+    Taken take_parked() {
+        {
+            std::lock_guard lock(inbox_mutex_);
+            int parked = parked_mode;
+            if (inbox_closed_ || !inbox_.empty() ||
+                !mode_.compare_exchange_strong(parked, direct_mode, std::memory_order_acquire))
+                return Taken::no;
+        }
+        // Its peer may have closed it since it parked: then the strand reads the end and loses the task.
+        pollfd p{io_stream().socket().native_handle(), POLLIN | peer_closed_events, 0};
+        if (::poll(&p, 1, 0) <= 0 || (p.revents & peer_closed_events) == 0) return Taken::yes;
+        move_socket(false);
+        mode_.store(strand_mode, std::memory_order_release);
+        asio::post(strand_, [self = shared_from_this()] {
+            // (Parked again meanwhile and taken by an exchange, which then reads the end itself.)
+            if (self->own() && self->state_ == State::connected && !self->reading_) self->read_header();
+        });
+        return Taken::closed_by_peer;
+    }
+
+    /// On the strand: takes the link back when it is parked; false while a direct exchange holds it.
+    bool own() {
+        int mode = mode_.load(std::memory_order_acquire);
+        while (mode == parked_mode)
+            if (mode_.compare_exchange_weak(mode, strand_mode, std::memory_order_acquire)) {
+                move_socket(false);
+                return true;
+            }
+        return mode == strand_mode;
+    }
+
+    /// Moves the socket to the parking reactor (`parked_`), or back to the strand's. Registered with
+    /// the strand's reactor, a parked socket woke an io thread (epoll) for every reply a direct exchange
+    /// read: a wake-up per round trip, for nothing.
+    void move_socket(bool to_parking) {
+        if (socket_parked_ == to_parking) return;
+        auto& from = to_parking ? stream_.socket() : parked_.socket();
+        auto& to = to_parking ? parked_.socket() : stream_.socket();
+        std::error_code ec;
+        const auto fd = from.release(ec);
+        if (ec) return;  // it stays where it is, and works there
+        socket_parked_ = to_parking;
+        to.assign(protocol_, fd, ec);
+        if (ec) {
+            ::close(fd);  // the link is broken: its next read or write says so
+            return;
+        }
+        to.non_blocking(true, ec);
+    }
+
+    /// Where the socket is now.
+    TcpStream& io_stream() noexcept { return socket_parked_ ? parked_ : stream_; }
+
+    /// On the strand: parks a plaintext link with nothing in flight and no read armed, so that the next
+    /// request waited for at once can be exchanged on its sender's thread; true when it did. The strand's
+    /// state is no longer the strand's then: the caller touches nothing after it.
+    bool park_if_idle() {
+        if (state_ != State::connected || tls_ || reading_ || !pending_.empty() || !queue_.empty() || writing_ ||
+            ahead_.holds_bytes())
+            return false;
+        move_socket(true);
+        mode_.store(parked_mode, std::memory_order_release);
+        return true;
+    }
+
+    /// Makes the exchange of `out` on this thread, which holds the link (mode_ is direct_mode): writes
+    /// its frame, waits for its reply in poll() and reads it through the strand's own decoding. A reply
+    /// that has not begun within the heartbeat interval is left to the strand (which answers heartbeats
+    /// meanwhile); one that has not within the request timeout is answered timed out, and its late
+    /// reply dropped by the strand.
+    void exchange_directly(std::shared_ptr<Outgoing> out) {
+        std::unique_lock exchange(direct_mutex_);
+        direct_thread_.store(std::this_thread::get_id(), std::memory_order_release);
+        direct_ = true;
+        const auto started = Clock::now();
+        enum class End { done, strand_reads, failed } end = End::done;
+        if (number(*out)) {
+            const std::uint64_t id = out->id;
+            Pending& pending = pending_[id];
+            pending.out = out;
+            pending.sent = true;
+            std::error_code ec = write_directly(out->frame);
+            if (!ec) ec = wait_readable(started, true);
+            if (ec == asio::error::in_progress) {
+                end = End::strand_reads;  // a slow reply: the strand reads it and answers heartbeats meanwhile
+            } else if (ec == asio::error::timed_out) {
+                pending_.erase(id);
+                out->answer(Reply::error(ErrorCode::unavailable, "pss: request to " + task_.to_string() + " timed out after " +
+                                                                     format_seconds(options_.timeouts.request)));
+                end = End::strand_reads;  // its late reply is read and dropped there
+            } else if (ec == asio::error::operation_aborted) {
+                end = End::failed;  // the transport shuts down: fail() waits for this exchange
+            } else {
+                // The decoding answers the request, or fails the link; a late reply to a request that
+                // timed out before the link parked may come first, and is dropped.
+                const auto wait = [this] { return wait_readable(Clock::now(), false); };
+                on_header(ec ? ec : ahead_.read_header_now(io_stream(), header_bytes_, wait));
+                while (!direct_failure_ && state_ == State::connected && pending_.contains(id))
+                    on_header(ahead_.read_header_now(io_stream(), header_bytes_, wait));
+                if (direct_failure_) end = End::failed;
+            }
+            if (end == End::failed) {
+                if (auto it = pending_.find(id); it != pending_.end()) {
+                    pending_.erase(it);
+                    std::string reason = direct_failure_ ? *direct_failure_ : std::string();
+                    if (reason.empty()) {
+                        std::lock_guard lock(inbox_mutex_);
+                        reason = closed_reason_for_senders_;
+                    }
+                    out->answer(Reply::error(ErrorCode::unavailable, reason));
+                }
+            }
+        }
+        out.reset();
+        direct_ = false;
+        direct_thread_.store(std::thread::id(), std::memory_order_release);
+        // Hand the link back: parked again when nothing else wants it, else to the strand.
+        std::optional<std::string> failure = std::exchange(direct_failure_, std::nullopt);
+        bool post = false;
+        {
+            std::lock_guard lock(inbox_mutex_);
+            const bool idle = end == End::done && !inbox_closed_ && inbox_.empty() && !ahead_.holds_bytes();
+            if (!idle && !inbox_closed_) move_socket(false);
+            mode_.store(idle ? parked_mode : strand_mode, std::memory_order_release);
+            post = !inbox_closed_ && !idle;
+        }
+        exchange.unlock();
+        if (!post) return;
+        asio::post(strand_, [self = shared_from_this(), failure = std::move(failure), started] {
+            if (failure) return self->fail(*failure);
+            if (!self->own() || self->state_ != State::connected) return;
+            for (auto& [id, pending] : self->pending_)
+                if (!pending.deadline) self->start_clock(pending, started);
+            if (!self->reading_) self->read_header();  // the reply, or a timed-out one's late reply
+            self->take_inbox();
+        });
+    }
+
+    /// Writes `frame` on this thread (a direct exchange's).
+    std::error_code write_directly(const OutgoingFrame& frame) {
+        std::vector<asio::const_buffer> buffers;
+        frame.append_buffers(buffers);
+        for (std::size_t done = 0, left = frame.size(); left != 0;) {
+            std::error_code ec;
+            const std::size_t n = asio::write(io_stream().socket(), buffers_after<asio::const_buffer>(buffers, done), TransferAll{}, ec);
+            done += n;
+            left -= n;
+            if (ec == asio::error::would_block || ec == asio::error::try_again) {
+                if (left == 0) break;
+                ec = poll_socket(POLLOUT, poll_slice);
+                if (ec == asio::error::would_block) ec = {};
+            }
+            if (ec) return ec;
+            if (stopping_.load(std::memory_order_acquire)) return asio::error::operation_aborted;
+        }
+        return {};
+    }
+
+    /// Waits on this thread until the socket is readable. Before the reply's first byte (`first`), for
+    /// the request timeout (then timed_out) and the heartbeat interval (then in_progress: the strand
+    /// takes over); within a frame, for the heartbeat timeout (then timed_out, which loses the task).
+    /// operation_aborted when the transport shuts down.
+    std::error_code wait_readable(Clock::time_point since, bool first) {
+        const auto& t = options_.timeouts;
+        for (;;) {
+            if (stopping_.load(std::memory_order_acquire)) return asio::error::operation_aborted;
+            const auto now = Clock::now();
+            Clock::time_point until = Clock::time_point::max();
+            if (first && t.request.count() > 0) {
+                if (now >= since + t.request) return asio::error::timed_out;
+                until = since + t.request;
+            }
+            if (t.heartbeats()) {
+                const auto bound = since + (first ? Clock::duration(t.heartbeat_interval) : Clock::duration(t.heartbeat_timeout));
+                if (now >= bound) return first ? asio::error::in_progress : asio::error::timed_out;
+                until = std::min(until, bound);
+            }
+            const auto slice = std::min<Clock::duration>(poll_slice, until - now);
+            const std::error_code ec = poll_socket(POLLIN, std::chrono::ceil<std::chrono::milliseconds>(slice));
+            if (ec != asio::error::would_block) return ec;
+        }
+    }
+
+    /// poll() on the socket for `events`, at most `slice`: would_block when it did not come.
+    std::error_code poll_socket(short events, std::chrono::milliseconds slice) {
+        pollfd p{io_stream().socket().native_handle(), events, 0};
+        const int n = ::poll(&p, 1, static_cast<int>(slice.count()));
+        if (n > 0) return {};
+        if (n == 0 || errno == EINTR) return asio::error::would_block;
+        return std::error_code(errno, std::system_category());
     }
 
     // ---- connecting ----
@@ -297,6 +552,7 @@ private:
         std::error_code ignored;
         stream_.socket().set_option(asio::ip::tcp::no_delay(true), ignored);
         stream_.socket().non_blocking(true, ignored);
+        protocol_ = stream_.socket().local_endpoint(ignored).protocol();
 #if PSS_HAS_TLS
         if (tls_) {
             return stream_.secure(*tls_).async_handshake(
@@ -341,7 +597,7 @@ private:
         last_heard_ = now;
         arm_heartbeat();
         write_queued();
-        read_header();
+        read_header();  // the first reply, or the peer's end, is read through the strand
     }
 
     // ---- heartbeats ----
@@ -355,7 +611,9 @@ private:
     /// Every interval: a peer asked and silent since for the heartbeat timeout is lost; else, unless a
     /// heartbeat is unanswered, it is asked again. Any frame from it counts as an answer.
     void on_heartbeat_timer(std::error_code ec) {
-        if (ec || state_ != State::connected) return;
+        if (ec) return;
+        if (!own()) return arm_heartbeat();  // a direct exchange is an answer of its own
+        if (state_ != State::connected) return;
         const auto now = Clock::now();
         if (heartbeat_id_) {
             if (now - std::max(heartbeat_sent_, last_heard_) >= options_.timeouts.heartbeat_timeout)
@@ -374,6 +632,7 @@ private:
             heartbeat_id_ = next_id_ - 1;
             heartbeat_sent_ = now;
             if (!writing_) write_queued();
+            if (!reading_) read_header();
         }
         arm_heartbeat();
     }
@@ -436,6 +695,11 @@ private:
 
     void on_deadline(std::error_code ec) {
         if (ec == asio::error::operation_aborted) return;
+        if (!own()) {  // a direct exchange holds the link (and keeps its own deadline): look again soon
+            deadline_timer_.expires_after(poll_slice);
+            deadline_timer_.async_wait([self = shared_from_this()](std::error_code ec2) { self->on_deadline(ec2); });
+            return;
+        }
         timer_armed_ = false;
         if (state_ == State::closed) return;
         const auto now = Clock::now();
@@ -466,6 +730,7 @@ private:
         for (auto& out : expired)
             out->answer(Reply::error(ErrorCode::unavailable, "pss: request to " + task_.to_string() + " timed out after " +
                                                                  format_seconds(options_.timeouts.request)));
+        (void)park_if_idle();
     }
 
     // ---- writing ----
@@ -501,7 +766,23 @@ private:
     // ---- reading ----
 
     void read_header() {
+        reading_ = true;
         ahead_.read_header(stream_, header_bytes_, [self = shared_from_this()](std::error_code ec) { self->on_header(ec); });
+    }
+
+    /// After a reply: the next frame's header is read, unless the link parks (or the reply was a direct
+    /// exchange's, whose thread reads no further).
+    void next_frame() {
+        if (direct_) return;
+        reading_ = false;
+        if (!park_if_idle()) read_header();
+    }
+
+    /// Fills `buffers` from the socket, then `next(ec)`: through the strand, or at once in a direct exchange.
+    template <class Buffers, class Next>
+    void fill(const Buffers& buffers, Next next) {
+        if (direct_) return next(ahead_.fill_now(io_stream(), buffers, [this] { return wait_readable(Clock::now(), false); }));
+        ahead_.fill(stream_, buffers, std::move(next));
     }
 
     void on_header(std::error_code ec) {
@@ -516,8 +797,7 @@ private:
         } catch (const WireError& e) {
             return fail(std::string(e.what()) + " (from " + task_.to_string() + " at " + address_text() + ")");
         }
-        ahead_.fill(stream_, body_buffers(header_, body_),
-                    [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
+        fill(body_buffers(header_, body_), [self = shared_from_this()](std::error_code ec2) { self->on_body(ec2); });
     }
 
     void on_body(std::error_code ec) {
@@ -534,8 +814,8 @@ private:
         if (header_.has_values()) {  // what a call answered
             incoming_values_ = value_tensors(header_, body_);
             if (header_.payload_length == 0) return on_payload({});
-            return ahead_.fill(stream_, tensor_buffers(incoming_values_),
-                               [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+            return fill(tensor_buffers(incoming_values_),
+                        [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
         }
         if (!header_.has_payload() || header_.payload_elided()) return on_payload({});
         // A read lands in the buffer its request offered, when it fits.
@@ -555,8 +835,8 @@ private:
             incoming_ = payload_buffer(header_, body_);
         }
         if (header_.payload_length == 0) return on_payload({});
-        ahead_.fill(stream_, asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
-                    [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
+        fill(asio::buffer(into->bytes(), static_cast<std::size_t>(header_.payload_length)),
+             [self = shared_from_this()](std::error_code ec2) { self->on_payload(ec2); });
     }
 
     void on_payload(std::error_code ec) {
@@ -584,7 +864,7 @@ private:
                 out->answer(std::move(reply));
             }
         }  // else it timed out
-        read_header();
+        next_frame();
     }
 
     TaskId task_;
@@ -593,6 +873,9 @@ private:
     TlsContext tls_;  // null: plaintext
     TcpStrand strand_;
     TcpStream stream_;
+    TcpStream parked_;  // the socket while the link is parked (socket_parked_), on the parking reactor
+    bool socket_parked_ = false;
+    asio::ip::tcp protocol_ = asio::ip::tcp::v4();
     std::unique_ptr<asio::ip::tcp::resolver> resolver_;
     bool unresolved_ = false;  // the last attempt failed in resolving the task's host name
     asio::steady_timer backoff_timer_;
@@ -610,6 +893,23 @@ private:
     bool inbox_closed_ = false;
     std::string closed_reason_for_senders_;
     std::atomic<bool> closed_{false};
+
+    // Who holds the link (see the threading rule).
+    static constexpr int strand_mode = 0, parked_mode = 1, direct_mode = 2;
+    static constexpr std::size_t direct_max_bytes = 64u << 10;
+    static constexpr std::chrono::milliseconds poll_slice{50};  // how soon an exchange sees a shutdown
+#ifdef POLLRDHUP
+    static constexpr short peer_closed_events = POLLRDHUP | POLLHUP | POLLERR;
+#else
+    static constexpr short peer_closed_events = POLLHUP | POLLERR;
+#endif
+    std::atomic<int> mode_{strand_mode};
+    std::mutex direct_mutex_;                     // held by a direct exchange; fail() waits for it
+    std::atomic<std::thread::id> direct_thread_;  // the thread of the exchange in progress
+    std::atomic<bool> stopping_{false};           // fail() began: an exchange ends
+    bool direct_ = false;                         // the holder's: reads block on its thread
+    std::optional<std::string> direct_failure_;   // the holder's: why the exchange failed the link
+    bool reading_ = false;                        // the strand's: a frame's read is armed
 
     // The strand's own.
     State state_ = State::connecting;
