@@ -2292,6 +2292,24 @@ TEST_SUITE("net") {
             CHECK(answer(client.send({"ps", 0}, request(6, false)).get()) == 24);
         }
 
+        SUBCASE("a task that ends an idle link is lost at once, not at the next heartbeat: nothing reads a "
+                "parked link, a watch sees its end") {
+            StderrCapture captured;
+            pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}},
+                                     heartbeats(std::chrono::seconds(20), std::chrono::seconds(60)));
+            REQUIRE(answer(client.send({"ps", 0}, request(1, true)).get()) == 2);
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));  // parked
+            const std::string line = "pss: lost /job:ps/replica:0/task:0 at " + address + " (its connection ended: End of file)\n";
+            CHECK(captured.text().find("pss: lost") == std::string::npos);
+            const auto start = std::chrono::steady_clock::now();
+            server.shutdown();
+            while (captured.text().find("pss: lost") == std::string::npos && seconds_since(start) < 10)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            const double waited = seconds_since(start);
+            CHECK(captured.text().find(line) != std::string::npos);
+            CHECK(waited < 1.0);  // the heartbeat would have found it after 20 s
+        }
+
         SUBCASE("a shutdown ends an exchange waiting on the sender's thread") {
             pss::TcpTransport client(pss::ClusterSpec{{"ps", {address}}}, quiet);
             REQUIRE(answer(client.send({"ps", 0}, request(1, false)).get()) == 2);

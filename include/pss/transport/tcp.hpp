@@ -368,7 +368,7 @@ private:
             // A heartbeat to a task not connected asks once, without waiting for the task to start.
             const bool probe = request.kind == RequestKind::heartbeat;
             slot = std::make_shared<detail::TcpClientConnection>(
-                io_, parking_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
+                io_, parking_, peer_close_watch_, task, [this, task] { return connect_address(task); }, options_, tls_, lost_at, probe);
             slot->start();
         }
         return slot;
@@ -400,6 +400,7 @@ private:
     std::string tls_dir_;     // PSS_TLS_DIR, for a transport of no one task
     asio::io_context io_;  // before everything holding sockets: destroyed last
     asio::io_context parking_;  // never run: its reactor holds the sockets of parked links (see TcpClientConnection)
+    detail::TcpPeerCloseWatch peer_close_watch_{io_};  // sees a parked link's end
     asio::executor_work_guard<asio::io_context::executor_type> work_;
     std::vector<std::thread> threads_;
     mutable std::mutex mutex_;

@@ -34,6 +34,7 @@
 #include <pss/tensor.hpp>
 #include <pss/transport/tcp/buffers.hpp>
 #include <pss/transport/tcp/options.hpp>
+#include <pss/transport/tcp/peer_close_watch.hpp>
 #include <pss/transport/tcp/read_ahead.hpp>
 #include <pss/transport/tcp/tls.hpp>
 #include <pss/wire.hpp>
@@ -55,6 +56,8 @@ namespace detail {
 /// (through the strand, it woke the io thread for the request and for the reply, then the sender).
 /// Meanwhile the sender owns the strand's state: the strand's handlers first take the link back from
 /// a parked one (`own`) and leave a link in an exchange alone; the exchange hands it back when done.
+/// A parked link's end (its task died while it was idle) is seen by `TcpPeerCloseWatch`, at once, as
+/// a read armed on it would have seen it.
 class TcpClientConnection : public std::enable_shared_from_this<TcpClientConnection> {
 public:
     using Clock = std::chrono::steady_clock;
@@ -63,8 +66,10 @@ public:
     /// from then to come back (requests wait for it meanwhile); after that a request connects once and
     /// fails at once when the task is not up, so that an error names a dead task within that timeout.
     /// `probe`: one attempt only, from the start (a coordinator asks so whether a lost worker came back).
-    /// `parking`: an io context nobody runs, whose reactor holds the socket of a parked link.
-    TcpClientConnection(asio::io_context& io, asio::io_context& parking, TaskId task, std::function<TcpHostPort()> where,
+    /// `parking`: an io context nobody runs, whose reactor holds the socket of a parked link; `watch`
+    /// tells it when the peer ends a link.
+    TcpClientConnection(asio::io_context& io, asio::io_context& parking, TcpPeerCloseWatch& watch, TaskId task,
+                        std::function<TcpHostPort()> where,
                         const TcpOptions& options, TlsContext tls, std::optional<Clock::time_point> lost_at = {},
                         bool probe = false)
         : task_(std::move(task)),
@@ -74,6 +79,7 @@ public:
           strand_(asio::make_strand(io)),
           stream_(strand_),
           parked_(parking.get_executor()),
+          watch_(watch),
           backoff_timer_(strand_),
           deadline_timer_(strand_),
           heartbeat_timer_(strand_),
@@ -166,6 +172,7 @@ public:
         closed_.store(true, std::memory_order_release);
         state_ = State::closed;
         closed_reason_ = reason;
+        watch_.forget(std::exchange(watch_key_, 0));
         std::error_code ignored;
         deadline_timer_.cancel();
         backoff_timer_.cancel();
@@ -292,25 +299,25 @@ private:
     enum class Taken { no, yes, closed_by_peer };
 
     /// Takes a parked link for a direct exchange on this thread. Not past a request still in the inbox
-    /// (requests keep their order), nor a link that is closing.
+    /// (requests keep their order), nor a link that is closing, nor one its peer ended (the strand
+    /// reads the end and loses the task, see on_peer_closed).
     Taken take_parked() {
-        {
-            std::lock_guard lock(inbox_mutex_);
-            int parked = parked_mode;
-            if (inbox_closed_ || !inbox_.empty() ||
-                !mode_.compare_exchange_strong(parked, direct_mode, std::memory_order_acquire))
-                return Taken::no;
-        }
-        // Its peer may have closed it since it parked: then the strand reads the end and loses the task.
-        pollfd p{io_stream().socket().native_handle(), POLLIN | peer_closed_events, 0};
-        if (::poll(&p, 1, 0) <= 0 || (p.revents & peer_closed_events) == 0) return Taken::yes;
-        move_socket(false);
-        mode_.store(strand_mode, std::memory_order_release);
+        std::lock_guard lock(inbox_mutex_);
+        if (peer_closed_.load(std::memory_order_acquire)) return Taken::closed_by_peer;
+        int parked = parked_mode;
+        if (inbox_closed_ || !inbox_.empty() ||
+            !mode_.compare_exchange_strong(parked, direct_mode, std::memory_order_acquire))
+            return Taken::no;
+        return Taken::yes;
+    }
+
+    /// The watch saw the peer end the link (an io thread): the strand reads the end, which loses the task.
+    /// A link in a direct exchange reads it there, or is handed back to the strand, not parked.
+    void on_peer_closed() {
+        peer_closed_.store(true, std::memory_order_release);
         asio::post(strand_, [self = shared_from_this()] {
-            // (Parked again meanwhile and taken by an exchange, which then reads the end itself.)
             if (self->own() && self->state_ == State::connected && !self->reading_) self->read_header();
         });
-        return Taken::closed_by_peer;
     }
 
     /// On the strand: takes the link back when it is parked; false while a direct exchange holds it.
@@ -350,8 +357,8 @@ private:
     /// request waited for at once can be exchanged on its sender's thread; true when it did. The strand's
     /// state is no longer the strand's then: the caller touches nothing after it.
     bool park_if_idle() {
-        if (state_ != State::connected || tls_ || reading_ || !pending_.empty() || !queue_.empty() || writing_ ||
-            ahead_.holds_bytes())
+        if (state_ != State::connected || watch_key_ == 0 || peer_closed_.load(std::memory_order_acquire) || reading_ ||
+            !pending_.empty() || !queue_.empty() || writing_ || ahead_.holds_bytes())
             return false;
         move_socket(true);
         mode_.store(parked_mode, std::memory_order_release);
@@ -414,7 +421,8 @@ private:
         bool post = false;
         {
             std::lock_guard lock(inbox_mutex_);
-            const bool idle = end == End::done && !inbox_closed_ && inbox_.empty() && !ahead_.holds_bytes();
+            const bool idle = end == End::done && !inbox_closed_ && inbox_.empty() && !ahead_.holds_bytes() &&
+                              !peer_closed_.load(std::memory_order_acquire);
             if (!idle && !inbox_closed_) move_socket(false);
             mode_.store(idle ? parked_mode : strand_mode, std::memory_order_release);
             post = !inbox_closed_ && !idle;
@@ -595,6 +603,10 @@ private:
             std::fprintf(stderr, "pss: %s at %s is back\n", task_.to_string().c_str(), address_text().c_str());
         for (auto& [id, p] : pending_) start_clock(p, now);
         last_heard_ = now;
+        if (!tls_)  // a TLS link never parks: its armed read sees the end
+            watch_key_ = watch_.watch(stream_.socket().native_handle(), [weak = weak_from_this()] {
+                if (auto self = weak.lock()) self->on_peer_closed();
+            });
         arm_heartbeat();
         write_queued();
         read_header();  // the first reply, or the peer's end, is read through the strand
@@ -875,6 +887,8 @@ private:
     TcpStream stream_;
     TcpStream parked_;  // the socket while the link is parked (socket_parked_), on the parking reactor
     bool socket_parked_ = false;
+    TcpPeerCloseWatch& watch_;
+    std::uint64_t watch_key_ = 0;  // the strand's: 0 when the link is not watched (and so never parks)
     asio::ip::tcp protocol_ = asio::ip::tcp::v4();
     std::unique_ptr<asio::ip::tcp::resolver> resolver_;
     bool unresolved_ = false;  // the last attempt failed in resolving the task's host name
@@ -898,15 +912,11 @@ private:
     static constexpr int strand_mode = 0, parked_mode = 1, direct_mode = 2;
     static constexpr std::size_t direct_max_bytes = 64u << 10;
     static constexpr std::chrono::milliseconds poll_slice{50};  // how soon an exchange sees a shutdown
-#ifdef POLLRDHUP
-    static constexpr short peer_closed_events = POLLRDHUP | POLLHUP | POLLERR;
-#else
-    static constexpr short peer_closed_events = POLLHUP | POLLERR;
-#endif
     std::atomic<int> mode_{strand_mode};
     std::mutex direct_mutex_;                     // held by a direct exchange; fail() waits for it
     std::atomic<std::thread::id> direct_thread_;  // the thread of the exchange in progress
     std::atomic<bool> stopping_{false};           // fail() began: an exchange ends
+    std::atomic<bool> peer_closed_{false};        // the watch saw the peer end the link
     bool direct_ = false;                         // the holder's: reads block on its thread
     std::optional<std::string> direct_failure_;   // the holder's: why the exchange failed the link
     bool reading_ = false;                        // the strand's: a frame's read is armed
